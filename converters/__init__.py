@@ -1,0 +1,1 @@
+"""Dataset format converters (Pascal VOC -> COCO)."""
