@@ -1,0 +1,138 @@
+"""The DALI pipeline: one definition, read top to bottom, that runs a ``Compose`` on a source.
+
+Outputs, per sample:
+
+* ``images``: the augmented image, ``[3, H, W]`` (``layout="CHW"``) or ``[H, W, 3]`` (``"HWC"``),
+  float32 when the recipe ends with ``Normalize``, else uint8; on the GPU with ``device="gpu"``.
+* ``boxes``: float32 ``[M, 4]`` absolute ``xyxy`` boxes on the output image (CPU).
+* ``labels``: int32 ``[M]`` category ids of those boxes (CPU).
+* ``image_ids``: int32 ``[1]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from detaug.sources import CocoSource, SampleListSource
+from detaug.transforms import Compose
+
+__all__ = ["build_pipeline", "EXTERNAL_INPUTS", "resolve_device"]
+
+#: Names of the external sources of a pipeline built with ``feed=None`` (for ``pipe.feed_input``).
+EXTERNAL_INPUTS = ("encoded", "boxes", "labels", "image_ids", "seeds")
+
+
+def resolve_device(device: str, device_id: int | None) -> int | None:
+    """DALI's ``device_id`` for ``device`` (``"gpu"``/``"cuda"`` or ``"cpu"``)."""
+    if device not in ("gpu", "cuda", "cpu"):
+        raise ValueError(f"device must be 'gpu' or 'cpu', got {device!r}")
+    if device == "cpu":
+        return None
+    return 0 if device_id is None else int(device_id)
+
+
+def build_pipeline(
+    source: CocoSource | SampleListSource,
+    transforms: Compose,
+    *,
+    batch_size: int,
+    device: str = "gpu",
+    device_id: int | None = None,
+    num_threads: int = 4,
+    seed: int = 0,
+    shard_id: int = 0,
+    num_shards: int = 1,
+    layout: str = "CHW",
+    feed: Callable[[], tuple[list[Any], ...]] | None = None,
+    prefetch_queue_depth: int = 2,
+) -> Any:
+    """Build (not yet run) the DALI pipeline of ``transforms`` over ``source``.
+
+    Args:
+        source: a :class:`CocoSource` (read by DALI) or a :class:`SampleListSource`.
+        transforms: the recipe.
+        batch_size: the maximal batch size.
+        device: ``"gpu"`` (nvJPEG decoding, image ops on the GPU) or ``"cpu"``.
+        feed: for a sample-list source, a callable returning one batch as five lists
+            (image data, boxes, labels, image ids, seed words); ``None`` creates named external
+            sources (:data:`EXTERNAL_INPUTS`) to fill with ``pipe.feed_input``.
+        layout: ``"CHW"`` (PyTorch) or ``"HWC"`` (Keras) for the images.
+    """
+    from nvidia.dali import fn, pipeline_def, types
+
+    dali_device_id = resolve_device(device, device_id)
+    on_gpu = dali_device_id is not None
+    if layout not in ("CHW", "HWC"):
+        raise ValueError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
+    decoded_input = isinstance(source, SampleListSource) and source.decoded
+
+    @pipeline_def(
+        batch_size=batch_size,
+        num_threads=num_threads,
+        device_id=dali_device_id,
+        seed=seed,
+        prefetch_queue_depth=prefetch_queue_depth,
+    )
+    def detection_pipeline():
+        # 1. Read: encoded images (or decoded arrays), source boxes (xyxy, pixels), labels, ids.
+        if isinstance(source, CocoSource):
+            data, boxes, labels, image_ids = source.dali_read(shard_id, num_shards)
+            seeds = fn.random.uniform(range=[0, 2**30], dtype=types.INT32)
+        elif feed is not None:
+            data, boxes, labels, image_ids, seeds = fn.external_source(
+                source=feed, num_outputs=5, batch=True, layout=["HWC" if decoded_input else None, None, None, None, None]
+            )
+        else:
+            data, boxes, labels, image_ids, seeds = (
+                fn.external_source(name=name, layout="HWC" if (name == "encoded" and decoded_input) else None)
+                for name in EXTERNAL_INPUTS
+            )
+        shape = fn.shapes(data) if decoded_input else fn.peek_image_shape(data)
+
+        # 2. Plan: every random parameter of the batch, the warp matrices and the output boxes.
+        plan = fn.python_function(
+            shape, boxes, labels, seeds,
+            function=transforms.plan_batch,
+            batch_processing=True,
+            num_outputs=transforms.num_plan_outputs,
+        )
+        roi_anchor, roi_shape, *rest = plan
+        out_boxes, out_labels = rest[-2], rest[-1]
+        warps = [(rest[2 * i], rest[2 * i + 1]) for i in range(len(transforms.segments))]
+        photometric_params = rest[2 * len(warps) : -2]
+
+        # 3. Decode only the region the first warp reads (ROI decoding), on the GPU if asked.
+        if decoded_input:
+            images = fn.slice(data, roi_anchor, roi_shape, axis_names="WH")
+            images = images.gpu() if on_gpu else images
+        else:
+            images = fn.decoders.image_slice(
+                data, roi_anchor, roi_shape,
+                normalized_anchor=False, normalized_shape=False,
+                device="mixed" if on_gpu else "cpu", output_type=types.RGB,
+            )
+
+        # 4. Geometry: one affine warp per segment (forward matrices, DALI pixel space).
+        for (matrix, size), fill in zip(warps, transforms.segment_fills):
+            images = fn.warp_affine(
+                images, matrix=matrix, size=size, inverse_map=False,
+                fill_value=fill, interp_type=types.INTERP_LINEAR,
+            )
+
+        # 5. Photometric transforms, in recipe order, with the planned per-sample parameters.
+        for t in transforms.photometric:
+            params, photometric_params = photometric_params[: len(t.param_names)], photometric_params[len(t.param_names) :]
+            images = t.dali(images, params)
+
+        # 6. Normalize and lay out.
+        if transforms.normalize is not None:
+            images = fn.crop_mirror_normalize(
+                images, dtype=types.FLOAT, output_layout=layout,
+                mean=[m * 255 for m in transforms.normalize.mean],
+                std=[s * 255 for s in transforms.normalize.std],
+            )
+        elif layout == "CHW":
+            images = fn.transpose(images, perm=[2, 0, 1])
+        return images, out_boxes, out_labels, image_ids
+
+    return detection_pipeline()

@@ -1,0 +1,114 @@
+"""Per-batch planning: sample every transform's random parameters and compute the output boxes.
+
+A :class:`detaug.transforms.Compose` is executed in two parts:
+
+1. **Planning (this module, NumPy on the host).** Once per batch, inside the DALI graph
+   (``fn.python_function``), the planner draws every random parameter of every transform for
+   every sample from one seeded generator, composes the geometric transforms into one forward
+   matrix per *warp segment*, and computes the exact output boxes.
+2. **Pixels (DALI, GPU or CPU).** The image is decoded (only the region the first warp reads),
+   warped once per segment with ``fn.warp_affine(inverse_map=False)``, colour-adjusted and
+   normalised, all from the planner's per-sample outputs.
+
+Because the boxes come from the same NumPy code on both devices, ``device="gpu"`` and
+``device="cpu"`` give the same boxes and labels for one seed.
+
+Box processing order (all boxes absolute ``xyxy``, float64 while planning):
+
+1. input boxes are read as given (the sources clip them to the image);
+2. each geometric transform maps the current canvas to a new one; its canvas becomes four
+   half-planes in source coordinates (:func:`detaug.boxes.canvas_halfplanes`);
+3. transforms that need the current boxes (``RandomIoUCrop``) see them exactly as in 4.;
+4. at the end, each source box rectangle is clipped by every half-plane, mapped forward, and
+   its bounding box is the output box; ``visibility`` = clipped area / original area;
+5. boxes dropped by a transform (``RandomIoUCrop`` drops boxes whose centre leaves the crop),
+   with zero area, narrower or lower than ``min_size`` or less visible than ``min_visibility``
+   are removed together with their labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from detaug.boxes import (
+    boxes_to_polygons,
+    canvas_halfplanes,
+    clip_polygons,
+    polygon_area,
+    polygon_bounds,
+    transform_points,
+)
+
+__all__ = ["PlanState", "BoxResult", "seed_generator"]
+
+
+def seed_generator(seeds: list[np.ndarray] | np.ndarray) -> np.random.Generator:
+    """One NumPy generator for a batch, seeded from every sample's seed words."""
+    words = np.concatenate([np.asarray(s, dtype=np.int64).ravel() for s in seeds]) if len(seeds) else []
+    return np.random.default_rng([int(w) & 0xFFFFFFFF for w in words])
+
+
+@dataclass
+class BoxResult:
+    """Output boxes of a batch, flat over all samples."""
+
+    boxes_xyxy: np.ndarray  # float64 [N, 4], output-canvas pixels
+    keep: np.ndarray  # bool [N]: survives every filter
+    visibility: np.ndarray  # float64 [N]: visible fraction of the source box area
+
+
+@dataclass
+class PlanState:
+    """Geometry of a batch while its transforms are planned.
+
+    Attributes:
+        rng: the batch's random generator (every draw comes from it, in transform order).
+        source_hw: float64 ``[B, 2]`` source image ``(height, width)``.
+        canvas_hw: float64 ``[B, 2]`` current canvas ``(height, width)`` (whole pixels).
+        to_canvas: float64 ``[B, 3, 3]`` forward map from source to current canvas coordinates.
+        boxes_src: float64 ``[N, 4]`` xyxy boxes of all samples, in source coordinates.
+        sample: int64 ``[N]`` the sample each box belongs to.
+        alive: bool ``[N]`` boxes not dropped by a transform so far.
+    """
+
+    rng: np.random.Generator
+    source_hw: np.ndarray
+    boxes_src: np.ndarray
+    sample: np.ndarray
+    canvas_hw: np.ndarray = field(init=False)
+    to_canvas: np.ndarray = field(init=False)
+    alive: np.ndarray = field(init=False)
+    _planes: list[np.ndarray] = field(init=False)
+
+    def __post_init__(self) -> None:
+        b = len(self.source_hw)
+        self.canvas_hw = self.source_hw.astype(np.float64).copy()
+        self.to_canvas = np.broadcast_to(np.eye(3), (b, 3, 3)).copy()
+        self.alive = np.ones(len(self.boxes_src), dtype=bool)
+        self._planes = [canvas_halfplanes(self.to_canvas, self.canvas_hw)]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.source_hw)
+
+    def apply(self, step: np.ndarray, canvas_hw: np.ndarray) -> None:
+        """Move every sample to a new canvas: ``step`` ``[B, 3, 3]``, ``canvas_hw`` ``[B, 2]``."""
+        self.to_canvas = step @ self.to_canvas
+        self.canvas_hw = np.asarray(canvas_hw, dtype=np.float64)
+        self._planes.append(canvas_halfplanes(self.to_canvas, self.canvas_hw))
+
+    def boxes(self) -> BoxResult:
+        """Exact boxes on the current canvas (see the module docstring, steps 4-5 without the
+        size filters)."""
+        poly, count = boxes_to_polygons(self.boxes_src)
+        full_area = polygon_area(poly, count)
+        for planes in self._planes:
+            for k in range(4):
+                poly, count = clip_polygons(poly, count, planes[self.sample, k])
+        visible = polygon_area(poly, count)
+        out = polygon_bounds(transform_points(self.to_canvas[self.sample], poly), count)
+        visibility = np.where(full_area > 0, visible / np.where(full_area > 0, full_area, 1), 0.0)
+        keep = self.alive & (count > 0) & (visible > 0)
+        return BoxResult(out, keep, visibility)

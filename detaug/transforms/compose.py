@@ -1,0 +1,290 @@
+"""``Compose``: an ordered recipe of transforms, its box filters, and its (de)serialisation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from detaug.plan import PlanState, seed_generator
+from detaug.transforms.base import TRANSFORMS, GeometricTransform, PhotometricTransform, Transform
+from detaug.transforms.color import ColorJitter, Normalize
+from detaug.transforms.geometry import (
+    LetterBox,
+    RandomAffine,
+    RandomHorizontalFlip,
+    RandomIoUCrop,
+    RandomResizedCrop,
+    Resize,
+)
+
+__all__ = ["Compose", "default_detection_recipe"]
+
+
+class Compose:
+    """An ordered list of transforms applied to images and their boxes together.
+
+    Args:
+        transforms: geometric transforms (moving pixels and boxes) and photometric ones
+            (pixels only). ``Normalize``, if present, must come last.
+        min_size: boxes narrower or lower than this many output pixels are removed.
+        min_visibility: boxes with less than this fraction of their (source) area left inside
+            the output image are removed.
+
+    Processing order, per batch (see :mod:`detaug.plan` for the box steps):
+
+    1. the random parameters of every transform are drawn, in list order, from one generator
+       seeded per batch;
+    2. consecutive geometric transforms are fused into one affine warp per *segment*; a new
+       segment starts where a transform that may reveal area outside its input (zoom-out,
+       rotation, padding) follows one that cropped, or where the fill value changes;
+    3. the image is decoded (only the region the first warp reads) and warped per segment;
+    4. photometric transforms run on the output canvas, in list order; ``Normalize`` last;
+    5. boxes are computed exactly, then filtered (dropped by a transform, empty,
+       ``min_size``, ``min_visibility``) together with their labels.
+    """
+
+    def __init__(self, transforms: Sequence[Transform], min_size: float = 1.0, min_visibility: float = 0.0) -> None:
+        self.transforms = list(transforms)
+        for i, t in enumerate(self.transforms):
+            if not isinstance(t, (GeometricTransform, PhotometricTransform)):
+                raise TypeError(f"transforms[{i}] is {t!r}, not a detaug transform")
+            if isinstance(t, Normalize) and i != len(self.transforms) - 1:
+                raise ValueError("Normalize must be the last transform of a Compose")
+        if min_size < 0:
+            raise ValueError(f"min_size must be >= 0, got {min_size}")
+        if not 0.0 <= min_visibility <= 1.0:
+            raise ValueError(f"min_visibility must be between 0 and 1, got {min_visibility}")
+        self.min_size = float(min_size)
+        self.min_visibility = float(min_visibility)
+        self.geometric = [t for t in self.transforms if isinstance(t, GeometricTransform)]
+        self.photometric = [
+            t for t in self.transforms if isinstance(t, PhotometricTransform) and not isinstance(t, Normalize)
+        ]
+        self.normalize = next((t for t in self.transforms if isinstance(t, Normalize)), None)
+        self.segments, self.segment_fills = self._segments(self.geometric)
+
+    @staticmethod
+    def _segments(geometric: list[GeometricTransform]) -> tuple[list[list[GeometricTransform]], list[float]]:
+        segments: list[list[GeometricTransform]] = []
+        fills: list[float] = []
+        cropped, fill = False, None
+        for t in geometric:
+            new = not segments or (t.reveals and (cropped or (fill is not None and t.fill != fill)))
+            if new:
+                segments.append([])
+                fills.append(0.0)
+                cropped, fill = False, None
+            segments[-1].append(t)
+            if t.reveals and fill is None:
+                fill = t.fill
+                fills[-1] = t.fill
+            cropped = cropped or t.crops
+        return segments, fills
+
+    # -- planning --------------------------------------------------------------------------------
+
+    @property
+    def num_plan_outputs(self) -> int:
+        """Number of per-sample outputs of :meth:`plan_batch`."""
+        return 2 + 2 * len(self.segments) + sum(len(t.param_names) for t in self.photometric) + 2
+
+    def plan_batch(
+        self,
+        shapes: list[np.ndarray],
+        boxes: list[np.ndarray],
+        labels: list[np.ndarray],
+        seeds: list[np.ndarray],
+    ) -> tuple[list[np.ndarray], ...]:
+        """Plan one batch (the body of the pipeline's ``fn.python_function``).
+
+        Args:
+            shapes: per sample, the decoded image shape ``(H, W, C)`` (int).
+            boxes: per sample, float32 ``[N, 4]`` absolute xyxy boxes on the source image.
+            labels: per sample, int ``[N]`` (or ``[N, 1]``) category ids.
+            seeds: per sample, int seed words; the batch generator is seeded from all of them.
+
+        Returns:
+            Per-sample lists, in this order: decode ROI anchor ``(x, y)`` and shape ``(w, h)``
+            (float32 ``[2]``); per warp segment, the forward matrix (float32 ``[2, 3]``) and the
+            output size ``(h, w)`` (float32 ``[2]``); per photometric transform, its parameters
+            (float32 scalars); the output boxes (float32 ``[M, 4]`` xyxy) and labels (int32 ``[M]``).
+        """
+        n = len(shapes)
+        hw = np.array([np.asarray(s).ravel()[:2] for s in shapes], dtype=np.float64).reshape(n, 2)
+        box_arrays = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes]
+        label_arrays = [np.asarray(lab).reshape(-1).astype(np.int32) for lab in labels]
+        counts = np.array([len(b) for b in box_arrays], dtype=np.int64)
+        for i, (b, lab) in enumerate(zip(box_arrays, label_arrays)):
+            if len(b) != len(lab):
+                raise ValueError(f"sample {i} of the batch has {len(b)} boxes but {len(lab)} labels")
+        state = PlanState(
+            rng=seed_generator(seeds),
+            source_hw=hw,
+            boxes_src=np.concatenate(box_arrays) if n else np.zeros((0, 4)),
+            sample=np.repeat(np.arange(n), counts),
+        )
+        flat_labels = np.concatenate(label_arrays) if n else np.zeros(0, np.int32)
+
+        segment_out: list[tuple[np.ndarray, np.ndarray]] = []
+        start = state.to_canvas
+        for segment in self.segments:
+            for t in segment:
+                step, canvas = t.plan(state)
+                state.apply(step, canvas)
+            segment_out.append((state.to_canvas @ np.linalg.inv(start), state.canvas_hw))
+            start = state.to_canvas
+        roi = self._decode_roi(hw, segment_out[0] if segment_out else None)
+        if segment_out:  # the first warp reads the decoded ROI, not the whole image
+            m, canvas = segment_out[0]
+            shift = np.broadcast_to(np.eye(3), (n, 3, 3)).copy()
+            shift[:, 0, 2], shift[:, 1, 2] = roi[:, 0], roi[:, 1]
+            segment_out[0] = (m @ shift, canvas)
+        photometric = [t.plan(state.rng, n) for t in self.photometric]
+
+        result = state.boxes()
+        wh = result.boxes_xyxy[:, 2:] - result.boxes_xyxy[:, :2]
+        keep = result.keep & (wh >= max(self.min_size, 1e-6)).all(axis=1)
+        keep &= result.visibility >= self.min_visibility
+        splits = np.cumsum(counts)[:-1]
+
+        outputs: list[list[np.ndarray]] = [
+            [r[:2].astype(np.float32) for r in roi],
+            [r[2:].astype(np.float32) for r in roi],
+        ]
+        for m, canvas in segment_out:
+            outputs.append([a[:2].astype(np.float32) for a in m])
+            outputs.append([c.astype(np.float32) for c in canvas])
+        for params in photometric:
+            for p in params:
+                outputs.append([np.array(v, dtype=np.float32) for v in p])
+        boxes_out = np.split(result.boxes_xyxy.astype(np.float32) + np.float32(0.0), splits)  # no -0.0
+        labels_out = np.split(flat_labels, splits)
+        keep_split = np.split(keep, splits)
+        outputs.append([b[k].reshape(-1, 4) for b, k in zip(boxes_out, keep_split)])
+        outputs.append([lab[k] for lab, k in zip(labels_out, keep_split)])
+        return tuple(outputs)
+
+    @staticmethod
+    def _decode_roi(hw: np.ndarray, first: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+        """``[B, 4]`` (x, y, w, h) whole-pixel region of the source the first warp reads."""
+        n = len(hw)
+        full = np.stack([np.zeros(n), np.zeros(n), hw[:, 1], hw[:, 0]], -1)
+        if first is None:
+            return full
+        m, canvas = first
+        inv = np.linalg.inv(m)
+        h, w = canvas[:, 0], canvas[:, 1]
+        corners = np.stack([np.zeros(n), np.zeros(n), w, np.zeros(n), w, h, np.zeros(n), h], -1).reshape(n, 4, 2)
+        src = (inv[:, None, :2, :2] @ corners[..., None])[..., 0] + inv[:, None, :2, 2]
+        lo = np.clip(np.floor(src.min(axis=1)) - 1, 0, hw[:, ::-1])  # one pixel for bilinear taps
+        hi = np.clip(np.ceil(src.max(axis=1)) + 1, 0, hw[:, ::-1])
+        empty = (hi <= lo).any(axis=1)
+        lo[empty], hi[empty] = 0, np.minimum(hw[empty, ::-1], 1)
+        return np.concatenate([lo, hi - lo], axis=1)
+
+    def output_size(self) -> tuple[int, int] | None:
+        """``(height, width)`` of every output image when the recipe fixes it, else ``None``."""
+        for t in reversed(self.geometric):
+            if isinstance(t, (LetterBox, RandomResizedCrop)) or (isinstance(t, Resize) and not isinstance(t.size, int)):
+                return t.size  # type: ignore[return-value]
+            if not isinstance(t, (RandomHorizontalFlip,)) and not type(t).__name__ == "RandomVerticalFlip":
+                return None
+        return None
+
+    # -- serialisation ---------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict recipe: ``{"transforms": [{"name": ..., **args}, ...], "min_size", "min_visibility"}``."""
+        return {
+            "transforms": [t.to_dict() for t in self.transforms],
+            "min_size": self.min_size,
+            "min_visibility": self.min_visibility,
+        }
+
+    @classmethod
+    def from_dict(cls, recipe: Mapping[str, Any]) -> "Compose":
+        """Build a ``Compose`` from :meth:`to_dict`'s format (also accepts a bare list of transforms)."""
+        if isinstance(recipe, (list, tuple)):
+            recipe = {"transforms": recipe}
+        unknown = set(recipe) - {"transforms", "min_size", "min_visibility"}
+        if unknown:
+            raise ValueError(f"unknown recipe keys: {', '.join(sorted(unknown))}")
+        transforms = []
+        for i, spec in enumerate(recipe.get("transforms", [])):
+            spec = dict(spec)
+            name = spec.pop("name", None)
+            if name not in TRANSFORMS:
+                raise ValueError(
+                    f"transforms[{i}]: unknown transform {name!r}; known: {', '.join(sorted(TRANSFORMS))}"
+                )
+            try:
+                transforms.append(TRANSFORMS[name](**spec))
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"transforms[{i}] ({name}): {err}") from err
+        return cls(
+            transforms,
+            min_size=recipe.get("min_size", 1.0),
+            min_visibility=recipe.get("min_visibility", 0.0),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Compose":
+        return cls.from_dict(json.loads(text))
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> "Compose":
+        import yaml
+
+        return cls.from_dict(yaml.safe_load(text))
+
+    def save(self, path: str | Path) -> None:
+        """Write the recipe as YAML (``.yaml``/``.yml``) or JSON (any other suffix)."""
+        path = Path(path)
+        text = self.to_yaml() if path.suffix.lower() in (".yaml", ".yml") else self.to_json()
+        path.write_text(text, encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Compose":
+        """Read a recipe written by :meth:`save` (YAML or JSON, by suffix)."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+            if path.suffix.lower() in (".yaml", ".yml"):
+                return cls.from_yaml(text)
+            return cls.from_json(text)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{path}: {err}") from err
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Compose) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        inner = ",\n".join(f"    {t!r}" for t in self.transforms)
+        return f"Compose([\n{inner}\n], min_size={self.min_size}, min_visibility={self.min_visibility})"
+
+
+def default_detection_recipe(size: int | tuple[int, int] = 512, fill: float = 114) -> Compose:
+    """The default detection recipe: IoU crop, flip, affine, resize, colour jitter, normalize."""
+    return Compose(
+        [
+            RandomIoUCrop(),
+            RandomHorizontalFlip(p=0.5),
+            RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=5, fill=fill),
+            Resize(size if not isinstance(size, int) else (size, size)),
+            ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2, hue=0.05),
+            Normalize(),
+        ],
+        min_size=1.0,
+        min_visibility=0.0,
+    )
