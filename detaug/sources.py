@@ -97,6 +97,16 @@ class CocoSource:
             self._categories = {int(c["id"]): str(c["name"]) for c in data.get("categories", [])}
         return self._categories
 
+    def to_sample_list(self) -> "SampleListSource":
+        """The same dataset as an in-memory :class:`SampleListSource` (for random access), with
+        this source's ``skip_empty`` and ``include_iscrowd`` applied."""
+        with open(self.annotations_file, encoding="utf-8") as f:
+            coco = json.load(f)
+        samples = coco_to_samples(coco, self.images_dir, include_iscrowd=self.include_iscrowd)
+        if self.skip_empty:
+            samples = [s for s in samples if len(s.boxes)]
+        return SampleListSource(samples, self.categories)
+
     def dali_read(self, shard_id: int, num_shards: int) -> tuple[Any, Any, Any, Any]:
         """Inside a pipeline definition: ``(encoded, boxes xyxy, labels, image_ids)`` DataNodes."""
         from nvidia.dali import fn
