@@ -87,7 +87,7 @@ def build_pipeline(
                 fn.external_source(name=name, layout="HWC" if (name == "encoded" and decoded_input) else None)
                 for name in EXTERNAL_INPUTS
             )
-        shape = fn.shapes(data) if decoded_input else fn.peek_image_shape(data)
+        shape = data.shape() if decoded_input else fn.peek_image_shape(data)
 
         # 2. Plan: every random parameter of the batch, the warp matrices and the output boxes.
         plan = fn.python_function(
@@ -103,7 +103,9 @@ def build_pipeline(
 
         # 3. Decode only the region the first warp reads (ROI decoding), on the GPU if asked.
         if decoded_input:
-            images = fn.slice(data, roi_anchor, roi_shape, axis_names="WH")
+            images = fn.slice(
+                data, roi_anchor, roi_shape, axis_names="WH", normalized_anchor=False, normalized_shape=False
+            )
             images = images.gpu() if on_gpu else images
         else:
             images = fn.decoders.image_slice(

@@ -94,7 +94,7 @@ class DetectionLoader:
         )
         self.pipeline.build()
         if isinstance(source, CocoSource):
-            n = self.pipeline.epoch_size(READER_NAME)
+            n = self.pipeline.reader_meta(READER_NAME)["epoch_size"]
             begin, end = shard_range(n, shard_id, num_shards)
             self.shard_size = end - begin
         if self.shard_size == 0:

@@ -1,0 +1,148 @@
+"""The PyTorch iterator on real DALI CPU pipelines: epochs, shards, outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import detaug.transforms as T
+from detaug.sources import CocoSource, SampleListSource
+from detaug.synthetic import write_coco_dataset
+from detaug.torch import DetectionLoader, distributed_shard
+from tests.detaug.consistency import scene_samples
+
+RECIPE = T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))])
+
+
+@pytest.fixture(scope="module")
+def samples():
+    return scene_samples(10, size=(96, 80), max_objects=3, min_size=12)[0]
+
+
+@pytest.fixture(scope="module")
+def coco_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("coco")
+    write_coco_dataset(root, num_images=11, size=(96, 72), max_objects=4, progress=False)
+    return root
+
+
+def ids_of_epoch(loader):
+    ids, sizes = [], []
+    for images, targets in loader:
+        assert len(images) == len(targets)
+        sizes.append(len(targets))
+        ids += [t["image_id"] for t in targets]
+    return ids, sizes
+
+
+def test_every_sample_once_per_epoch_and_reshuffled(samples):
+    loader = DetectionLoader(SampleListSource(samples), RECIPE, 4, device="cpu", shuffle=True, seed=1)
+    assert len(loader) == 3
+    first, sizes = ids_of_epoch(loader)
+    second, _ = ids_of_epoch(loader)
+    assert sorted(first) == sorted(second) == list(range(1, 11))
+    assert sizes == [4, 4, 2]
+    assert first != second  # a new permutation each epoch
+
+
+def test_drop_last(samples):
+    loader = DetectionLoader(SampleListSource(samples), RECIPE, 4, device="cpu", drop_last=True)
+    assert len(loader) == 2
+    ids, sizes = ids_of_epoch(loader)
+    assert sizes == [4, 4] and ids == list(range(1, 9))
+    assert ids_of_epoch(loader)[0] == list(range(1, 9))  # the next epoch starts at the beginning
+
+
+def test_abandoned_epoch_does_not_leak_into_the_next(samples):
+    loader = DetectionLoader(SampleListSource(samples), RECIPE, 4, device="cpu")
+    for _ in loader:
+        break
+    assert ids_of_epoch(loader)[0] == list(range(1, 11))
+
+
+def test_shards_partition_the_dataset(samples):
+    seen = []
+    for shard in range(3):
+        loader = DetectionLoader(SampleListSource(samples), RECIPE, 2, device="cpu", shuffle=True, seed=5, shard_id=shard, num_shards=3)
+        seen += ids_of_epoch(loader)[0]
+    assert sorted(seen) == list(range(1, 11))
+
+
+def test_shard_from_torchrun_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert distributed_shard() == (2, 4)
+
+
+def test_outputs_follow_torchvision_conventions(samples):
+    recipe = T.Compose([T.Resize((48, 64)), T.Normalize()])
+    images, targets = next(iter(DetectionLoader(SampleListSource(samples), recipe, 4, device="cpu")))
+    assert images.shape == (4, 3, 48, 64) and images.dtype == torch.float32 and images.device.type == "cpu"
+    assert images.mean().abs() < 3  # normalised, not 0..255
+    for t in targets:
+        assert set(t) == {"boxes", "labels", "image_id"}
+        assert t["boxes"].dtype == torch.float32 and t["boxes"].shape[1] == 4
+        assert t["labels"].dtype == torch.int64 and len(t["labels"]) == len(t["boxes"])
+        assert isinstance(t["image_id"], int)
+        b = t["boxes"]
+        assert (b[:, 0] >= 0).all() and (b[:, 2] <= 64).all() and (b[:, 1] >= 0).all() and (b[:, 3] <= 48).all()
+
+
+def test_uint8_without_normalize_and_list_when_sizes_differ(samples):
+    images, _ = next(iter(DetectionLoader(SampleListSource(samples), RECIPE, 2, device="cpu")))
+    assert images.dtype == torch.uint8
+    ragged = T.Compose([T.RandomZoomOut(p=1.0, side_range=(1.0, 2.0))])
+    images, targets = next(iter(DetectionLoader(SampleListSource(samples), ragged, 4, device="cpu", seed=3)))
+    assert isinstance(images, list) and len(images) == 4
+    assert len({tuple(i.shape) for i in images}) > 1
+
+
+def test_decoded_array_samples(samples):
+    from PIL import Image
+    import io
+
+    arrays = [dict(image=np.array(Image.open(io.BytesIO(s.image)).convert("RGB")), boxes=s.boxes, labels=s.labels) for s in samples]
+    a_images, a_targets = next(iter(DetectionLoader(SampleListSource(arrays), RECIPE, 4, device="cpu", seed=2)))
+    e_images, e_targets = next(iter(DetectionLoader(SampleListSource(samples), RECIPE, 4, device="cpu", seed=2)))
+    assert torch.equal(a_images, e_images)  # PNG is lossless: same pixels either way
+    for a, e in zip(a_targets, e_targets):
+        assert torch.equal(a["boxes"], e["boxes"])
+
+
+def test_coco_source_every_image_once_and_boxes_match_json(coco_dir):
+    import json
+
+    source = CocoSource(coco_dir / "annotations.json", coco_dir / "images", shuffle=True, seed=3)
+    identity = T.Compose([T.Resize((72, 96))])  # the generated images are 96x72: boxes unchanged
+    loader = DetectionLoader(source, identity, 4, device="cpu")
+    assert len(loader) == 3
+    data = json.loads((coco_dir / "annotations.json").read_text())
+    expected = {}
+    for a in data["annotations"]:
+        x, y, w, h = a["bbox"]
+        expected.setdefault(a["image_id"], []).append([x, y, x + w, y + h])
+    for epoch in range(2):
+        seen = []
+        for _, targets in loader:
+            for t in targets:
+                seen.append(t["image_id"])
+                np.testing.assert_allclose(sorted(t["boxes"].tolist()), sorted(expected[t["image_id"]]), atol=1e-4)
+        assert sorted(seen) == list(range(1, 12))
+    assert source.categories[1] == data["categories"][0]["name"]
+
+
+def test_coco_source_shards(coco_dir):
+    seen = []
+    for shard in range(2):
+        source = CocoSource(coco_dir / "annotations.json", coco_dir / "images")
+        loader = DetectionLoader(source, RECIPE, 4, device="cpu", shard_id=shard, num_shards=2)
+        seen += ids_of_epoch(loader)[0]
+    assert sorted(seen) == list(range(1, 12))
+
+
+def test_missing_files_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        CocoSource(tmp_path / "nope.json", tmp_path)
+    with pytest.raises(ValueError, match="2 boxes but 1 labels"):
+        SampleListSource([dict(image=b"x", boxes=np.zeros((2, 4)), labels=[1])])
