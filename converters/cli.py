@@ -1,0 +1,173 @@
+"""``voc2coco``: the command line of :mod:`converters.voc2coco`.
+
+Exit status: 0 done; 1 ``--strict`` and something was skipped (nothing written); 2 bad arguments
+or a dataset that cannot be converted at all; 130 interrupted (nothing half-written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from converters.boxes import COORDS
+from converters.voc2coco import DIFFICULT_MODES, ConversionError, convert_splits, write_coco_json
+
+DESCRIPTION = """\
+Convert a Pascal VOC dataset (VOCdevkit layout: Annotations/, JPEGImages/, ImageSets/Main/) into
+COCO detection JSON, one file per split, or one for every XML (--all, the default)."""
+
+EPILOG = """\
+conventions:
+  ids          image, annotation and category ids start at 1 (an annotation id 0 breaks
+               COCOeval); images in split-file order (--all: sorted ids), categories in
+               label order.
+  coordinates  COCO bbox is [x, y, w, h] in continuous pixels (pixel i spans [i, i+1)).
+               --coords voc (default): VOC values are 1-based inclusive pixel indices:
+                 x = xmin - 1, y = ymin - 1, w = xmax - xmin + 1, h = ymax - ymin + 1
+                 (a single-point box xmin == xmax is 1 pixel wide).
+               --coords raw: values are continuous corners (CVAT, pylabel exports):
+                 x = xmin, y = ymin, w = xmax - xmin, h = ymax - ymin.
+               Boxes are clipped to the image (reported); boxes of zero size, or with
+               nothing left inside the image, are skipped (counted).
+  images       an image is identified by its VOC id, the XML file's stem: the file is
+               JPEGImages/<id>.<jpg|jpeg|png|...> (any case), else the XML's <filename>.
+               A <filename> that disagrees is reported, never used to merge images.
+               The size comes from the image header when the image exists (a missing or
+               wrong <size> is reported), else from <size>. Without an images folder the
+               conversion is annotation-only (file_name = <id> + extension of <filename>).
+  categories   --labels voc: the 20 VOC classes in the devkit's order; FILE: one name a
+               line (CVAT/Datumaro labelmap.txt understood); discover (default): every
+               name in Annotations/, sorted. Objects with other names are skipped.
+  difficult    keep (default): kept, attributes.difficult = 1; crowd: also iscrowd = 1
+               (COCOeval ignores them); drop: skipped (counted). truncated, occluded and
+               pose are kept in attributes; <part> elements are not objects.
+  output       written atomically (temp file + rename), same input -> same bytes.
+               -o FILE.json for one output, else a folder: <split>.json, all.json.
+
+examples:
+  voc2coco VOCdevkit/VOC2007 --split trainval --split test -o coco/ --labels voc
+  voc2coco my_dataset -o my_dataset.json --verify-images --strict
+  voc2coco --annotations labels/ --images photos/ -o out.json --coords raw
+
+exit status: 0 done, 1 --strict and something was skipped (nothing written),
+             2 bad arguments or dataset, 130 interrupted.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also used to render ``--help`` in the docs)."""
+    parser = argparse.ArgumentParser(
+        prog="voc2coco", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("voc_root", nargs="?", metavar="VOC_ROOT",
+                        help="folder with Annotations/, JPEGImages/, ImageSets/Main/")
+    parser.add_argument("-o", "--output", required=True, metavar="OUT",
+                        help="output file (ends in .json; one split or --all) or folder")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--split", action="append", metavar="NAME",
+                       help="split to convert, from ImageSets/Main/NAME.txt (or a list file); "
+                            "repeat for several")
+    which.add_argument("--all", action="store_true",
+                       help="one output for every XML in Annotations/ (the default)")
+    parser.add_argument("--annotations", metavar="DIR", help="annotations folder "
+                        "(default VOC_ROOT/Annotations)")
+    parser.add_argument("--images", metavar="DIR", help="images folder "
+                        "(default VOC_ROOT/JPEGImages)")
+    parser.add_argument("--labels", default="discover", metavar="voc|discover|FILE",
+                        help="category list (default: discover)")
+    parser.add_argument("--coords", choices=COORDS, default="voc",
+                        help="how to read <bndbox> values (default: voc)")
+    parser.add_argument("--difficult", choices=DIFFICULT_MODES, default="keep",
+                        help="what to do with difficult objects (default: keep)")
+    parser.add_argument("--verify-images", action="store_true",
+                        help="decode every image; skip (and report) those that fail")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit with status 1, writing nothing, if anything is skipped")
+    parser.add_argument("--workers", type=_positive_int, metavar="N",
+                        help="processes parsing XMLs (default: one per CPU on large datasets)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument("-q", "--quiet", action="store_true",
+                           help="print nothing but errors")
+    verbosity.add_argument("-v", "--verbose", action="store_true",
+                           help="list every message (default: 5 per reason)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.voc_root is None and args.annotations is None:
+        parser.error("give VOC_ROOT or --annotations DIR")
+    splits: list[str | None] = list(args.split) if args.split else [None]
+    try:
+        targets = _output_paths(Path(args.output), splits)
+    except ValueError as err:
+        parser.error(str(err))
+    progress = False if (args.quiet or args.no_progress) else None
+    try:
+        results = convert_splits(args.voc_root, splits, annotations_dir=args.annotations,
+                                 images_dir=args.images, labels=args.labels, coords=args.coords,
+                                 difficult=args.difficult, verify_images=args.verify_images,
+                                 workers=args.workers, progress=progress)
+    except ConversionError as err:
+        print(f"voc2coco: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("voc2coco: interrupted; nothing written", file=sys.stderr)
+        return 130
+
+    skipped = 0
+    for split, result in results.items():
+        report = result.report
+        skipped += report.skipped_total
+        if not args.quiet:
+            details = report.details(None if args.verbose else 5)
+            if details:
+                print(details, file=sys.stderr)
+            title = "all XML files" if split is None else f"split {split}"
+            print(f"== {title}\n{report.summary()}", file=sys.stderr)
+    if args.strict and skipped:
+        print(f"voc2coco: --strict: {skipped} skipped (images and objects); nothing written",
+              file=sys.stderr)
+        return 1
+    try:
+        for split, target in targets.items():
+            write_coco_json(results[split].coco, target)
+            if not args.quiet:
+                print(f"wrote {target}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("voc2coco: interrupted; files not yet written were left as they were",
+              file=sys.stderr)
+        return 130
+    except OSError as err:
+        print(f"voc2coco: error: cannot write {err.filename}: {err.strerror}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _output_paths(output: Path, splits: list[str | None]) -> dict[str | None, Path]:
+    """``-o x.json``: that file (one output only); otherwise a folder of ``<split>.json``."""
+    if output.suffix.lower() == ".json" and not output.is_dir():
+        if len(splits) > 1:
+            raise ValueError(f"-o {output}: one file cannot hold {len(splits)} splits; "
+                             "give a folder")
+        return {splits[0]: output}
+    names = {split: (Path(split).stem if split is not None else "all") for split in splits}
+    if len(set(names.values())) != len(names):
+        raise ValueError(f"splits {splits} would write the same file name")
+    return {split: output / f"{name}.json" for split, name in names.items()}
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The per-file step: one VOC XML -> one COCO image record and its annotations (without ids).
+
+This is what runs in the worker processes. Everything that depends only on the file and the
+options happens here (parse, find and probe the image, size, boxes, difficult, known labels);
+what needs the whole dataset (ids, category ids, discovered labels, an image file claimed by
+two XMLs) is left to :mod:`converters.voc2coco`. Results are plain tuples and lists, cheap to
+send between processes.
+
+Order of the checks for one file:
+
+1. read and parse the XML (``malformed XML`` with line and column, ``not a VOC annotation``);
+2. find the image by id, then by ``<filename>`` (:mod:`converters.images`); without an images
+   folder, ``file_name = <id> + extension of <filename>``;
+3. size: from the image header when the image exists (``<size>`` missing or different is
+   reported), else from ``<size>``; ``verify`` decodes the whole image;
+4. each ``<object>``: name, box, label in the list, difficult mode, then
+   :func:`converters.boxes.voc_box_to_coco` (convention, zero size, clip, outside).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+from converters import report as R
+from converters.boxes import Coords, voc_box_to_coco
+from converters.images import ImageIndex, filename_base, probe_image
+from converters.voc import VocParseError, parse_voc_xml
+
+#: ``(kind, reason, detail)``, kind being ``"object"`` (a skipped object) or ``"warning"``.
+Event = tuple[str, str, str]
+#: ``(name, bbox [x, y, w, h], area, iscrowd, attributes)``.
+PendingAnnotation = tuple[str, list[float], float, int, dict[str, Any]]
+
+
+class FileOptions(NamedTuple):
+    """What :func:`convert_file` needs besides the file: folders, image index and options.
+
+    ``labels`` is the set of accepted names, or ``None`` when every name is accepted
+    (``labels="discover"``). ``index`` is ``None`` when there is no images folder.
+    """
+
+    annotations_dir: str
+    images_dir: str
+    index: ImageIndex | None
+    coords: Coords
+    difficult: str
+    verify: bool
+    labels: frozenset[str] | None
+
+
+class FileResult(NamedTuple):
+    """Outcome for one XML file.
+
+    ``error``: ``(reason, detail)`` when the image is skipped (then ``image`` is ``None``).
+    ``image``: ``(file_name, width, height)``. ``n_objects``: the ``<object>`` elements in the
+    file (0 when it did not parse). ``annotations``: the converted objects, in file order.
+    ``events``: skipped objects and warnings, in file order. ``found_by``: ``"id"``,
+    ``"filename"`` or ``None`` (no image file). ``names``: every object name in the file.
+    """
+
+    error: tuple[str, str] | None
+    image: tuple[str, int, int] | None
+    n_objects: int
+    annotations: list[PendingAnnotation]
+    events: list[Event]
+    found_by: str | None
+    names: tuple[str, ...]
+
+
+def convert_file(xml_name: str, options: FileOptions) -> FileResult:
+    """Convert ``options.annotations_dir / xml_name`` (see the module docstring for the steps)."""
+    voc_id = os.path.splitext(xml_name)[0]
+    events: list[Event] = []
+    # 1. parse
+    try:
+        with open(os.path.join(options.annotations_dir, xml_name), "rb") as handle:
+            data = handle.read()
+        ann = parse_voc_xml(data)
+    except OSError as err:
+        return FileResult((R.UNREADABLE_FILE, f"{type(err).__name__}: {err.strerror}"), None,
+                          0, [], events, None, ())
+    except VocParseError as err:
+        return FileResult((err.reason, err.detail), None, 0, [], events, None, ())
+    objects = ann.objects
+    names = tuple({o.name for o in objects if o.name is not None})
+    n_objects = len(objects)
+
+    # 2. image file, 3. size
+    base = filename_base(ann.filename)
+    index = options.index
+    found_by = None
+    if index is None:
+        ext = os.path.splitext(base)[1] if base else ""
+        file_name = voc_id + (ext or ".jpg")
+        if ann.width is None or ann.height is None:
+            return FileResult((R.IMAGE_SIZE_UNKNOWN, f"{ann.size_problem} and no images folder "
+                               "to read it from"), None, n_objects, [], events, None, names)
+        width, height = ann.width, ann.height
+    else:
+        found, found_by, candidates = index.find(voc_id, ann.filename)
+        if found is None:
+            also = f" and no {base}" if base else ""
+            return FileResult((R.IMAGE_NOT_FOUND, f"no {voc_id}.<image extension>{also} in "
+                               f"{options.images_dir}"), None, n_objects, [], events, None, names)
+        file_name = found
+        if candidates > 1:
+            events.append(("warning", R.SEVERAL_IMAGE_FILES,
+                           f"{', '.join(index.by_stem[voc_id])}; using {file_name}"))
+        probe = probe_image(os.path.join(options.images_dir, file_name), options.verify)
+        if probe.error is not None:
+            return FileResult((probe.error[0], f"{os.path.join(options.images_dir, file_name)}: "
+                               f"{probe.error[1]}"), None, n_objects, [], events, found_by, names)
+        assert probe.size is not None
+        width, height = probe.size
+        if ann.width is None or ann.height is None:
+            events.append(("warning", R.SIZE_FROM_IMAGE,
+                           f"{ann.size_problem}; image is {width}x{height}"))
+        elif (ann.width, ann.height) != (width, height):
+            events.append(("warning", R.SIZE_MISMATCH, f"<size> {ann.width}x{ann.height}, image "
+                           f"{file_name} is {width}x{height}; using the image's"))
+        if (ann.depth is not None and probe.bands is not None and probe.mode != "P"
+                and ann.depth != probe.bands):
+            plural = "s" if probe.bands > 1 else ""
+            events.append(("warning", R.DEPTH_MISMATCH, f"<depth> {ann.depth}, image {file_name} "
+                           f"is {probe.mode} ({probe.bands} channel{plural})"))
+    if base is not None and base != file_name and base != os.path.splitext(file_name)[0]:
+        events.append(("warning", R.FILENAME_MISMATCH, f"<filename> is {base!r}, image is "
+                       f"{file_name!r} (images are identified by the XML's name)"))
+
+    # 4. objects
+    annotations = _convert_objects(objects, options, width, height, events)
+    return FileResult(None, (file_name, width, height), n_objects, annotations, events, found_by,
+                      names)
+
+
+def _convert_objects(objects: list[Any], options: FileOptions, width: int, height: int,
+                     events: list[Event]) -> list[PendingAnnotation]:
+    coords = options.coords
+    labels = options.labels
+    difficult_mode = options.difficult
+    warned_non_integer = False
+    annotations: list[PendingAnnotation] = []
+    for number, obj in enumerate(objects, 1):
+        name, box_voc, problem, attributes, attribute_problems = obj
+        for text in attribute_problems:
+            events.append(("warning", R.BAD_ATTRIBUTE, f"object {number}: {text}; left out"))
+        if problem is not None:
+            events.append(("object", problem[0],
+                           f"object {number}: {problem[1]}" if problem[1] else f"object {number}"))
+            continue
+        if labels is not None and name not in labels:
+            events.append(("object", R.UNKNOWN_LABEL, f"object {number}: {name!r}"))
+            continue
+        difficult = attributes.get("difficult", 0)
+        if difficult and difficult_mode == "drop":
+            events.append(("object", R.DIFFICULT_DROPPED, f"object {number}: {name!r}"))
+            continue
+        if coords == "voc" and not warned_non_integer and obj.has_non_integer_coords:
+            warned_non_integer = True
+            events.append(("warning", R.NON_INTEGER_VOC_COORDS,
+                           f"object {number}: {_fmt_box(box_voc)}; if the file holds "
+                           "continuous coordinates, use --coords raw"))
+        box = voc_box_to_coco(box_voc, coords, width, height)
+        if box.skip_reason is not None:
+            events.append(("object", box.skip_reason, f"object {number}: {name!r} "
+                           f"{_fmt_box(box_voc)} in a {width}x{height} image (--coords {coords})"))
+            continue
+        if box.clipped:
+            events.append(("warning", R.BOX_CLIPPED, f"object {number}: {name!r} "
+                           f"{_fmt_box(box_voc)} -> [x, y, w, h] {box.bbox} in a "
+                           f"{width}x{height} image"))
+        coco_attributes: dict[str, Any] = {"difficult": difficult}
+        if len(attributes) > ("difficult" in attributes):
+            for key in ("truncated", "occluded", "pose"):
+                if key in attributes:
+                    coco_attributes[key] = attributes[key]
+        iscrowd = 1 if difficult and difficult_mode == "crowd" else 0
+        annotations.append((name, box.bbox, box.area, iscrowd, coco_attributes))
+    return annotations
+
+
+def _fmt_box(box: tuple[float, float, float, float]) -> str:
+    return "(xmin, ymin, xmax, ymax) = ({})".format(", ".join(f"{v:g}" for v in box))
