@@ -120,19 +120,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("voc2coco: interrupted; nothing written", file=sys.stderr)
         return 130
 
-    skipped = 0
+    skipped_images = skipped_objects = 0
     for split, result in results.items():
         report = result.report
-        skipped += report.skipped_total
+        skipped_images += sum(report.images_skipped.values())
+        skipped_objects += sum(report.objects_skipped.values())
         if not args.quiet:
             details = report.details(None if args.verbose else 5)
             if details:
                 print(details, file=sys.stderr)
             title = "all XML files" if split is None else f"split {split}"
             print(f"== {title}\n{report.summary()}", file=sys.stderr)
-    if args.strict and skipped:
-        print(f"voc2coco: --strict: {skipped} skipped (images and objects); nothing written",
-              file=sys.stderr)
+    if args.strict and (skipped_images or skipped_objects):
+        counts = [f"{n} skipped {what}{'s' if n != 1 else ''}"
+                  for n, what in ((skipped_images, "image"), (skipped_objects, "object")) if n]
+        print(f"voc2coco: --strict: {' and '.join(counts)}; nothing written", file=sys.stderr)
         return 1
     try:
         for split, target in targets.items():

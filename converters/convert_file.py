@@ -124,7 +124,8 @@ def convert_file(xml_name: str, options: FileOptions) -> FileResult:
             plural = "s" if probe.bands > 1 else ""
             events.append(("warning", R.DEPTH_MISMATCH, f"<depth> {ann.depth}, image {file_name} "
                            f"is {probe.mode} ({probe.bands} channel{plural})"))
-    if base is not None and base != file_name and base != os.path.splitext(file_name)[0]:
+    if base is not None and base.lower() not in (file_name.lower(),
+                                                 os.path.splitext(file_name)[0].lower()):
         events.append(("warning", R.FILENAME_MISMATCH, f"<filename> is {base!r}, image is "
                        f"{file_name!r} (images are identified by the XML's name)"))
 

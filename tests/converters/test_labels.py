@@ -45,7 +45,8 @@ def test_utf8_bom_and_unicode_names(tmp_path: Path) -> None:
 def test_duplicate_name_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "labels.txt"
     path.write_text("cat\ndog\ncat\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"labels.txt:3: duplicate label 'cat' \(first on line 1\)"):
+    with pytest.raises(ValueError,
+                       match=r"labels.txt:3: duplicate label 'cat' \(first on line 1\)"):
         read_labels_file(path)
 
 
