@@ -90,16 +90,12 @@ def build_pipeline(
         shape = data.shape() if decoded_input else fn.peek_image_shape(data)
 
         # 2. Plan: every random parameter of the batch, the warp matrices and the output boxes.
-        plan = fn.python_function(
+        params, out_boxes, out_labels = fn.python_function(
             shape, boxes, labels, seeds,
-            function=transforms.plan_batch,
-            batch_processing=True,
-            num_outputs=transforms.num_plan_outputs,
+            function=transforms.plan_batch, batch_processing=True, num_outputs=3,
         )
-        roi_anchor, roi_shape, *rest = plan
-        out_boxes, out_labels = rest[-2], rest[-1]
-        warps = [(rest[2 * i], rest[2 * i + 1]) for i in range(len(transforms.segments))]
-        photometric_params = rest[2 * len(warps) : -2]
+        layout_of = transforms.param_slices()
+        roi_anchor, roi_shape = params[0:2], params[2:4]
 
         # 3. Decode only the region the first warp reads (ROI decoding), on the GPU if asked.
         if decoded_input:
@@ -115,16 +111,15 @@ def build_pipeline(
             )
 
         # 4. Geometry: one affine warp per segment (forward matrices, DALI pixel space).
-        for (matrix, size), fill in zip(warps, transforms.segment_fills):
+        for (matrix, size), fill in zip(layout_of["warps"], transforms.segment_fills):
             images = fn.warp_affine(
-                images, matrix=matrix, size=size, inverse_map=False,
+                images, matrix=fn.reshape(params[matrix], shape=[2, 3]), size=params[size], inverse_map=False,
                 fill_value=fill, interp_type=types.INTERP_LINEAR,
             )
 
         # 5. Photometric transforms, in recipe order, with the planned per-sample parameters.
-        for t in transforms.photometric:
-            params, photometric_params = photometric_params[: len(t.param_names)], photometric_params[len(t.param_names) :]
-            images = t.dali(images, params)
+        for t, where in zip(transforms.photometric, layout_of["photometric"]):
+            images = t.dali(images, [params[i] for i in range(where.start, where.stop)])
 
         # 6. Normalize and lay out.
         if transforms.normalize is not None:

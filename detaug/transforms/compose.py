@@ -87,9 +87,19 @@ class Compose:
     # -- planning --------------------------------------------------------------------------------
 
     @property
-    def num_plan_outputs(self) -> int:
-        """Number of per-sample outputs of :meth:`plan_batch`."""
-        return 2 + 2 * len(self.segments) + sum(len(t.param_names) for t in self.photometric) + 2
+    def num_params(self) -> int:
+        """Length of each sample's parameter vector (see :meth:`plan_batch`)."""
+        return 4 + 8 * len(self.segments) + sum(len(t.param_names) for t in self.photometric)
+
+    def param_slices(self) -> dict[str, Any]:
+        """Where each parameter sits in a sample's parameter vector: ``{"roi": slice,
+        "warps": [(matrix slice, size slice), ...], "photometric": [slice, ...]}``."""
+        warps = [(slice(4 + 8 * s, 10 + 8 * s), slice(10 + 8 * s, 12 + 8 * s)) for s in range(len(self.segments))]
+        start, photometric = 4 + 8 * len(self.segments), []
+        for t in self.photometric:
+            photometric.append(slice(start, start + len(t.param_names)))
+            start += len(t.param_names)
+        return {"roi": slice(0, 4), "warps": warps, "photometric": photometric}
 
     def plan_batch(
         self,
@@ -97,7 +107,7 @@ class Compose:
         boxes: list[np.ndarray],
         labels: list[np.ndarray],
         seeds: list[np.ndarray],
-    ) -> tuple[list[np.ndarray], ...]:
+    ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
         """Plan one batch (the body of the pipeline's ``fn.python_function``).
 
         Args:
@@ -107,10 +117,11 @@ class Compose:
             seeds: per sample, int seed words; the batch generator is seeded from all of them.
 
         Returns:
-            Per-sample lists, in this order: decode ROI anchor ``(x, y)`` and shape ``(w, h)``
-            (float32 ``[2]``); per warp segment, the forward matrix (float32 ``[2, 3]``) and the
-            output size ``(h, w)`` (float32 ``[2]``); per photometric transform, its parameters
-            (float32 scalars); the output boxes (float32 ``[M, 4]`` xyxy) and labels (int32 ``[M]``).
+            Three per-sample lists: the parameter vectors (float32 ``[num_params]``: decode ROI
+            ``(x, y, w, h)``; per warp segment the forward matrix ``[2, 3]`` row-major and the
+            output size ``(h, w)``; per photometric transform its parameters; see
+            :meth:`param_slices`), the output boxes (float32 ``[M, 4]`` xyxy) and labels
+            (int32 ``[M]``).
         """
         n = len(shapes)
         hw = np.array([np.asarray(s).ravel()[:2] for s in shapes], dtype=np.float64).reshape(n, 2)
@@ -142,30 +153,21 @@ class Compose:
             shift = np.broadcast_to(np.eye(3), (n, 3, 3)).copy()
             shift[:, 0, 2], shift[:, 1, 2] = roi[:, 0], roi[:, 1]
             segment_out[0] = (m @ shift, canvas)
-        photometric = [t.plan(state.rng, n) for t in self.photometric]
+        columns = [roi]
+        for m, canvas in segment_out:
+            columns += [m[:, :2, :].reshape(n, 6), canvas]
+        columns += [np.stack(t.plan(state.rng, n), axis=1) for t in self.photometric]
+        params = np.concatenate(columns, axis=1).astype(np.float32)
 
         result = state.boxes()
         wh = result.boxes_xyxy[:, 2:] - result.boxes_xyxy[:, :2]
         keep = result.keep & (wh >= max(self.min_size, 1e-6)).all(axis=1)
         keep &= result.visibility >= self.min_visibility
-        splits = np.cumsum(counts)[:-1]
-
-        outputs: list[list[np.ndarray]] = [
-            [r[:2].astype(np.float32) for r in roi],
-            [r[2:].astype(np.float32) for r in roi],
-        ]
-        for m, canvas in segment_out:
-            outputs.append([a[:2].astype(np.float32) for a in m])
-            outputs.append([c.astype(np.float32) for c in canvas])
-        for params in photometric:
-            for p in params:
-                outputs.append([np.array(v, dtype=np.float32) for v in p])
-        boxes_out = np.split(result.boxes_xyxy.astype(np.float32) + np.float32(0.0), splits)  # no -0.0
-        labels_out = np.split(flat_labels, splits)
-        keep_split = np.split(keep, splits)
-        outputs.append([b[k].reshape(-1, 4) for b, k in zip(boxes_out, keep_split)])
-        outputs.append([lab[k] for lab, k in zip(labels_out, keep_split)])
-        return tuple(outputs)
+        kept_counts = np.bincount(state.sample[keep], minlength=n)
+        splits = np.cumsum(kept_counts)[:-1]
+        boxes_out = np.split(result.boxes_xyxy[keep].astype(np.float32) + np.float32(0.0), splits)  # no -0.0
+        labels_out = np.split(flat_labels[keep], splits)
+        return list(params), boxes_out, labels_out
 
     @staticmethod
     def _decode_roi(hw: np.ndarray, first: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:

@@ -220,8 +220,9 @@ class RandomIoUCrop(GeometricTransform):
     """SSD random crop (torchvision ``RandomIoUCrop``): a crop whose IoU with some box reaches a
     randomly chosen threshold from ``sampler_options`` (a threshold ``>= 1`` means no crop).
 
-    Each sample tries ``trials`` candidate crops per threshold, for up to 10 thresholds; a sample
-    that finds none, or has no boxes, is left uncropped. Boxes whose centre falls outside the crop
+    Each sample tries ``trials`` candidate crops per threshold, for up to 10 thresholds (drawn
+    two at a time, vectorised over the batch); a sample that finds none, or has no boxes, is left
+    uncropped. Boxes whose centre falls outside the crop
     are dropped, as in torchvision and DALI's ``random_bbox_crop``.
     """
 
@@ -259,35 +260,41 @@ class RandomIoUCrop(GeometricTransform):
         crop = np.stack([np.zeros(n), np.zeros(n), hw[:, 1], hw[:, 0]], -1)  # no crop
         todo = np.bincount(sample, minlength=n) > 0
         options = np.asarray(self.sampler_options)
-        for _ in range(10):
-            thr = options[rng.integers(len(options), size=n)]
-            todo &= thr < 1.0  # a threshold >= 1 means "no crop"
-            if not todo.any():
-                break
-            r = self.min_scale + (self.max_scale - self.min_scale) * rng.random((n, t, 2))
-            pos = rng.random((n, t, 2))
+        rounds = 2  # threshold draws tried at once (vectorised), up to 10 in all
+        for _ in range(-(-10 // rounds)):
             act = np.flatnonzero(todo)  # only samples still searching do the work below
-            size_w = np.floor(hw[act, None, 1] * r[act, :, 0])
-            size_h = np.floor(hw[act, None, 0] * r[act, :, 1])
-            left = np.floor((hw[act, None, 1] - size_w) * pos[act, :, 0])
-            top = np.floor((hw[act, None, 0] - size_h) * pos[act, :, 1])
-            cand = np.stack([left, top, left + size_w, top + size_h], -1)  # [A, T, 4]
+            if len(act) == 0:
+                break
+            a = len(act)
+            thr = options[rng.integers(len(options), size=(a, rounds))]
+            r = self.min_scale + (self.max_scale - self.min_scale) * rng.random((a, rounds, t, 2))
+            pos = rng.random((a, rounds, t, 2))
+            size_w = np.floor(hw[act, None, None, 1] * r[..., 0])
+            size_h = np.floor(hw[act, None, None, 0] * r[..., 1])
+            left = np.floor((hw[act, None, None, 1] - size_w) * pos[..., 0])
+            top = np.floor((hw[act, None, None, 0] - size_h) * pos[..., 1])
+            cand = np.stack([left, top, left + size_w, top + size_h], -1).reshape(a, rounds * t, 4)
             with np.errstate(divide="ignore", invalid="ignore"):
                 aspect = size_w / size_h
             valid = (size_w > 0) & (size_h > 0) & (aspect >= self.min_aspect_ratio) & (aspect <= self.max_aspect_ratio)
             in_act = todo[sample]
             b, slot = boxes[in_act], np.searchsorted(act, sample[in_act])  # boxes grouped by sample
-            c = cand[slot]  # [M, T, 4]
+            c = cand[slot]  # [M, R*T, 4]
             cx = (b[:, None, 0] + b[:, None, 2]) / 2
             cy = (b[:, None, 1] + b[:, None, 3]) / 2
             inside = (c[..., 0] < cx) & (cx < c[..., 2]) & (c[..., 1] < cy) & (cy < c[..., 3])
             iou = np.where(inside, box_iou(b[:, None, :], c), -1.0)
-            best = np.maximum.reduceat(iou, np.searchsorted(slot, np.arange(len(act))), axis=0)
-            valid &= best >= thr[act, None]
-            found = valid.any(axis=1)
-            first = valid.argmax(axis=1)
-            crop[act[found]] = cand[found, first[found]]
-            todo[act[found]] = False
+            best = np.maximum.reduceat(iou, np.searchsorted(slot, np.arange(a)), axis=0).reshape(a, rounds, t)
+            valid &= best >= thr[..., None]
+            found = valid.any(axis=2)  # [A, R]: this round found a crop
+            done = found | (thr >= 1.0)  # ... or drew "no crop"
+            first_round = done.argmax(axis=1)
+            resolved = done.any(axis=1)
+            rows = np.arange(a)
+            cropped = resolved & found[rows, first_round]
+            k = first_round * t + valid[rows, first_round].argmax(axis=1)
+            crop[act[cropped]] = cand[rows[cropped], k[cropped]]
+            todo[act[resolved]] = False
         centre_x = (boxes[:, 0] + boxes[:, 2]) / 2
         centre_y = (boxes[:, 1] + boxes[:, 3]) / 2
         cs = crop[sample]

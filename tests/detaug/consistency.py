@@ -128,9 +128,9 @@ class RecordingCompose(Compose):
 
     def area_scales(self, record: tuple) -> np.ndarray:
         """``[B]`` product of the determinants of the batch's warp matrices."""
-        n = len(record[0])
-        scale = np.ones(n)
-        for s in range(len(self.segments)):
-            for i, m in enumerate(record[2 + 2 * s]):
-                scale[i] *= abs(np.linalg.det(np.asarray(m, dtype=np.float64)[:, :2]))
+        params = np.asarray(record[0], dtype=np.float64)
+        scale = np.ones(len(params))
+        for matrix, _ in self.param_slices()["warps"]:
+            m = params[:, matrix].reshape(-1, 2, 3)
+            scale *= np.abs(np.linalg.det(m[:, :, :2]))
         return scale

@@ -22,6 +22,14 @@ def out_boxes(out):
     return out[-2][0], out[-1][0]
 
 
+def warp(recipe, out, segment=0):
+    """(decode ROI (x, y, w, h), warp matrix [2, 3], output size (h, w)) of sample 0."""
+    where = recipe.param_slices()
+    params = out[0][0]
+    m, size = where["warps"][segment]
+    return params[where["roi"]], params[m].reshape(2, 3), params[size]
+
+
 def test_horizontal_flip_moves_boxes():
     recipe = Compose([T.RandomHorizontalFlip(p=1.0)])
     boxes, labels = out_boxes(plan(recipe, [[10, 20, 50, 60]]))
@@ -33,7 +41,7 @@ def test_resize_scales_boxes_and_sets_size():
     recipe = Compose([T.Resize((50, 400))])
     out = plan(recipe, [[10, 20, 50, 60]])
     np.testing.assert_allclose(out_boxes(out)[0], [[20, 10, 100, 30]])
-    np.testing.assert_allclose(out[3][0], [50, 400])  # segment output size (h, w)
+    np.testing.assert_allclose(warp(recipe, out)[2], [50, 400])  # output size (h, w)
 
 
 def test_resize_short_side_keeps_ratio_and_respects_max_size():
@@ -54,7 +62,7 @@ def test_zoom_out_keeps_box_size_and_places_inside_canvas():
     out = plan(recipe, [[10, 20, 50, 60]])
     boxes, _ = out_boxes(out)
     np.testing.assert_allclose(boxes[0, 2:] - boxes[0, :2], [40, 40])
-    np.testing.assert_allclose(out[3][0], [200, 400])
+    np.testing.assert_allclose(warp(recipe, out)[2], [200, 400])
 
 
 def test_iou_crop_respects_threshold_and_drops_boxes_with_centre_outside():
@@ -62,10 +70,8 @@ def test_iou_crop_respects_threshold_and_drops_boxes_with_centre_outside():
     boxes = np.array([[10, 10, 60, 60], [150, 40, 190, 90]], np.float32)
     for seed in range(20):
         out = plan(recipe, boxes, seed=seed)
-        crop_hw = out[3][0]
-        anchor = -out[2][0][:, 2]  # the crop's top-left in source pixels (ROI shift undone below)
-        roi = out[0][0]
-        x0, y0 = anchor + roi  # matrix maps ROI-local -> crop; ROI starts at `roi`
+        roi, matrix, crop_hw = warp(recipe, out)
+        x0, y0 = roi[:2] - matrix[:, 2]  # the matrix maps ROI-local pixels to the crop
         crop = np.array([x0, y0, x0 + crop_hw[1], y0 + crop_hw[0]])
         kept, labels = out_boxes(out)
         ious = []
@@ -83,8 +89,8 @@ def test_iou_crop_respects_threshold_and_drops_boxes_with_centre_outside():
 
 
 def test_iou_crop_without_boxes_does_not_crop():
-    out = plan(Compose([T.RandomIoUCrop()]), np.zeros((0, 4)))
-    np.testing.assert_allclose(out[3][0], [100, 200])
+    recipe = Compose([T.RandomIoUCrop()])
+    np.testing.assert_allclose(warp(recipe, plan(recipe, np.zeros((0, 4))))[2], [100, 200])
 
 
 def test_min_visibility_and_min_size_filter_boxes():
@@ -94,7 +100,8 @@ def test_min_visibility_and_min_size_filter_boxes():
     recipe = Compose([T.RandomAffine(translate=(0.5, 0.0))], min_visibility=0.75)
     for seed in range(10):
         out = plan(recipe, [[0, 0, 100, 100]], seed=seed)
-        tx = out[2][0][0, 2] - out[0][0][0]  # warp translation minus the decode ROI's x
+        roi, matrix, _ = warp(recipe, out)
+        tx = matrix[0, 2] - roi[0]  # warp translation minus the decode ROI's x
         boxes, labels = out_boxes(out)
         visible = (min(100 + tx, 200) - max(tx, 0)) / 100
         assert (len(labels) == 1) == (visible >= 0.75)
