@@ -1,0 +1,446 @@
+"""Keras adapter: an indexable ``PyDataset`` (``Sequence``) of augmented detection batches.
+
+A Keras ``Sequence`` is random access: ``seq[i]`` may be asked for any batch, in any order, and
+``on_epoch_end()`` reshuffles. DALI pipelines are iterators. :class:`DetectionSequence` bridges
+the two: the epoch's sample order is a pure function of ``(seed, epoch)``, and ``seq[i]`` feeds
+batch ``i``'s samples, with their seed words ``(seed, epoch, index)``, to the pipeline's external
+sources and runs it once. The same ``i`` in the same epoch therefore always gives the same
+samples and the same augmentation; a new epoch gives a new order (``shuffle=True``) and new
+augmentations.
+
+Access pattern and prefetching:
+
+1. ``seq[i]`` right after ``seq[i - 1]`` (or ``seq[0]`` first in an epoch) is *sequential*: once
+   batch ``i`` is out of the pipeline, batch ``i + 1`` is fed and scheduled, and DALI prepares it
+   while the caller trains on batch ``i``;
+2. any other index runs the pipeline for that batch alone (a prefetched batch that is not asked
+   for next is waited for and dropped: ``prefetch_wasted`` counts them);
+3. ``on_epoch_end()`` drops a pending prefetch, moves to the next epoch and draws its order.
+
+Targets are padded to ``max_boxes`` with ``-1`` as Keras 3 and KerasHub detectors take them
+(``keras.layers.MaxNumBoundingBoxes`` pads the same way). A sample with more boxes than
+``max_boxes`` is handled by ``overflow``: ``"raise"`` (default), ``"warn"`` or ``"truncate"``
+(both keep the first ``max_boxes`` boxes, in annotation order, and count what they cut).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import operator
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from detaug.boxes import convert_format
+from detaug.feeding import collate_samples, shard_range
+from detaug.pipeline import EXTERNAL_INPUTS, build_pipeline, resolve_device
+from detaug.sources import CocoSource, SampleListSource
+from detaug.transforms import Compose
+
+__all__ = ["KERAS_BOX_FORMATS", "BoxOverflowWarning", "DetectionSequence", "to_keras_boxes"]
+
+#: ``bounding_box_format`` names, as in ``keras.utils.bounding_boxes.convert_format``.
+KERAS_BOX_FORMATS = (
+    "xyxy",
+    "yxyx",
+    "xywh",
+    "center_xywh",
+    "center_yxhw",
+    "rel_xyxy",
+    "rel_yxyx",
+    "rel_xywh",
+    "rel_center_xywh",
+)
+
+#: ``overflow`` policies for samples with more than ``max_boxes`` boxes.
+OVERFLOW_POLICIES = ("raise", "warn", "truncate")
+
+PAD_VALUE = -1
+
+
+class BoxOverflowWarning(UserWarning):
+    """Boxes beyond ``max_boxes`` were cut from a batch (``overflow="warn"``)."""
+
+
+def _keras_base() -> type:
+    """``keras.utils.PyDataset`` (Keras 3), ``keras.utils.Sequence`` (Keras 2), or ``object``
+    when Keras is not installed (the classic protocol is then implemented here alone)."""
+    if importlib.util.find_spec("keras") is None:
+        return object
+    try:
+        import keras
+    except ImportError as err:  # installed, but its backend is missing (TensorFlow by default)
+        raise ImportError(
+            f"keras is installed but cannot be imported ({err}); set KERAS_BACKEND to an "
+            "installed backend before importing it, e.g. KERAS_BACKEND=torch"
+        ) from err
+    return getattr(keras.utils, "PyDataset", None) or keras.utils.Sequence
+
+
+_Base = _keras_base()
+
+
+def to_keras_boxes(boxes_xyxy: np.ndarray, bounding_box_format: str, canvas_size: tuple[int, int]) -> np.ndarray:
+    """Absolute ``xyxy`` boxes ``[..., 4]`` in a Keras format (see :data:`KERAS_BOX_FORMATS`);
+    ``canvas_size`` is the image's ``(height, width)``, used by the ``rel_*`` formats."""
+    fmt = _check_box_format(bounding_box_format)
+    rel = "rel_" if fmt.startswith("rel_") else ""
+    base = fmt[len(rel) :]
+    if base == "center_yxhw":
+        return convert_format(boxes_xyxy, "cxcywh", canvas_size)[..., [1, 0, 3, 2]]
+    return convert_format(boxes_xyxy, rel + ("cxcywh" if base == "center_xywh" else base), canvas_size)
+
+
+def _check_box_format(bounding_box_format: str) -> str:
+    fmt = str(bounding_box_format).lower()
+    if fmt not in KERAS_BOX_FORMATS:
+        raise ValueError(
+            f"unknown bounding_box_format {bounding_box_format!r}; expected one of Keras' "
+            f"{', '.join(KERAS_BOX_FORMATS)}"
+        )
+    return fmt
+
+
+class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
+    """Augmented detection batches by index, for ``model.fit(seq)`` (and ``fit_generator``).
+
+    Args:
+        source: a :class:`~detaug.sources.SampleListSource` or
+            :class:`~detaug.sources.VocSource`; a :class:`~detaug.sources.CocoSource` is read into
+            one with :meth:`~detaug.sources.CocoSource.to_sample_list` (DALI's COCO reader is
+            sequential; its ``shuffle`` and ``initial_fill`` do not apply, ``shuffle=None`` takes
+            its flag, and its ``shard_id`` / ``num_shards`` are used when given).
+        transforms: the :class:`~detaug.transforms.Compose` recipe. Its output size must be
+            fixed (end it with ``Resize((h, w))``, ``LetterBox`` or ``RandomResizedCrop``) unless
+            every source image has the same size: a batch is one ``[B, H, W, 3]`` array.
+        batch_size: samples per batch; the last batch of an epoch may hold fewer.
+        max_boxes: rows of the padded targets; ``None``: the most boxes of any source sample
+            (at least 1), which no recipe exceeds (transforms only remove boxes).
+        shuffle: draw a new sample order every epoch from ``(seed, epoch)``; ``None``: the
+            ``CocoSource``'s flag, else ``False``.
+        seed: seeds the orders and the augmentations.
+        device: ``"gpu"`` (decode with nvJPEG, augment on the GPU) or ``"cpu"``.
+        bounding_box_format: a Keras format name (:data:`KERAS_BOX_FORMATS`, case-insensitive);
+            ``rel_*`` formats divide by the output image's width and height.
+        overflow: what a sample with more than ``max_boxes`` boxes does: ``"raise"`` a
+            ``ValueError``; ``"warn"`` (a :class:`BoxOverflowWarning` with the count) and keep the
+            first ``max_boxes`` boxes; ``"truncate"``: keep them without a warning. Cut boxes are
+            counted in ``boxes_truncated`` / ``samples_truncated`` either way.
+        drop_last: leave out the last, smaller batch of an epoch.
+        device_id: the GPU (``None``: 0).
+        num_threads: DALI CPU threads.
+        shard_id, num_shards: serve one shard of every epoch's order (as DALI's readers split).
+        prefetch: prepare batch ``i + 1`` while batch ``i`` is used, when access is sequential.
+        workers, max_queue_size: Keras' ``PyDataset`` arguments (threads that call ``seq[i]``;
+            calls are serialised on the one pipeline, so ``workers > 1`` rarely helps).
+        use_multiprocessing: must stay ``False``: a DALI pipeline cannot be forked or pickled.
+
+    ``seq[i]`` returns ``(images, targets)``:
+
+    * ``images``: float32 ``[B, H, W, 3]`` NumPy array, channels last: normalised when the recipe
+      ends with ``Normalize``, else ``0..255``. On ``device="gpu"`` it is copied to the host
+      (Keras moves it to its own device).
+    * ``targets``: ``{"boxes": float32 [B, max_boxes, 4], "labels": int32 [B, max_boxes]}``, boxes
+      in ``bounding_box_format`` on the output image, labels the source's category ids; rows past
+      a sample's boxes are ``-1``.
+
+    Attributes:
+        epoch: the current epoch (``on_epoch_end`` adds one; :meth:`set_epoch` sets it).
+        boxes_truncated, samples_truncated: boxes cut by ``overflow="warn"``/``"truncate"`` and the
+            samples they came from, over every ``seq[i]`` call so far (a batch fetched twice
+            counts twice).
+        prefetch_hits, prefetch_wasted: prefetched batches that were / were not asked for next.
+    """
+
+    def __init__(
+        self,
+        source: CocoSource | SampleListSource,
+        transforms: Compose,
+        batch_size: int,
+        max_boxes: int | None = None,
+        shuffle: bool | None = None,
+        seed: int = 0,
+        device: str = "gpu",
+        *,
+        bounding_box_format: str = "xyxy",
+        overflow: str = "raise",
+        drop_last: bool = False,
+        device_id: int | None = None,
+        num_threads: int = 4,
+        shard_id: int | None = None,
+        num_shards: int | None = None,
+        prefetch: bool = True,
+        workers: int = 1,
+        max_queue_size: int = 10,
+        use_multiprocessing: bool = False,
+    ) -> None:
+        if getattr(_Base, "__name__", "") == "PyDataset":
+            super().__init__(workers=workers, use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size)
+        else:
+            super().__init__()
+        # 1. Arguments.
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow must be one of {', '.join(map(repr, OVERFLOW_POLICIES))}, got {overflow!r}")
+        if use_multiprocessing:
+            raise ValueError(
+                "use_multiprocessing=True is not supported: the DALI pipeline cannot be pickled or "
+                "forked into Keras' worker processes; DALI already runs num_threads worker threads"
+            )
+        if not isinstance(transforms, Compose):
+            raise TypeError(f"transforms must be a detaug.transforms.Compose, got {type(transforms).__name__}")
+        self.bounding_box_format = _check_box_format(bounding_box_format)
+
+        # 2. An indexable source, shard and shuffle flag.
+        if isinstance(source, CocoSource):
+            shuffle = source.shuffle if shuffle is None else shuffle
+            if source.shuffle and not shuffle:
+                raise ValueError("the CocoSource has shuffle=True but the sequence has shuffle=False; make them agree")
+            shard_id = source.shard_id if shard_id is None else shard_id
+            num_shards = source.num_shards if num_shards is None else num_shards
+            source = source.to_sample_list()
+        elif not isinstance(source, SampleListSource):
+            raise TypeError(f"source must be a SampleListSource, VocSource or CocoSource, got {type(source).__name__}")
+        shard_id = 0 if shard_id is None else int(shard_id)
+        num_shards = 1 if num_shards is None else int(num_shards)
+        if num_shards < 1 or not 0 <= shard_id < num_shards:
+            raise ValueError(f"shard_id must be in [0, num_shards), got shard_id={shard_id}, num_shards={num_shards}")
+        self.begin, self.end = shard_range(len(source), shard_id, num_shards)
+        if self.end == self.begin:
+            raise ValueError(f"shard {shard_id} of {num_shards} holds no samples ({len(source)} in the source)")
+
+        most = max(len(s.boxes) for s in source.samples)
+        if max_boxes is None:
+            max_boxes = max(most, 1)
+        if isinstance(max_boxes, bool) or not isinstance(max_boxes, (int, np.integer)) or max_boxes < 1:
+            raise ValueError(f"max_boxes must be an integer >= 1 or None, got {max_boxes!r}")
+
+        self.source = source
+        self.categories = source.categories
+        self.transforms = transforms
+        self.batch_size = int(batch_size)
+        self.max_boxes = int(max_boxes)
+        self.most_source_boxes = most
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.device = device
+        self.device_id = resolve_device(device, device_id)
+        self.num_threads = int(num_threads)
+        self.overflow = overflow
+        self.drop_last = bool(drop_last)
+        self.prefetch = bool(prefetch)
+        self.shard_id, self.num_shards = shard_id, num_shards
+        if len(self) == 0:
+            raise ValueError(
+                f"no batches: the shard holds {self.end - self.begin} samples, fewer than "
+                f"batch_size={self.batch_size} with drop_last=True"
+            )
+
+        self.boxes_truncated = 0
+        self.samples_truncated = 0
+        self.prefetch_hits = 0
+        self.prefetch_wasted = 0
+        self._lock = threading.Lock()
+        self._pending: tuple[int, int] | None = None  # (epoch, index) scheduled in the pipeline
+        self._last = -1  # last index served in this epoch
+        self.epoch = 0
+        self._order = self._epoch_order(0)
+        self._pipeline = self._build()  # fail here, not in the first seq[i]
+
+    # -- the classic Sequence protocol ------------------------------------------------------------
+
+    def __len__(self) -> int:
+        full, rest = divmod(self.end - self.begin, self.batch_size)
+        return full if (self.drop_last or rest == 0) else full + 1
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Batch ``index`` of the current epoch (negative indexes count from the end)."""
+        i = self._check_index(index)
+        with self._lock:
+            outputs = self._batch_outputs(i)
+            sequential = i == self._last + 1
+            self._last = i
+            if self.prefetch and sequential and i + 1 < len(self):
+                try:
+                    self._schedule(i + 1)
+                except Exception:  # noqa: BLE001, S110 - not this batch's error: batch i + 1 raises it when asked for
+                    pass
+            return self._to_keras(i, outputs)
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+        """The batches of the current epoch, in order (one epoch; call ``on_epoch_end`` after)."""
+        for i in range(len(self)):
+            yield self[i]
+
+    def on_epoch_end(self) -> None:
+        """Move to the next epoch: new augmentations and, with ``shuffle=True``, a new order."""
+        self.set_epoch(self.epoch + 1)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Jump to ``epoch`` (e.g. when resuming with ``fit(initial_epoch=...)``)."""
+        with self._lock:
+            self._drop_pending()
+            self.epoch = int(epoch)
+            self._order = self._epoch_order(self.epoch)
+            self._last = -1
+
+    def epoch_callback(self) -> Any:
+        """A Keras callback that sets this sequence's epoch to Keras' epoch number when each
+        epoch begins. ``fit`` also calls ``on_epoch_end`` once before training (and the epoch
+        count then drifts from Keras'); with this callback, epoch ``e`` of ``fit`` always sees
+        the same orders and augmentations, also when resumed with ``initial_epoch=e``."""
+        import keras
+
+        return keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs=None: self.set_epoch(epoch))
+
+    def batch_indices(self, index: int) -> np.ndarray:
+        """int64 ``[B]`` source positions of batch ``index`` in the current epoch."""
+        i = self._check_index(index)
+        start = i * self.batch_size
+        return self._order[start : start + self.batch_size].copy()
+
+    def close(self) -> None:
+        """Release the DALI pipeline (and its GPU memory); a later ``seq[i]`` builds a new one."""
+        with self._lock:
+            self._drop_pending()
+            self._pipeline = None
+
+    def __repr__(self) -> str:
+        return (
+            f"DetectionSequence({len(self.source)} samples, batch_size={self.batch_size}, "
+            f"{len(self)} batches, max_boxes={self.max_boxes}, shuffle={self.shuffle}, seed={self.seed}, "
+            f"device={self.device!r}, epoch={self.epoch})"
+        )
+
+    # -- pipeline ---------------------------------------------------------------------------------
+
+    def _build(self) -> Any:
+        pipe = build_pipeline(
+            self.source, self.transforms, batch_size=self.batch_size, device=self.device,
+            device_id=self.device_id, num_threads=self.num_threads, seed=self.seed, layout="HWC",
+            prefetch_queue_depth=1,  # one batch fed per run: random access feeds as it goes
+        )
+        pipe.build()
+        return pipe
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        """This shard's source positions in ``epoch``'s order (as :class:`detaug.feeding.EpochFeeder`)."""
+        order = np.arange(len(self.source))
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, epoch]).permutation(order)
+        return order[self.begin : self.end]
+
+    def _check_index(self, index: Any) -> int:
+        try:
+            i = operator.index(index)
+        except TypeError:
+            raise TypeError(f"batch indexes must be integers, got {type(index).__name__}") from None
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"batch index {index} out of range for a sequence of {n} batches")
+        return i + n if i < 0 else i
+
+    def _schedule(self, i: int) -> None:
+        """Feed batch ``i`` of the current epoch and start the pipeline on it (returns at once)."""
+        indices = self.batch_indices(i)
+        seeds = [np.array([self.seed, self.epoch, j], dtype=np.int64) for j in indices]
+        columns = collate_samples(self.source, indices, seeds)  # reads files before feeding anything
+        if self._pipeline is None:
+            self._pipeline = self._build()
+        try:
+            for name, column in zip(EXTERNAL_INPUTS, columns):
+                self._pipeline.feed_input(name, column)
+            self._pipeline.schedule_run()
+        except BaseException:
+            self._pipeline = None  # possibly half fed: start over with a fresh pipeline
+            raise
+        self._pending = (self.epoch, i)
+
+    def _collect(self) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+        """Wait for the scheduled batch: host copies of its images (float32 ``[B, H, W, 3]``), boxes, labels."""
+        from nvidia.dali.backend import TensorListGPU
+
+        self._pending = None
+        try:
+            images, boxes, labels, _ = self._pipeline.outputs()
+        except BaseException:
+            self._pipeline = None  # DALI: "Current pipeline object is no longer valid"
+            raise
+        if isinstance(images, TensorListGPU):
+            images = images.as_cpu()  # Keras takes host arrays and moves them to its device
+        if not images.is_dense_tensor():
+            shapes = sorted({tuple(images[k].shape()) for k in range(len(images))})
+            raise ValueError(
+                f"the batch's images have different shapes {shapes}; a Keras batch is one "
+                "[B, H, W, 3] array: end the recipe with Resize((h, w)), LetterBox or RandomResizedCrop"
+            )
+        return (
+            np.asarray(images.as_tensor()).astype(np.float32),  # the one copy out of DALI's buffer
+            [np.array(boxes[k], dtype=np.float32).reshape(-1, 4) for k in range(len(boxes))],
+            [np.array(labels[k]).reshape(-1).astype(np.int32) for k in range(len(labels))],
+        )
+
+    def _drop_pending(self) -> None:
+        if self._pending is None:
+            return
+        self.prefetch_wasted += 1
+        try:
+            self._collect()
+        except Exception:  # noqa: BLE001, S110 - that batch was not asked for; it raises again if it is
+            pass
+
+    def _batch_outputs(self, i: int) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+        if self._pending == (self.epoch, i):
+            self.prefetch_hits += 1
+        else:
+            self._drop_pending()
+            self._schedule(i)
+        try:
+            return self._collect()
+        except RuntimeError as err:  # DALI's message names the operator, not the samples
+            ids = [self.source.samples[j].image_id for j in self.batch_indices(i)]
+            raise RuntimeError(f"batch {i} of epoch {self.epoch} (image_ids {ids}) failed in the DALI pipeline: {err}") from err
+
+    # -- Keras targets ----------------------------------------------------------------------------
+
+    def _to_keras(self, i: int, outputs: tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        images, boxes, labels = outputs
+        count = len(images)
+        height, width = images.shape[1:3]
+        out_boxes = np.full((count, self.max_boxes, 4), PAD_VALUE, dtype=np.float32)
+        out_labels = np.full((count, self.max_boxes), PAD_VALUE, dtype=np.int32)
+        over = [k for k in range(count) if len(boxes[k]) > self.max_boxes]
+        if over:
+            self._overflow(i, over, boxes)
+        for k in range(count):
+            n = min(len(boxes[k]), self.max_boxes)
+            out_boxes[k, :n] = to_keras_boxes(boxes[k][:n], self.bounding_box_format, (height, width))
+            out_labels[k, :n] = labels[k][:n]
+        return images, {"boxes": out_boxes, "labels": out_labels}
+
+    def _overflow(self, i: int, over: list[int], boxes: list[np.ndarray]) -> None:
+        indices = self.batch_indices(i)
+        detail = ", ".join(
+            f"image_id {self.source.samples[indices[k]].image_id}: {len(boxes[k])}" for k in over[:5]
+        ) + (", ..." if len(over) > 5 else "")
+        if self.overflow == "raise":
+            raise ValueError(
+                f"batch {i} (epoch {self.epoch}): {len(over)} sample(s) have more than max_boxes={self.max_boxes} "
+                f"boxes ({detail}); raise max_boxes (the largest source sample has {self.most_source_boxes}, "
+                "max_boxes=None uses that) or pass overflow='warn' or 'truncate' to keep the first max_boxes"
+            )
+        cut = sum(len(boxes[k]) - self.max_boxes for k in over)
+        self.boxes_truncated += cut
+        self.samples_truncated += len(over)
+        if self.overflow == "warn":
+            warnings.warn(
+                f"batch {i} (epoch {self.epoch}): cut {cut} box(es) beyond max_boxes={self.max_boxes} "
+                f"from {len(over)} sample(s) ({detail}); {self.boxes_truncated} cut so far",
+                BoxOverflowWarning,
+                stacklevel=4,  # the caller of seq[i]
+            )
+

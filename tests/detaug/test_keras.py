@@ -1,0 +1,389 @@
+"""Tests of detaug.keras: index semantics, epochs, padding and overflow, box formats, prefetching,
+pixel consistency, agreement with the PyTorch loader, and ``model.fit`` (Keras on PyTorch, CPU).
+
+DALI CPU pipelines are slow on small machines: the datasets are a dozen small images, and the
+module builds few pipelines (``seq`` is shared; tests that move its epoch put it back).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "torch")  # before Keras is imported, here or by detaug.keras
+
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras", reason="Keras 3 is not installed (pip install detaug[keras])")
+
+import detaug.transforms as T
+from detaug.keras import (
+    KERAS_BOX_FORMATS,
+    BoxOverflowWarning,
+    DetectionSequence,
+    to_keras_boxes,
+)
+from detaug.sources import CocoSource, SampleListSource, VocSource
+from detaug.synthetic import write_coco_dataset, write_voc_dataset
+from tests.detaug.consistency import (
+    RecordingCompose,
+    check_boxes_match_pixels,
+    scene_samples,
+)
+
+FILL = 114
+NUM_IMAGES, BATCH = 11, 4  # batches of 4, 4 and 3
+OUT_HW = (64, 80)
+
+
+def recipe() -> T.Compose:
+    return T.Compose([T.RandomHorizontalFlip(), T.RandomAffine(degrees=10, scale=(0.9, 1.1), fill=FILL), T.Resize(OUT_HW)])
+
+
+def make_sequence(source, **kwargs) -> DetectionSequence:
+    kwargs = {"shuffle": True, "seed": 0, "device": "cpu", "num_threads": 2, **kwargs}
+    return DetectionSequence(source, kwargs.pop("transforms", recipe()), kwargs.pop("batch_size", BATCH), **kwargs)
+
+
+def assert_batches_equal(a, b):
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1]["boxes"], b[1]["boxes"])
+    np.testing.assert_array_equal(a[1]["labels"], b[1]["labels"])
+
+
+@pytest.fixture(scope="module")
+def voc_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("voc")
+    write_voc_dataset(root, num_images=NUM_IMAGES, size=((128, 160), (112, 128)), image_format="png", splits={"train": 1.0})
+    return root
+
+
+@pytest.fixture(scope="module")
+def source(voc_root):
+    return VocSource(voc_root, "train")
+
+
+@pytest.fixture(scope="module")
+def seq(source):
+    return make_sequence(source)
+
+
+@pytest.fixture(scope="module")
+def epoch0(seq):
+    """Every batch of epoch 0, fetched in order."""
+    seq.set_epoch(0)
+    return [seq[i] for i in range(len(seq))]
+
+
+class TestProtocol:
+    def test_is_a_keras_pydataset_with_the_classic_protocol(self, seq):
+        assert isinstance(seq, keras.utils.PyDataset)
+        assert seq.workers == 1 and not seq.use_multiprocessing
+        for name in ("__len__", "__getitem__", "on_epoch_end"):
+            assert callable(getattr(seq, name))
+
+    def test_len_and_the_last_partial_batch(self, seq, epoch0):
+        assert len(seq) == 3
+        assert [len(images) for images, _ in epoch0] == [4, 4, 3]
+        images, targets = epoch0[-1]
+        assert images.shape == (3, *OUT_HW, 3)
+        assert targets["boxes"].shape == (3, seq.max_boxes, 4) and targets["labels"].shape == (3, seq.max_boxes)
+
+    def test_drop_last(self, source):
+        short = make_sequence(source, drop_last=True, prefetch=False)
+        assert len(short) == 2
+        assert len(short[-1][0]) == BATCH
+        with pytest.raises(IndexError):
+            short[2]
+
+    def test_dtypes_and_layout(self, epoch0):
+        images, targets = epoch0[0]
+        assert images.dtype == np.float32 and images.shape == (BATCH, *OUT_HW, 3)
+        assert 0 <= images.min() and images.max() <= 255 and images.max() > 1  # no Normalize: 0..255
+        assert targets["boxes"].dtype == np.float32 and targets["labels"].dtype == np.int32
+        assert set(targets) == {"boxes", "labels"}
+
+
+class TestIndexing:
+    def test_random_order_gives_the_same_batches(self, seq, epoch0):
+        seq.set_epoch(0)
+        for i in (2, 0, 1, 0, 2):
+            assert_batches_equal(seq[i], epoch0[i])
+
+    def test_negative_indexes_count_from_the_end(self, seq, epoch0):
+        seq.set_epoch(0)
+        assert_batches_equal(seq[-1], epoch0[2])
+        assert_batches_equal(seq[-3], epoch0[0])
+        np.testing.assert_array_equal(seq.batch_indices(-2), seq.batch_indices(1))
+
+    def test_index_errors(self, seq):
+        for bad in (3, -4, 100):
+            with pytest.raises(IndexError, match="out of range for a sequence of 3 batches"):
+                seq[bad]
+        with pytest.raises(TypeError, match="integers"):
+            seq[1.0]
+        assert len(seq[np.int64(1)][0]) == BATCH
+
+    def test_an_epoch_visits_every_sample_once(self, seq):
+        seq.set_epoch(0)
+        visited = np.concatenate([seq.batch_indices(i) for i in range(len(seq))])
+        assert sorted(visited.tolist()) == list(range(NUM_IMAGES))
+
+    def test_concurrent_access_from_threads(self, seq, epoch0):
+        seq.set_epoch(0)
+        with ThreadPoolExecutor(3) as pool:
+            batches = list(pool.map(seq.__getitem__, [2, 1, 0, 2, 1, 0]))
+        for i, batch in zip([2, 1, 0, 2, 1, 0], batches):
+            assert_batches_equal(batch, epoch0[i])
+
+
+class TestEpochs:
+    def test_on_epoch_end_reshuffles_and_set_epoch_goes_back(self, seq, epoch0):
+        seq.set_epoch(0)
+        order0 = [seq.batch_indices(i) for i in range(len(seq))]
+        seq.on_epoch_end()
+        assert seq.epoch == 1
+        order1 = [seq.batch_indices(i) for i in range(len(seq))]
+        assert not all(np.array_equal(a, b) for a, b in zip(order0, order1))
+        assert sorted(np.concatenate(order1).tolist()) == list(range(NUM_IMAGES))
+        seq.set_epoch(0)
+        assert_batches_equal(seq[1], epoch0[1])
+
+    def test_without_shuffle_the_order_stays_and_augmentations_change(self, source):
+        plain = make_sequence(source, shuffle=False, prefetch=False)
+        first = plain[0]
+        np.testing.assert_array_equal(plain.batch_indices(0), np.arange(BATCH))
+        plain.on_epoch_end()
+        np.testing.assert_array_equal(plain.batch_indices(0), np.arange(BATCH))
+        assert not np.array_equal(plain[0][0], first[0])  # seeds (seed, epoch, index) changed
+
+    def test_same_seed_same_batches_other_seed_other_order(self, source, epoch0):
+        again = make_sequence(source, prefetch=False)
+        assert_batches_equal(again[1], epoch0[1])
+        other = make_sequence(source, seed=1, prefetch=False)
+        assert not all(np.array_equal(other.batch_indices(i), again.batch_indices(i)) for i in range(len(other)))
+
+
+class TestTargets:
+    def test_padding_with_minus_one(self, seq, epoch0):
+        seq.set_epoch(0)
+        assert seq.max_boxes == max(len(s.boxes) for s in seq.source.samples)  # max_boxes=None
+        for images, targets in epoch0:
+            labels, boxes = targets["labels"], targets["boxes"]
+            valid = labels >= 0
+            counts = valid.sum(axis=1)
+            assert (counts > 0).any()
+            for k, n in enumerate(counts):  # valid rows first, then padding
+                assert valid[k, :n].all() and not valid[k, n:].any()
+            assert (boxes[~valid] == -1).all() and (labels[~valid] == -1).all()
+            real = boxes[valid]
+            assert (real[:, 2] > real[:, 0]).all() and (real[:, 3] > real[:, 1]).all()
+            eps = 1e-4  # the planner's float64 clipping can leave -4e-16 for an edge on the border
+            assert (real >= -eps).all() and (real[:, [0, 2]] <= OUT_HW[1] + eps).all() and (real[:, [1, 3]] <= OUT_HW[0] + eps).all()
+
+    def test_overflow_raise_warn_truncate(self, source):
+        crowded = make_sequence(source, max_boxes=1, prefetch=False)
+        assert crowded.overflow == "raise"
+        with pytest.raises(ValueError, match=r"more than max_boxes=1 boxes .*image_id .*overflow='warn'"):
+            crowded[0]
+        assert crowded.boxes_truncated == 0
+
+        crowded.overflow = "warn"
+        with pytest.warns(BoxOverflowWarning, match="beyond max_boxes=1"):
+            _, targets = crowded[0]
+        assert targets["boxes"].shape == (BATCH, 1, 4)
+        assert crowded.boxes_truncated > 0 and crowded.samples_truncated > 0
+        cut = crowded.boxes_truncated
+
+        crowded.overflow = "truncate"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _, again = crowded[0]
+        np.testing.assert_array_equal(again["boxes"], targets["boxes"])
+        assert crowded.boxes_truncated == 2 * cut  # counted, not silent
+
+    @pytest.mark.parametrize("fmt", KERAS_BOX_FORMATS)
+    def test_box_formats_match_keras(self, fmt):
+        rng = np.random.default_rng(0)
+        xy = rng.uniform(0, 60, size=(7, 2))
+        boxes = np.concatenate([xy, xy + rng.uniform(1, 20, size=(7, 2))], axis=1).astype(np.float32)
+        ours = to_keras_boxes(boxes, fmt, (64, 80))
+        theirs = keras.utils.bounding_boxes.convert_format(boxes, "xyxy", fmt, height=64, width=80)
+        theirs = theirs.cpu().numpy() if hasattr(theirs, "cpu") else np.asarray(theirs)  # a torch tensor here
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-4)
+
+    def test_sequence_box_format(self, source, epoch0):
+        rel = make_sequence(source, bounding_box_format="REL_YXYX", prefetch=False)
+        _, targets = rel[1]
+        _, reference = epoch0[1]
+        valid = reference["labels"] >= 0
+        np.testing.assert_array_equal(targets["labels"], reference["labels"])
+        expected = to_keras_boxes(reference["boxes"][valid], "rel_yxyx", OUT_HW)
+        np.testing.assert_allclose(targets["boxes"][valid], expected, rtol=1e-6)
+        assert (targets["boxes"][~valid] == -1).all()
+
+
+class TestPrefetch:
+    def test_sequential_access_is_prefetched(self, source, epoch0):
+        fresh = make_sequence(source)
+        batches = list(fresh)  # in order
+        assert (fresh.prefetch_hits, fresh.prefetch_wasted) == (len(fresh) - 1, 0)
+        for a, b in zip(batches, epoch0):
+            assert_batches_equal(a, b)
+
+    def test_random_access_wastes_at_most_a_guess(self, seq, epoch0):
+        seq.set_epoch(0)
+        hits, wasted = seq.prefetch_hits, seq.prefetch_wasted
+        assert_batches_equal(seq[0], epoch0[0])  # looks sequential: batch 1 is prefetched ...
+        assert_batches_equal(seq[2], epoch0[2])  # ... and dropped
+        assert_batches_equal(seq[1], epoch0[1])
+        assert (seq.prefetch_hits - hits, seq.prefetch_wasted - wasted) == (0, 1)
+        seq.on_epoch_end()  # nothing pending: nothing wasted
+        assert seq.prefetch_wasted - wasted == 1
+        seq.set_epoch(0)
+
+
+class TestConstruction:
+    def test_argument_errors(self, source):
+        with pytest.raises(ValueError, match="overflow must be one of"):
+            make_sequence(source, overflow="clip")
+        with pytest.raises(ValueError, match="unknown bounding_box_format 'cxcy'"):
+            make_sequence(source, bounding_box_format="cxcy")
+        with pytest.raises(ValueError, match="use_multiprocessing=True is not supported"):
+            make_sequence(source, use_multiprocessing=True)
+        with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+            make_sequence(source, batch_size=0)
+        with pytest.raises(ValueError, match="max_boxes must be an integer >= 1"):
+            make_sequence(source, max_boxes=0)
+        with pytest.raises(TypeError, match="Compose"):
+            make_sequence(source, transforms=[T.Resize(OUT_HW)])
+        with pytest.raises(ValueError, match="holds no samples"):
+            make_sequence(source, shard_id=0, num_shards=NUM_IMAGES + 1)
+
+    def test_images_of_different_sizes_need_a_fixed_output_size(self, source):
+        ragged = make_sequence(source, transforms=T.Compose([T.RandomHorizontalFlip()]), prefetch=False)
+        with pytest.raises(ValueError, match=r"different shapes .*Resize\(\(h, w\)\)"):
+            ragged[0]
+
+    def test_coco_source_is_read_for_random_access(self, tmp_path):
+        write_coco_dataset(tmp_path, num_images=5, size=(96, 80), max_objects=3, progress=False)
+        coco = CocoSource(tmp_path / "annotations.json", tmp_path / "images", shuffle=True, seed=0)
+        with pytest.raises(ValueError, match="shuffle=True but the sequence has shuffle=False"):
+            make_sequence(coco, shuffle=False)
+        from_coco = make_sequence(coco, shuffle=None, batch_size=2, max_boxes=3, prefetch=False)
+        assert from_coco.shuffle and len(from_coco) == 3
+        assert from_coco[-1][0].shape == (1, *OUT_HW, 3)
+        assert set(from_coco.categories.values()) >= {"cat"}
+
+
+def test_boxes_match_object_pixels():
+    """The pipeline test's pixel-consistency check on ``seq[i]`` (random order, xyxy boxes)."""
+    samples, scenes = scene_samples(8, seed=4)
+    transforms = RecordingCompose(
+        [T.RandomIoUCrop(), T.RandomHorizontalFlip(), T.RandomAffine(degrees=15, translate=(0.1, 0.1), scale=(0.8, 1.2), shear=5, fill=FILL), T.Resize((96, 120))]
+    )
+    checked = make_sequence(SampleListSource(samples), transforms=transforms, batch_size=3, max_boxes=5, prefetch=False)
+    problems, boxes_seen = [], 0
+    for i in (2, 0, 1):
+        images, targets = checked[i]
+        scales = transforms.area_scales(transforms.records[-1])  # prefetch=False: one plan per seq[i]
+        for k, j in enumerate(checked.batch_indices(i)):
+            valid = targets["labels"][k] >= 0
+            boxes_seen += int(valid.sum())
+            image = images[k].astype(np.uint8)  # 0..255 floats of a uint8 image: exact
+            found = check_boxes_match_pixels(image, targets["boxes"][k][valid], targets["labels"][k][valid], scenes[j], area_scale=scales[k])
+            problems += [f"batch {i}, sample {j}: {p}" for p in found]
+    assert boxes_seen > 0
+    assert not problems, "\n".join(problems)
+
+
+def test_same_batches_as_the_pytorch_loader(source, epoch0):
+    """Same seed, shuffle and batch size: seq[i] holds the PyTorch loader's i-th batch."""
+    from detaug.torch import DetectionLoader
+
+    loader = DetectionLoader(source, recipe(), BATCH, device="cpu", num_threads=2, shuffle=True, seed=0)
+    for (images, targets), (k_images, k_targets) in zip(loader, epoch0):
+        np.testing.assert_array_equal(images.numpy().transpose(0, 2, 3, 1).astype(np.float32), k_images)
+        for k, target in enumerate(targets):
+            n = len(target["boxes"])
+            np.testing.assert_array_equal(k_targets["boxes"][k, :n], target["boxes"].numpy())
+            np.testing.assert_array_equal(k_targets["labels"][k, :n], target["labels"].numpy())
+            assert (k_targets["labels"][k, n:] == -1).all()
+
+
+class TinyDetector(keras.Model):
+    """Conv, global pooling and a dense head regressing every box slot; loss on real boxes only."""
+
+    def __init__(self, max_boxes: int):
+        super().__init__()
+        self.max_boxes = max_boxes
+        self.conv = keras.layers.Conv2D(4, 3, strides=2, activation="relu")
+        self.pool = keras.layers.GlobalAveragePooling2D()
+        self.head = keras.layers.Dense(max_boxes * 4)
+
+    def call(self, images):
+        x = self.pool(self.conv(images / 255.0))
+        return keras.ops.reshape(self.head(x), (-1, self.max_boxes, 4))
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        mask = keras.ops.cast(y["labels"] >= 0, "float32")
+        error = keras.ops.mean(keras.ops.abs(y_pred - y["boxes"]), axis=-1) * mask
+        return keras.ops.sum(error) / keras.ops.maximum(keras.ops.sum(mask), 1.0)
+
+
+class RecordingSequence(DetectionSequence):
+    """Records ``(epoch, index)`` of every ``seq[i]``."""
+
+    def __init__(self, *args, **kwargs):
+        self.calls: list[tuple[int, int]] = []
+        super().__init__(*args, **kwargs)
+
+    def __getitem__(self, index):
+        self.calls.append((self.epoch, int(index)))
+        return super().__getitem__(index)
+
+
+# Keras' torch backend turns its logs to NumPy with np.array(tensor), which NumPy 2 flags for torch.
+@pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning")
+def test_model_fit_two_epochs(source):
+    keras.utils.set_random_seed(0)
+    train = RecordingSequence(source, recipe(), BATCH, shuffle=True, seed=0, device="cpu", num_threads=2)
+    assert train.workers == 1 and not train.use_multiprocessing  # PyDataset defaults: no Keras workers
+    model = TinyDetector(train.max_boxes)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2))
+    # fit shuffles the batch order (random access); the callback numbers the epochs as Keras does
+    history = model.fit(train, epochs=2, verbose=0, callbacks=[train.epoch_callback()])
+    losses = history.history["loss"]
+    assert len(losses) == 2 and np.isfinite(losses).all()
+    epochs = [e for e, _ in train.calls[-2 * len(train) :]]
+    assert epochs == [0] * len(train) + [1] * len(train)
+    for e in (0, 1):
+        assert sorted(i for epoch, i in train.calls[-2 * len(train) :] if epoch == e) == list(range(len(train)))
+
+    hits = train.prefetch_hits
+    model.fit(train, epochs=1, verbose=0, shuffle=False)  # in order: every batch after the first is prefetched
+    assert train.prefetch_hits - hits == len(train) - 1
+    assert [i for _, i in train.calls[-len(train) :]] == list(range(len(train)))
+
+
+def test_errors_belong_to_the_batch_that_has_them():
+    """A bad sample in batch 1 does not fail batch 0 (which prefetches batch 1), names itself
+    when batch 1 is asked for, and the sequence goes on working afterwards."""
+    samples, _ = scene_samples(6, seed=1)
+    samples[3].image = b"not an image"
+    broken = make_sequence(SampleListSource(samples), batch_size=2, max_boxes=5, shuffle=False)
+    first = broken[0]
+    with pytest.raises(RuntimeError, match=r"batch 1 of epoch 0 \(image_ids \[3, 4\]\) failed in the DALI pipeline"):
+        broken[1]
+    assert_batches_equal(broken[0], first)  # a fresh pipeline
+    assert len(broken[2][0]) == 2
+
+    samples[3].image = "/nonexistent/image.png"
+    missing = make_sequence(SampleListSource(samples), batch_size=2, max_boxes=5, shuffle=False)
+    assert len(missing[0][0]) == 2
+    with pytest.raises(OSError, match="nonexistent/image.png: cannot read image file"):
+        missing[1]
+    assert len(missing[2][0]) == 2
