@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from converters.boxes import COORDS
-from converters.voc2coco import DIFFICULT_MODES, ConversionError, convert_splits, write_coco_json
+from converters.voc2coco import DIFFICULT_MODES, ConversionError, convert_splits
 
 DESCRIPTION = """\
 Convert a Pascal VOC dataset (VOCdevkit layout: Annotations/, JPEGImages/, ImageSets/Main/) into
@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         for split, target in targets.items():
-            write_coco_json(results[split].coco, target)
+            results[split].write_json(target)
             if not args.quiet:
                 print(f"wrote {target}", file=sys.stderr)
     except KeyboardInterrupt:

@@ -1,13 +1,19 @@
-"""COCO detection dicts: building the top level and writing it to disk atomically.
+"""COCO detection JSON: the top level, deterministic serialisation, atomic writes.
 
-The dict always has ``info``, ``licenses``, ``images``, ``annotations`` and ``categories``, in that
-order. Ids are integers from 1. Annotations carry ``bbox`` (``[x, y, w, h]``, continuous pixel
-coordinates, pixel ``i`` spans ``[i, i + 1)``), ``area`` (``w * h``) and ``iscrowd``, which
+The document always has ``info``, ``licenses``, ``images``, ``annotations`` and ``categories``, in
+that order. Ids are integers from 1. Annotations carry ``bbox`` (``[x, y, w, h]``, continuous
+pixel coordinates, pixel ``i`` spans ``[i, i + 1)``), ``area`` (``w * h``) and ``iscrowd``, which
 COCOeval reads.
+
+Serialisation is ``json`` with compact separators, UTF-8 (non-ASCII characters as they are)
+and a final newline. The converter builds the document from per-record pieces (:func:`json_tail`,
+:func:`coco_json_from_parts`) that give byte for byte what :func:`dumps_coco` gives for the
+same dict: the records are encoded in the worker processes, and the main process only joins.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -36,22 +42,84 @@ def make_coco(images: list[dict[str, Any]], annotations: list[dict[str, Any]],
     }
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def encode_json(value: Any) -> str:
+    """``value`` as compact JSON text (the one encoder of this module; NaN is refused)."""
+    return _ENCODER.encode(value)
+
+
+def json_tail(record: dict[str, Any]) -> str:
+    """JSON of a non-empty dict without its opening brace.
+
+    ``'{"id":%d,' % n + json_tail(rest)`` is the JSON of ``{"id": n, **rest}``: ids can be
+    given after the rest was encoded elsewhere.
+    """
+    if not record:
+        raise ValueError("json_tail needs a non-empty dict")
+    return _ENCODER.encode(record)[1:]
+
+
+_attribute_texts: dict[tuple[tuple[str, Any], ...], str] = {}
+
+
+def annotation_tail(bbox: list[float], area: float, iscrowd: int,
+                    attributes: dict[str, Any]) -> str:
+    """``json_tail({"bbox": bbox, "area": area, "iscrowd": iscrowd, "attributes": attributes})``,
+    the same text, about three times faster (this runs once per box).
+
+    Numbers are written with ``repr``, which is what ``json`` writes for ints and finite floats
+    (the boxes are finite by construction); an attributes dict, of which a dataset has a few
+    kinds, is encoded once per kind.
+    """
+    x, y, w, h = bbox
+    key = tuple(attributes.items())
+    text = _attribute_texts.get(key)
+    if text is None:
+        if len(_attribute_texts) > 4096:
+            _attribute_texts.clear()
+        text = _attribute_texts[key] = encode_json(attributes)
+    return (f'"bbox":[{x!r},{y!r},{w!r},{h!r}],"area":{area!r},"iscrowd":{iscrowd!r},'
+            f'"attributes":{text}}}')
+
+
+def coco_json_from_parts(image_parts: list[str], annotation_parts: list[str],
+                         categories: list[dict[str, Any]]) -> bytes:
+    """The document whose ``images`` and ``annotations`` are the given JSON texts, in order.
+
+    Equal to ``dumps_coco(make_coco(images, annotations, categories))`` for the dicts that the
+    parts encode (tested).
+    """
+    head = make_coco([], [], categories)
+    return "".join([
+        '{"info":', encode_json(head["info"]), ',"licenses":', encode_json(head["licenses"]),
+        ',"images":[', ",".join(image_parts), '],"annotations":[', ",".join(annotation_parts),
+        '],"categories":', encode_json(head["categories"]), "}\n"]).encode("utf-8")
+
+
 def dumps_coco(coco: dict[str, Any]) -> bytes:
     """Serialise deterministically: key order as built, compact separators, UTF-8, final newline."""
-    return (json.dumps(coco, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-            + "\n").encode("utf-8")
+    return (encode_json(coco) + "\n").encode("utf-8")
 
 
 def write_coco_json(coco: dict[str, Any], path: str | PathLike) -> Path:
     """Write ``coco`` to ``path`` atomically and return the path.
 
+    Same dict, same bytes (see :func:`dumps_coco`); atomic as :func:`write_bytes_atomic`.
+    """
+    return write_bytes_atomic(dumps_coco(coco), path)  # encoded first: a bad value writes nothing
+
+
+def write_bytes_atomic(data: bytes, path: str | PathLike) -> Path:
+    """Write ``data`` to ``path`` atomically and return the path.
+
     The bytes go to a temporary file in the same folder, are flushed to disk, and the file then
     replaces ``path`` in one ``os.replace``: a reader (or a crash, or Ctrl-C) sees either the
     old file or the complete new one, never half a file. On any error the temporary file is
-    removed and the error re-raised. Same dict, same bytes (see :func:`dumps_coco`).
+    removed and the error re-raised. Missing parent folders are created.
     """
     path = Path(path)
-    data = dumps_coco(coco)  # serialise first: a bad value fails before anything is written
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -78,6 +146,7 @@ def _mode_for(path: Path) -> int:
         return 0o644
 
 
+@functools.lru_cache(maxsize=1)
 def _package_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 

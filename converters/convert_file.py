@@ -24,13 +24,16 @@ from typing import Any, NamedTuple
 
 from converters import report as R
 from converters.boxes import Coords, voc_box_to_coco
+from converters.coco import annotation_tail, json_tail
 from converters.images import ImageIndex, filename_base, probe_image
 from converters.voc import VocParseError, parse_voc_xml
 
 #: ``(kind, reason, detail)``, kind being ``"object"`` (a skipped object) or ``"warning"``.
 Event = tuple[str, str, str]
-#: ``(name, bbox [x, y, w, h], area, iscrowd, attributes)``.
-PendingAnnotation = tuple[str, list[float], float, int, dict[str, Any]]
+#: ``(category name, JSON of the annotation after its ids)``: the ids are not known yet, so
+#: the COCO annotation is ``{"id":..,"image_id":..,"category_id":..,`` + this text
+#: (``bbox``, ``area``, ``iscrowd``, ``attributes``); see :func:`converters.coco.json_tail`.
+PendingAnnotation = tuple[str, str]
 
 
 class FileOptions(NamedTuple):
@@ -53,14 +56,15 @@ class FileResult(NamedTuple):
     """Outcome for one XML file.
 
     ``error``: ``(reason, detail)`` when the image is skipped (then ``image`` is ``None``).
-    ``image``: ``(file_name, width, height)``. ``n_objects``: the ``<object>`` elements in the
-    file (0 when it did not parse). ``annotations``: the converted objects, in file order.
+    ``image``: ``(file_name, width, height, JSON of the image after its id)``. ``n_objects``:
+    the ``<object>`` elements in the file (0 when it did not parse). ``annotations``: the
+    converted objects, in file order.
     ``events``: skipped objects and warnings, in file order. ``found_by``: ``"id"``,
     ``"filename"`` or ``None`` (no image file). ``names``: every object name in the file.
     """
 
     error: tuple[str, str] | None
-    image: tuple[str, int, int] | None
+    image: tuple[str, int, int, str] | None
     n_objects: int
     annotations: list[PendingAnnotation]
     events: list[Event]
@@ -131,8 +135,9 @@ def convert_file(xml_name: str, options: FileOptions) -> FileResult:
 
     # 4. objects
     annotations = _convert_objects(objects, options, width, height, events)
-    return FileResult(None, (file_name, width, height), n_objects, annotations, events, found_by,
-                      names)
+    image_json = json_tail({"file_name": file_name, "width": width, "height": height})
+    return FileResult(None, (file_name, width, height, image_json), n_objects, annotations,
+                      events, found_by, names)
 
 
 def _convert_objects(objects: list[Any], options: FileOptions, width: int, height: int,
@@ -177,7 +182,7 @@ def _convert_objects(objects: list[Any], options: FileOptions, width: int, heigh
                 if key in attributes:
                     coco_attributes[key] = attributes[key]
         iscrowd = 1 if difficult and difficult_mode == "crowd" else 0
-        annotations.append((name, box.bbox, box.area, iscrowd, coco_attributes))
+        annotations.append((name, annotation_tail(box.bbox, box.area, iscrowd, coco_attributes)))
     return annotations
 
 

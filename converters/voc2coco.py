@@ -28,6 +28,7 @@ Conventions (see also :mod:`converters.boxes`):
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import sys
@@ -40,7 +41,13 @@ from typing import Any, Literal
 
 from converters import report as R
 from converters.boxes import COORDS, Coords
-from converters.coco import make_categories, make_coco, write_coco_json
+from converters.coco import (
+    coco_json_from_parts,
+    dumps_coco,
+    make_categories,
+    write_bytes_atomic,
+    write_coco_json,
+)
 from converters.convert_file import FileOptions, FileResult, convert_file
 from converters.images import ImageIndex
 from converters.labels import LabelsSpec, resolve_labels
@@ -63,20 +70,47 @@ class ConversionError(ValueError):
     """The dataset cannot be converted at all (a folder or split file missing, bad options)."""
 
 
-@dataclass
 class ConversionResult:
-    """One COCO dict and how it was made.
+    """One COCO document and how it was made.
 
-    ``coco``: complete COCO detection dict (``info``, ``licenses``, ``images``, ``annotations``,
-    ``categories``). ``image_root``: images are at ``image_root / image["file_name"]``.
-    ``report``: counts by reason and messages (:class:`converters.report.Report`).
-    ``split``: the split name, ``None`` for every XML.
+    ``coco``: the complete COCO detection dict (``info``, ``licenses``, ``images``,
+    ``annotations``, ``categories``). ``image_root``: images are at
+    ``image_root / image["file_name"]``. ``report``: counts by reason and messages
+    (:class:`converters.report.Report`). ``split``: the split name, ``None`` for every XML.
+
+    The conversion produces the JSON text (encoded record by record in the worker processes);
+    ``coco`` is decoded from it on first access. :meth:`to_json` and :meth:`write_json` give
+    the bytes of ``coco`` as it is then, edits included.
     """
 
-    coco: dict[str, Any]
-    image_root: Path
-    report: Report
-    split: str | None = None
+    def __init__(self, coco_json: bytes, image_root: Path, report: Report,
+                 split: str | None = None) -> None:
+        self._json: bytes | None = coco_json
+        self._coco: dict[str, Any] | None = None
+        self.image_root = image_root
+        self.report = report
+        self.split = split
+
+    @property
+    def coco(self) -> dict[str, Any]:
+        if self._coco is None:
+            assert self._json is not None
+            self._coco = json.loads(self._json)
+            self._json = None  # the dict may be edited from now on: it is the truth
+        return self._coco
+
+    def to_json(self) -> bytes:
+        """The document as :func:`converters.coco.dumps_coco` writes it (same bytes)."""
+        return self._json if self._json is not None else dumps_coco(self.coco)
+
+    def write_json(self, path: str | PathLike) -> Path:
+        """Write :meth:`to_json` to ``path`` atomically (see :func:`write_coco_json`)."""
+        return write_bytes_atomic(self.to_json(), path)
+
+    def __repr__(self) -> str:
+        return (f"ConversionResult(split={self.split!r}, image_root={str(self.image_root)!r}, "
+                f"images={self.report.images_converted}, "
+                f"annotations={self.report.objects_converted})")
 
 
 def convert(voc_root: str | PathLike | None = None, *,
@@ -169,8 +203,8 @@ def convert_splits(voc_root: str | PathLike | None, splits: Sequence[str | None]
                                         report)
         report.categories = len(names)
         report.check()
-        coco = make_coco(images, annotations, make_categories(names))
-        results[split] = ConversionResult(coco, layout.images, report, split)
+        coco_json = coco_json_from_parts(images, annotations, make_categories(names))
+        results[split] = ConversionResult(coco_json, layout.images, report, split)
     return results
 
 
@@ -302,16 +336,16 @@ def _with_progress(results: Iterable[Any], total: int, show: bool) -> Iterator[A
 
 def _assemble(layout: _Layout, entries: list[str], split_file: str | None,
               xml_names: dict[str, str], files: dict[str, FileResult], names: list[str],
-              report: Report) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """COCO images and annotations of ``entries``, in order, with ids from 1; every skip and
-    warning goes to ``report``."""
+              report: Report) -> tuple[list[str], list[str]]:
+    """The JSON texts of the COCO images and annotations of ``entries``, in order, with ids
+    from 1; every skip and warning goes to ``report``."""
     category_ids = {name: i for i, name in enumerate(names, 1)}
     annotations_dir = str(layout.annotations)
     # An image file found by id belongs to that id: a <filename> fallback may not take it.
     owner = {files[i].image[0]: i for i in entries
              if i in files and files[i].found_by == "id" and files[i].image is not None}
-    images: list[dict[str, Any]] = []
-    annotations: list[dict[str, Any]] = []
+    images: list[str] = []
+    annotations: list[str] = []
     report.images_total += len(entries)
     for voc_id in entries:
         if voc_id not in xml_names:
@@ -335,8 +369,7 @@ def _assemble(layout: _Layout, entries: list[str], split_file: str | None,
             continue
         assert image is not None
         image_id = len(images) + 1
-        images.append({"id": image_id, "file_name": image[0], "width": image[1],
-                       "height": image[2]})
+        images.append(f'{{"id":{image_id},{image[3]}')
         report.images_converted += 1
         report.objects_total += result.n_objects
         for kind, reason, detail in result.events:
@@ -344,10 +377,9 @@ def _assemble(layout: _Layout, entries: list[str], split_file: str | None,
                 report.skip_object(reason, path, detail)
             else:
                 report.warn(reason, path, detail)
-        for name, bbox, area, iscrowd, attributes in result.annotations:
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id,
-                                "category_id": category_ids[name], "bbox": bbox, "area": area,
-                                "iscrowd": iscrowd, "attributes": attributes})
+        for name, rest in result.annotations:
+            annotations.append(f'{{"id":{len(annotations) + 1},"image_id":{image_id},'
+                               f'"category_id":{category_ids[name]},{rest}')
         report.objects_converted += len(result.annotations)
     return images, annotations
 

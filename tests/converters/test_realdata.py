@@ -20,6 +20,7 @@ import pytest
 from lxml import etree
 
 from converters import report as R
+from converters.coco import dumps_coco
 from converters.voc2coco import ConversionResult, convert, write_coco_json
 from tests.converters.helpers import REALDATA_FOLDERS, write_image
 
@@ -36,7 +37,7 @@ def converted(realdata: Path, tmp_path_factory: pytest.TempPathFactory
     def get(folder: str, verify: bool = False) -> tuple[ConversionResult, Path]:
         if (folder, verify) not in _converted:
             result = convert(realdata / folder, verify_images=verify)
-            path = write_coco_json(result.coco, tmp_path_factory.mktemp("coco") / "out.json")
+            path = result.write_json(tmp_path_factory.mktemp("coco") / "out.json")
             _converted[folder, verify] = (result, path)
         return _converted[folder, verify]
 
@@ -71,6 +72,8 @@ def count_xml(realdata: Path, folder: str) -> tuple[int, int]:
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_loads_with_pycocotools(folder: str, converted) -> None:
     result, path = converted(folder)
+    # the JSON assembled from per-record pieces is the dict's JSON, byte for byte
+    assert path.read_bytes() == dumps_coco(result.coco) == result.to_json()
     coco = load_coco(path)
     assert len(coco.getImgIds()) == len(result.coco["images"])
     assert len(coco.getAnnIds()) == len(result.coco["annotations"])
