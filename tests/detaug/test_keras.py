@@ -1,5 +1,6 @@
 """Tests of detaug.keras: index semantics, epochs, padding and overflow, box formats, prefetching,
-pixel consistency, agreement with the PyTorch loader, and ``model.fit`` (Keras on PyTorch, CPU).
+pixel consistency, agreement with the PyTorch loader, and ``model.fit`` (Keras on PyTorch), on
+DALI CPU pipelines; DETAUG_TEST_DEVICE=gpu runs the same tests on a GPU.
 
 DALI CPU pipelines are slow on small machines: the datasets are a dozen small images, and the
 module builds few pipelines (``seq`` is shared; tests that move its epoch put it back).
@@ -34,6 +35,7 @@ from tests.detaug.consistency import (
     scene_samples,
 )
 
+DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")
 FILL = 114
 NUM_IMAGES, BATCH = 11, 4  # batches of 4, 4 and 3
 OUT_HW = (64, 80)
@@ -44,7 +46,7 @@ def recipe() -> T.Compose:
 
 
 def make_sequence(source, **kwargs) -> DetectionSequence:
-    kwargs = {"shuffle": True, "seed": 0, "device": "cpu", "num_threads": 2, **kwargs}
+    kwargs = {"shuffle": True, "seed": 0, "device": DEVICE, "num_threads": 2, **kwargs}
     return DetectionSequence(source, kwargs.pop("transforms", recipe()), kwargs.pop("batch_size", BATCH), **kwargs)
 
 
@@ -304,9 +306,9 @@ def test_same_batches_as_the_pytorch_loader(source, epoch0):
     """Same seed, shuffle and batch size: seq[i] holds the PyTorch loader's i-th batch."""
     from detaug.torch import DetectionLoader
 
-    loader = DetectionLoader(source, recipe(), BATCH, device="cpu", num_threads=2, shuffle=True, seed=0)
+    loader = DetectionLoader(source, recipe(), BATCH, device=DEVICE, num_threads=2, shuffle=True, seed=0)
     for (images, targets), (k_images, k_targets) in zip(loader, epoch0):
-        np.testing.assert_array_equal(images.numpy().transpose(0, 2, 3, 1).astype(np.float32), k_images)
+        np.testing.assert_array_equal(images.cpu().numpy().transpose(0, 2, 3, 1).astype(np.float32), k_images)
         for k, target in enumerate(targets):
             n = len(target["boxes"])
             np.testing.assert_array_equal(k_targets["boxes"][k, :n], target["boxes"].numpy())
@@ -350,7 +352,7 @@ class RecordingSequence(DetectionSequence):
 @pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning")
 def test_model_fit_two_epochs(source):
     keras.utils.set_random_seed(0)
-    train = RecordingSequence(source, recipe(), BATCH, shuffle=True, seed=0, device="cpu", num_threads=2)
+    train = RecordingSequence(source, recipe(), BATCH, shuffle=True, seed=0, device=DEVICE, num_threads=2)
     assert train.workers == 1 and not train.use_multiprocessing  # PyDataset defaults: no Keras workers
     model = TinyDetector(train.max_boxes)
     model.compile(optimizer=keras.optimizers.Adam(1e-2))
