@@ -250,9 +250,9 @@ def polygon_area(poly: np.ndarray, count: np.ndarray) -> np.ndarray:
 
 def transform_points(matrix: np.ndarray, points: np.ndarray) -> np.ndarray:
     """Apply ``[N, 3, 3]`` affine matrices to ``[N, V, 2]`` points."""
-    lin = matrix[:, None, :2, :2]
-    off = matrix[:, None, :2, 2]
-    return (lin @ points[..., None])[..., 0] + off
+    x, y = points[..., 0], points[..., 1]
+    m = matrix[:, :2, :, None]  # [N, 2, 3, 1]: broadcast over vertices, no tiny matmuls
+    return np.stack([m[:, 0, 0] * x + m[:, 0, 1] * y + m[:, 0, 2], m[:, 1, 0] * x + m[:, 1, 1] * y + m[:, 1, 2]], axis=-1)
 
 
 def polygon_bounds(poly: np.ndarray, count: np.ndarray) -> np.ndarray:

@@ -16,8 +16,10 @@ Because the boxes come from the same NumPy code on both devices, ``device="gpu"`
 Box processing order (all boxes absolute ``xyxy``, float64 while planning):
 
 1. input boxes are read as given (the sources clip them to the image);
-2. each geometric transform maps the current canvas to a new one; its canvas becomes four
-   half-planes in source coordinates (:func:`detaug.boxes.canvas_halfplanes`);
+2. each geometric transform maps the current canvas to a new one; a canvas that may miss part of
+   the previous one (a crop, a rotation) becomes four half-planes in source coordinates
+   (:func:`detaug.boxes.canvas_halfplanes`), kept as one rectangle while the geometry is
+   axis-aligned;
 3. transforms that need the current boxes (``RandomIoUCrop``) see them exactly as in 4.;
 4. at the end, each source box rectangle is clipped by every half-plane, mapped forward, and
    its bounding box is the output box; ``visibility`` = clipped area / original area;
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from detaug.boxes import (
+    box_area,
     boxes_to_polygons,
     canvas_halfplanes,
     clip_polygons,
@@ -80,6 +83,7 @@ class PlanState:
     canvas_hw: np.ndarray = field(init=False)
     to_canvas: np.ndarray = field(init=False)
     alive: np.ndarray = field(init=False)
+    _clip_rect: np.ndarray = field(init=False)
     _planes: list[np.ndarray] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -87,28 +91,59 @@ class PlanState:
         self.canvas_hw = self.source_hw.astype(np.float64).copy()
         self.to_canvas = np.broadcast_to(np.eye(3), (b, 3, 3)).copy()
         self.alive = np.ones(len(self.boxes_src), dtype=bool)
-        self._planes = [canvas_halfplanes(self.to_canvas, self.canvas_hw)]
+        # Canvas constraints in source coordinates: while the geometry is axis-aligned they are
+        # rectangles, intersected into one ``[B, 4]`` xyxy rectangle (cheap min/max); after a
+        # rotation or shear, each cropping canvas adds four general half-planes.
+        zeros = np.zeros(b)
+        self._clip_rect = np.stack([zeros, zeros, self.canvas_hw[:, 1], self.canvas_hw[:, 0]], axis=1)
+        self._planes = []
 
     @property
     def batch_size(self) -> int:
         return len(self.source_hw)
 
-    def apply(self, step: np.ndarray, canvas_hw: np.ndarray) -> None:
-        """Move every sample to a new canvas: ``step`` ``[B, 3, 3]``, ``canvas_hw`` ``[B, 2]``."""
+    def apply(self, step: np.ndarray, canvas_hw: np.ndarray, crops: bool = True) -> None:
+        """Move every sample to a new canvas: ``step`` ``[B, 3, 3]``, ``canvas_hw`` ``[B, 2]``.
+
+        ``crops=False`` promises that the new canvas holds the whole previous one (flips,
+        resizes, zoom-outs, padding): it then adds no constraint on the boxes.
+        """
         self.to_canvas = step @ self.to_canvas
         self.canvas_hw = np.asarray(canvas_hw, dtype=np.float64)
-        self._planes.append(canvas_halfplanes(self.to_canvas, self.canvas_hw))
+        if not crops:
+            return
+        m = self.to_canvas
+        if np.all(m[:, 0, 1] == 0) and np.all(m[:, 1, 0] == 0):
+            # axis-aligned: the canvas is the source rectangle between the preimages of its corners
+            sx, sy, tx, ty = m[:, 0, 0], m[:, 1, 1], m[:, 0, 2], m[:, 1, 2]
+            xa, xb = -tx / sx, (self.canvas_hw[:, 1] - tx) / sx
+            ya, yb = -ty / sy, (self.canvas_hw[:, 0] - ty) / sy
+            rect = np.stack([np.minimum(xa, xb), np.minimum(ya, yb), np.maximum(xa, xb), np.maximum(ya, yb)], axis=1)
+            self._clip_rect = np.concatenate(
+                [np.maximum(self._clip_rect[:, :2], rect[:, :2]), np.minimum(self._clip_rect[:, 2:], rect[:, 2:])], axis=1
+            )
+        else:
+            self._planes.append(canvas_halfplanes(self.to_canvas, self.canvas_hw))
 
     def boxes(self) -> BoxResult:
         """Exact boxes on the current canvas (see the module docstring, steps 4-5 without the
         size filters)."""
-        poly, count = boxes_to_polygons(self.boxes_src)
-        full_area = polygon_area(poly, count)
-        for planes in self._planes:
-            for k in range(4):
-                poly, count = clip_polygons(poly, count, planes[self.sample, k])
-        visible = polygon_area(poly, count)
+        b = self.boxes_src
+        rect = self._clip_rect[self.sample]
+        clipped = np.concatenate([np.maximum(b[:, :2], rect[:, :2]), np.minimum(b[:, 2:], rect[:, 2:])], axis=1)
+        full_area = box_area(b)
+        poly, count = boxes_to_polygons(clipped)
+        count[(clipped[:, 2:] <= clipped[:, :2]).any(axis=1)] = 0
+        if self._planes:
+            for planes in self._planes:
+                for k in range(4):
+                    poly, count = clip_polygons(poly, count, planes[self.sample, k])
+            visible = polygon_area(poly, count)
+        else:
+            visible = np.where(count > 0, box_area(clipped), 0.0)
         out = polygon_bounds(transform_points(self.to_canvas[self.sample], poly), count)
+        wh = self.canvas_hw[self.sample, ::-1]
+        out = np.clip(out, 0.0, np.concatenate([wh, wh], axis=1))  # float rounding only: 1e-13 px
         visibility = np.where(full_area > 0, visible / np.where(full_area > 0, full_area, 1), 0.0)
         keep = self.alive & (count > 0) & (visible > 0)
         return BoxResult(out, keep, visibility)

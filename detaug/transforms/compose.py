@@ -144,7 +144,7 @@ class Compose:
         for segment in self.segments:
             for t in segment:
                 step, canvas = t.plan(state)
-                state.apply(step, canvas)
+                state.apply(step, canvas, crops=t.crops)
             segment_out.append((state.to_canvas @ np.linalg.inv(start), state.canvas_hw))
             start = state.to_canvas
         roi = self._decode_roi(hw, segment_out[0] if segment_out else None)

@@ -12,7 +12,6 @@ from typing import Sequence
 import numpy as np
 
 from detaug.boxes import (
-    box_iou,
     rotation_matrix,
     scale_matrix,
     shear_matrix,
@@ -184,7 +183,7 @@ class RandomRotation(GeometricTransform):
         corners = np.stack([np.zeros(n), np.zeros(n), w, np.zeros(n), w, h, np.zeros(n), h], -1).reshape(n, 4, 2)
         moved = (step[:, None, :2, :2] @ corners[..., None])[..., 0] + step[:, None, :2, 2]
         lo, hi = moved.min(axis=1), moved.max(axis=1)
-        size = np.ceil(hi - lo - 1e-6)
+        size = np.ceil(hi - lo - 1e-9)  # holds the whole rotated canvas (to 1e-9 px)
         step = translation_matrix(-lo[:, 0] + (size[:, 0] - (hi - lo)[:, 0]) / 2,
                                   -lo[:, 1] + (size[:, 1] - (hi - lo)[:, 1]) / 2) @ step
         return step, np.stack([size[:, 1], size[:, 0]], -1)
@@ -220,8 +219,8 @@ class RandomIoUCrop(GeometricTransform):
     """SSD random crop (torchvision ``RandomIoUCrop``): a crop whose IoU with some box reaches a
     randomly chosen threshold from ``sampler_options`` (a threshold ``>= 1`` means no crop).
 
-    Each sample tries ``trials`` candidate crops per threshold, for up to 10 thresholds (drawn
-    two at a time, vectorised over the batch); a sample that finds none, or has no boxes, is left
+    Each sample tries ``trials`` candidate crops per threshold, for up to 10 thresholds
+    (vectorised over the batch); a sample that finds none, or has no boxes, is left
     uncropped. Boxes whose centre falls outside the crop
     are dropped, as in torchvision and DALI's ``random_bbox_crop``.
     """
@@ -257,44 +256,42 @@ class RandomIoUCrop(GeometricTransform):
         current = state.boxes()
         ok = current.keep
         boxes, sample = current.boxes_xyxy[ok], state.sample[ok]
+        boxes32 = np.ascontiguousarray(boxes.T, dtype=np.float32)  # [4, N], planar for speed
         crop = np.stack([np.zeros(n), np.zeros(n), hw[:, 1], hw[:, 0]], -1)  # no crop
         todo = np.bincount(sample, minlength=n) > 0
         options = np.asarray(self.sampler_options)
-        rounds = 2  # threshold draws tried at once (vectorised), up to 10 in all
-        for _ in range(-(-10 // rounds)):
-            act = np.flatnonzero(todo)  # only samples still searching do the work below
+        active = np.zeros(n, dtype=bool)
+        for _ in range(10):  # torchvision's outer loop over thresholds, bounded
+            act = np.flatnonzero(todo)
             if len(act) == 0:
                 break
+            thr = options[rng.integers(len(options), size=len(act))]
+            todo[act[thr >= 1.0]] = False  # drew "no crop"
+            act, thr = act[thr < 1.0], thr[thr < 1.0]
             a = len(act)
-            thr = options[rng.integers(len(options), size=(a, rounds))]
-            r = self.min_scale + (self.max_scale - self.min_scale) * rng.random((a, rounds, t, 2))
-            pos = rng.random((a, rounds, t, 2))
-            size_w = np.floor(hw[act, None, None, 1] * r[..., 0])
-            size_h = np.floor(hw[act, None, None, 0] * r[..., 1])
-            left = np.floor((hw[act, None, None, 1] - size_w) * pos[..., 0])
-            top = np.floor((hw[act, None, None, 0] - size_h) * pos[..., 1])
-            cand = np.stack([left, top, left + size_w, top + size_h], -1).reshape(a, rounds * t, 4)
+            if a == 0:
+                continue
+            r = self.min_scale + (self.max_scale - self.min_scale) * rng.random((a, t, 2))
+            pos = rng.random((a, t, 2))
+            size_w = np.floor(hw[act, None, 1] * r[..., 0])
+            size_h = np.floor(hw[act, None, 0] * r[..., 1])
+            left = np.floor((hw[act, None, 1] - size_w) * pos[..., 0])
+            top = np.floor((hw[act, None, 0] - size_h) * pos[..., 1])
+            cand = np.stack([left, top, left + size_w, top + size_h]).astype(np.float32)  # planar [4, A, T]
             with np.errstate(divide="ignore", invalid="ignore"):
                 aspect = size_w / size_h
             valid = (size_w > 0) & (size_h > 0) & (aspect >= self.min_aspect_ratio) & (aspect <= self.max_aspect_ratio)
-            in_act = todo[sample]
-            b, slot = boxes[in_act], np.searchsorted(act, sample[in_act])  # boxes grouped by sample
-            c = cand[slot]  # [M, R*T, 4]
-            cx = (b[:, None, 0] + b[:, None, 2]) / 2
-            cy = (b[:, None, 1] + b[:, None, 3]) / 2
-            inside = (c[..., 0] < cx) & (cx < c[..., 2]) & (c[..., 1] < cy) & (cy < c[..., 3])
-            iou = np.where(inside, box_iou(b[:, None, :], c), -1.0)
-            best = np.maximum.reduceat(iou, np.searchsorted(slot, np.arange(a)), axis=0).reshape(a, rounds, t)
-            valid &= best >= thr[..., None]
-            found = valid.any(axis=2)  # [A, R]: this round found a crop
-            done = found | (thr >= 1.0)  # ... or drew "no crop"
-            first_round = done.argmax(axis=1)
-            resolved = done.any(axis=1)
-            rows = np.arange(a)
-            cropped = resolved & found[rows, first_round]
-            k = first_round * t + valid[rows, first_round].argmax(axis=1)
-            crop[act[cropped]] = cand[rows[cropped], k[cropped]]
-            todo[act[resolved]] = False
+            active[:] = False
+            active[act] = True
+            in_act = active[sample]
+            slot = np.searchsorted(act, sample[in_act])  # boxes are grouped by sample
+            iou = _iou_if_centre_inside(boxes32[:, in_act], cand[:, slot])
+            best = np.maximum.reduceat(iou, np.searchsorted(slot, np.arange(a)), axis=0)  # [A, T]
+            valid &= best >= thr[:, None]
+            found = valid.any(axis=1)
+            k = valid.argmax(axis=1)
+            crop[act[found]] = cand[:, found, k[found]].T
+            todo[act[found]] = False
         centre_x = (boxes[:, 0] + boxes[:, 2]) / 2
         centre_y = (boxes[:, 1] + boxes[:, 3]) / 2
         cs = crop[sample]
@@ -303,6 +300,22 @@ class RandomIoUCrop(GeometricTransform):
         state.alive[alive_idx[~inside]] = False
         step = translation_matrix(-crop[:, 0], -crop[:, 1])
         return step, np.stack([crop[:, 3] - crop[:, 1], crop[:, 2] - crop[:, 0]], -1)
+
+
+def _iou_if_centre_inside(boxes: np.ndarray, crops: np.ndarray) -> np.ndarray:
+    """IoU ``[M, K]`` of boxes ``[4, M]`` with their candidate crops ``[4, M, K]`` (planar xyxy),
+    or -1 where the box centre is not strictly inside the crop (the planner's hot loop)."""
+    x0, y0, x1, y1 = (boxes[i][:, None] for i in range(4))
+    u0, v0, u1, v1 = crops
+    cx, cy = (x0 + x1) * 0.5, (y0 + y1) * 0.5
+    inside = (u0 < cx) & (cx < u1) & (v0 < cy) & (cy < v1)
+    iw = np.minimum(x1, u1) - np.maximum(x0, u0)
+    ih = np.minimum(y1, v1) - np.maximum(y0, v0)
+    inter = np.maximum(iw, 0) * np.maximum(ih, 0)
+    union = (x1 - x0) * (y1 - y0) + (u1 - u0) * (v1 - v0) - inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iou = inter / union
+    return np.where(inside & (union > 0), iou, -1.0)
 
 
 @register
