@@ -57,20 +57,23 @@ def voc_box_to_coco(box_voc: tuple[float, float, float, float], coords: Coords,
                     width: int, height: int) -> CocoBox:
     """Convert ``(xmin, ymin, xmax, ymax)`` as written in VOC into a COCO box in a
     ``width x height`` image, following the numbered steps of the module docstring."""
-    xmin, ymin, xmax, ymax = (float(v) for v in box_voc)
-    # 1. corners
+    xmin, ymin, xmax, ymax = box_voc
+    # 1. corners (``+ 0.0`` makes floats of ints and 0.0 of -0.0)
     if coords == "voc":
-        x0, y0, x1, y1 = xmin - 1.0, ymin - 1.0, xmax, ymax
+        x0, y0, x1, y1 = xmin - 1.0, ymin - 1.0, xmax + 0.0, ymax + 0.0
     else:
-        x0, y0, x1, y1 = xmin, ymin, xmax, ymax
+        x0, y0, x1, y1 = xmin + 0.0, ymin + 0.0, xmax + 0.0, ymax + 0.0
     corners = (x0, y0, x1, y1)
     # 2. empty before clipping
     if x1 <= x0 or y1 <= y0:
         return CocoBox(None, 0.0, False, R.ZERO_SIZE_BOX, corners)
-    # 3. clip
-    cx0, cy0 = _clamp(x0, width), _clamp(y0, height)
-    cx1, cy1 = _clamp(x1, width), _clamp(y1, height)
-    clipped = (cx0, cy0, cx1, cy1) != corners
+    # 3. clip (inlined: this runs once per box)
+    right, bottom = float(width), float(height)
+    cx0 = 0.0 if x0 <= 0.0 else (right if x0 > right else x0)
+    cy0 = 0.0 if y0 <= 0.0 else (bottom if y0 > bottom else y0)
+    cx1 = 0.0 if x1 <= 0.0 else (right if x1 > right else x1)
+    cy1 = 0.0 if y1 <= 0.0 else (bottom if y1 > bottom else y1)
+    clipped = cx0 != x0 or cy0 != y0 or cx1 != x1 or cy1 != y1
     # 4. empty after clipping
     if cx1 <= cx0 or cy1 <= cy0:
         return CocoBox(None, 0.0, clipped, R.BOX_OUTSIDE_IMAGE, corners)
@@ -84,10 +87,3 @@ def voc_box_to_coco(box_voc: tuple[float, float, float, float], coords: Coords,
         return CocoBox(None, 0.0, clipped, R.ZERO_SIZE_BOX, corners)
     bbox = [round(cx0, _DECIMALS), round(cy0, _DECIMALS), w, h]
     return CocoBox(bbox, round(w * h, _DECIMALS), clipped, None, corners)
-
-
-def _clamp(value: float, upper: int) -> float:
-    """``value`` clamped to ``[0, upper]``, as a float (``-0.0`` becomes ``0.0``)."""
-    if value <= 0.0:
-        return 0.0
-    return float(upper) if value > upper else value

@@ -86,7 +86,8 @@ def annotation_tail(bbox: list[float], area: float, iscrowd: int,
 
 def coco_json_from_parts(image_parts: list[str], annotation_parts: list[str],
                          categories: list[dict[str, Any]]) -> bytes:
-    """The document whose ``images`` and ``annotations`` are the given JSON texts, in order.
+    """The document whose ``images`` and ``annotations`` are the given JSON texts, in order
+    (a text may hold several records joined by commas; none may be empty).
 
     Equal to ``dumps_coco(make_coco(images, annotations, categories))`` for the dicts that the
     parts encode (tested).

@@ -24,16 +24,23 @@ from typing import Any, NamedTuple
 
 from converters import report as R
 from converters.boxes import Coords, voc_box_to_coco
-from converters.coco import annotation_tail, json_tail
+from converters.coco import annotation_tail, encode_json
 from converters.images import ImageIndex, filename_base, probe_image
 from converters.voc import VocParseError, parse_voc_xml
 
 #: ``(kind, reason, detail)``, kind being ``"object"`` (a skipped object) or ``"warning"``.
 Event = tuple[str, str, str]
-#: ``(category name, JSON of the annotation after its ids)``: the ids are not known yet, so
-#: the COCO annotation is ``{"id":..,"image_id":..,"category_id":..,`` + this text
-#: (``bbox``, ``area``, ``iscrowd``, ``attributes``); see :func:`converters.coco.json_tail`.
-PendingAnnotation = tuple[str, str]
+#: The head of every annotation's JSON: its ids are filled in by the main process, which alone
+#: knows them (``template % (id, image_id, category_id, id, image_id, ...)``).
+ANNOTATION_HEAD = '{"id":%d,"image_id":%d,"category_id":%d,'
+#: ``(category names, template)``: the converted objects of one file, in order. ``template`` is
+#: their COCO JSON texts joined by commas, each ``ANNOTATION_HEAD`` + ``bbox``, ``area``,
+#: ``iscrowd``, ``attributes`` (``%`` doubled), to be filled with three ids per annotation.
+#: One string per file, not per box: cheaper to send between processes and to fill.
+PendingAnnotations = tuple[tuple[str, ...], str]
+
+
+_NONE: PendingAnnotations = ((), "")
 
 
 class FileOptions(NamedTuple):
@@ -58,15 +65,16 @@ class FileResult(NamedTuple):
     ``error``: ``(reason, detail)`` when the image is skipped (then ``image`` is ``None``).
     ``image``: ``(file_name, width, height, JSON of the image after its id)``. ``n_objects``:
     the ``<object>`` elements in the file (0 when it did not parse). ``annotations``: the
-    converted objects, in file order.
-    ``events``: skipped objects and warnings, in file order. ``found_by``: ``"id"``,
-    ``"filename"`` or ``None`` (no image file). ``names``: every object name in the file.
+    converted objects (:data:`PendingAnnotations`). ``events``: skipped objects and warnings,
+    in file order. ``found_by``: ``"id"``, ``"filename"`` or ``None`` (no image file).
+    ``names``: every object name in the file when every name is accepted (label discovery),
+    else ``()``.
     """
 
     error: tuple[str, str] | None
     image: tuple[str, int, int, str] | None
     n_objects: int
-    annotations: list[PendingAnnotation]
+    annotations: PendingAnnotations
     events: list[Event]
     found_by: str | None
     names: tuple[str, ...]
@@ -83,11 +91,12 @@ def convert_file(xml_name: str, options: FileOptions) -> FileResult:
         ann = parse_voc_xml(data)
     except OSError as err:
         return FileResult((R.UNREADABLE_FILE, f"{type(err).__name__}: {err.strerror}"), None,
-                          0, [], events, None, ())
+                          0, _NONE, events, None, ())
     except VocParseError as err:
-        return FileResult((err.reason, err.detail), None, 0, [], events, None, ())
+        return FileResult((err.reason, err.detail), None, 0, _NONE, events, None, ())
     objects = ann.objects
-    names = tuple({o.name for o in objects if o.name is not None})
+    names = (tuple({o.name for o in objects if o.name is not None})
+             if options.labels is None else ())
     n_objects = len(objects)
 
     # 2. image file, 3. size
@@ -99,22 +108,24 @@ def convert_file(xml_name: str, options: FileOptions) -> FileResult:
         file_name = voc_id + (ext or ".jpg")
         if ann.width is None or ann.height is None:
             return FileResult((R.IMAGE_SIZE_UNKNOWN, f"{ann.size_problem} and no images folder "
-                               "to read it from"), None, n_objects, [], events, None, names)
+                               "to read it from"), None, n_objects, _NONE, events, None, names)
         width, height = ann.width, ann.height
     else:
         found, found_by, candidates = index.find(voc_id, ann.filename)
         if found is None:
             also = f" and no {base}" if base else ""
-            return FileResult((R.IMAGE_NOT_FOUND, f"no {voc_id}.<image extension>{also} in "
-                               f"{options.images_dir}"), None, n_objects, [], events, None, names)
+            error = (R.IMAGE_NOT_FOUND, f"no {voc_id}.<image extension>{also} in "
+                     f"{options.images_dir}")
+            return FileResult(error, None, n_objects, _NONE, events, None, names)
         file_name = found
         if candidates > 1:
             events.append(("warning", R.SEVERAL_IMAGE_FILES,
                            f"{', '.join(index.by_stem[voc_id])}; using {file_name}"))
         probe = probe_image(os.path.join(options.images_dir, file_name), options.verify)
         if probe.error is not None:
-            return FileResult((probe.error[0], f"{os.path.join(options.images_dir, file_name)}: "
-                               f"{probe.error[1]}"), None, n_objects, [], events, found_by, names)
+            error = (probe.error[0],
+                     f"{os.path.join(options.images_dir, file_name)}: {probe.error[1]}")
+            return FileResult(error, None, n_objects, _NONE, events, found_by, names)
         assert probe.size is not None
         width, height = probe.size
         if ann.width is None or ann.height is None:
@@ -130,23 +141,25 @@ def convert_file(xml_name: str, options: FileOptions) -> FileResult:
                            f"is {probe.mode} ({probe.bands} channel{plural})"))
     if base is not None and base.lower() not in (file_name.lower(),
                                                  os.path.splitext(file_name)[0].lower()):
-        events.append(("warning", R.FILENAME_MISMATCH, f"<filename> is {base!r}, image is "
+        what = "image is" if index is not None else "no images folder: file_name is"
+        events.append(("warning", R.FILENAME_MISMATCH, f"<filename> is {base!r}, {what} "
                        f"{file_name!r} (images are identified by the XML's name)"))
 
     # 4. objects
     annotations = _convert_objects(objects, options, width, height, events)
-    image_json = json_tail({"file_name": file_name, "width": width, "height": height})
+    image_json = f'"file_name":{encode_json(file_name)},"width":{width},"height":{height}}}'
     return FileResult(None, (file_name, width, height, image_json), n_objects, annotations,
                       events, found_by, names)
 
 
 def _convert_objects(objects: list[Any], options: FileOptions, width: int, height: int,
-                     events: list[Event]) -> list[PendingAnnotation]:
+                     events: list[Event]) -> PendingAnnotations:
     coords = options.coords
     labels = options.labels
     difficult_mode = options.difficult
     warned_non_integer = False
-    annotations: list[PendingAnnotation] = []
+    names: list[str] = []
+    texts: list[str] = []
     for number, obj in enumerate(objects, 1):
         name, box_voc, problem, attributes, attribute_problems = obj
         for text in attribute_problems:
@@ -182,8 +195,11 @@ def _convert_objects(objects: list[Any], options: FileOptions, width: int, heigh
                 if key in attributes:
                     coco_attributes[key] = attributes[key]
         iscrowd = 1 if difficult and difficult_mode == "crowd" else 0
-        annotations.append((name, annotation_tail(box.bbox, box.area, iscrowd, coco_attributes)))
-    return annotations
+        names.append(name)
+        texts.append(ANNOTATION_HEAD
+                     + annotation_tail(box.bbox, box.area, iscrowd, coco_attributes).replace(
+                         "%", "%%"))
+    return tuple(names), ",".join(texts)
 
 
 def _fmt_box(box: tuple[float, float, float, float]) -> str:

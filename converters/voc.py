@@ -165,17 +165,18 @@ def _parse_object(element: etree._Element) -> VocObject:
     attribute_problems: tuple[str, ...] = ()
     for child in element:
         tag = child.tag
-        text = child.text
-        if text is not None:
-            text = text.strip() or None
-        if tag == "name":
-            if name is None:
-                name = text
-        elif tag == "bndbox":
+        if tag == "bndbox":
             if bndbox is None:
                 bndbox = child
+            continue
+        if tag == "name":
+            if name is None:
+                text = child.text
+                name = (text.strip() or None) if text is not None else None
         elif tag in _FLAG_SET:
-            if text is not None and tag not in attributes:
+            text = child.text
+            text = text.strip() if text is not None else ""
+            if text and tag not in attributes:
                 value = _FLAG_WORDS.get(text)
                 if value is None:
                     value = _flag(text)
@@ -184,7 +185,9 @@ def _parse_object(element: etree._Element) -> VocObject:
                 else:
                     attributes[tag] = value
         elif tag == "pose":
-            if text is not None and tag not in attributes:
+            text = child.text
+            text = text.strip() if text is not None else ""
+            if text and tag not in attributes:
                 attributes[tag] = text
 
     if name is None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import types
 from collections.abc import Iterable, Iterator, Sequence
@@ -298,6 +299,9 @@ _worker_options: FileOptions | None = None
 
 
 def _init_worker(options: FileOptions) -> None:
+    # Ctrl-C goes to the whole process group: the main process handles it (and terminates the
+    # pool); workers ignore it instead of printing one traceback each.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     global _worker_options
     _worker_options = options
 
@@ -337,8 +341,9 @@ def _with_progress(results: Iterable[Any], total: int, show: bool) -> Iterator[A
 def _assemble(layout: _Layout, entries: list[str], split_file: str | None,
               xml_names: dict[str, str], files: dict[str, FileResult], names: list[str],
               report: Report) -> tuple[list[str], list[str]]:
-    """The JSON texts of the COCO images and annotations of ``entries``, in order, with ids
-    from 1; every skip and warning goes to ``report``."""
+    """The JSON texts of the COCO images (one each) and annotations (one text per file, its
+    annotations joined by commas) of ``entries``, in order, with ids from 1; every skip and
+    warning goes to ``report``."""
     category_ids = {name: i for i, name in enumerate(names, 1)}
     annotations_dir = str(layout.annotations)
     # An image file found by id belongs to that id: a <filename> fallback may not take it.
@@ -377,10 +382,14 @@ def _assemble(layout: _Layout, entries: list[str], split_file: str | None,
                 report.skip_object(reason, path, detail)
             else:
                 report.warn(reason, path, detail)
-        for name, rest in result.annotations:
-            annotations.append(f'{{"id":{len(annotations) + 1},"image_id":{image_id},'
-                               f'"category_id":{category_ids[name]},{rest}')
-        report.objects_converted += len(result.annotations)
+        names_in_file, template = result.annotations
+        if names_in_file:
+            first = report.objects_converted + 1
+            ids: list[int] = []
+            for k, name in enumerate(names_in_file):
+                ids += (first + k, image_id, category_ids[name])
+            annotations.append(template % tuple(ids))
+            report.objects_converted += len(names_in_file)
     return images, annotations
 
 
