@@ -6,7 +6,8 @@ Generates ``--files`` labelImg-style annotation XMLs (1-6 objects each, sizes in
 images: globox reads only the XMLs, and without an images folder voc2coco is annotation-only
 too) in a temporary folder, then runs both command lines as subprocesses, timed the same way
 (wall clock around the process, interpreter start included), alternating, ``--repeat`` times
-each. Prints files/s (median run) for both and the ratio. globox is not a dependency of detaug:
+each. Prints files/s (median run) for both, the ratio, and the CPU time (user + system, worker
+processes included) of each. globox is not a dependency of detaug:
 ``pip install globox==2.9.0`` (or the ``bench`` extra).
 """
 
@@ -17,6 +18,7 @@ import json
 import os
 import platform
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -81,15 +83,19 @@ def generate_voc(root: Path, n_files: int, seed: int = 0) -> int:
     return n_objects
 
 
-def _timed(command: list[str]) -> float:
+def _timed(command: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system of the process and the processes it waited for)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     completed = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if completed.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({completed.returncode}):\n"
                            f"{completed.stderr[-2000:]}")
-    return elapsed
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu
 
 
 def _count_annotations(path: Path) -> int:
@@ -126,9 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         globox_cmd = [globox, "convert", "-f", "pascalvoc", "-F", "coco", "--coco_auto_ids",
                       str(root / "Annotations"), str(work / "globox.json")]
         times: dict[str, list[float]] = {"voc2coco": [], "globox": []}
+        cpu: dict[str, list[float]] = {"voc2coco": [], "globox": []}
         for _ in range(args.repeat):
-            times["voc2coco"].append(_timed(ours_cmd))
-            times["globox"].append(_timed(globox_cmd))
+            for name, command in (("voc2coco", ours_cmd), ("globox", globox_cmd)):
+                wall, used = _timed(command)
+                times[name].append(wall)
+                cpu[name].append(used)
         counts = {name: _count_annotations(work / f"{file}.json")
                   for name, file in (("voc2coco", "ours"), ("globox", "globox"))}
     finally:
@@ -136,16 +145,17 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
-          f"{platform.python_version()}; {args.files} XML files, {n_objects} objects; "
-          f"median of {args.repeat} runs, process start included")
+          f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f}; {args.files} XML "
+          f"files, {n_objects} objects; median of {args.repeat} runs, process start included")
     rates = {}
     for name in ("voc2coco", "globox"):
         median = statistics.median(times[name])
         rates[name] = args.files / median
         runs = ", ".join(f"{t:.2f}" for t in times[name])
-        print(f"{name:9s} {rates[name]:9.0f} files/s  ({median:.2f} s; runs {runs} s; "
-              f"{counts[name]} annotations)")
-    print(f"ratio     {rates['voc2coco'] / rates['globox']:9.1f}x")
+        print(f"{name:9s} {rates[name]:9.0f} files/s  ({median:.2f} s; runs {runs} s; CPU "
+              f"{statistics.median(cpu[name]):.2f} s; {counts[name]} annotations)")
+    print(f"ratio     {rates['voc2coco'] / rates['globox']:9.1f}x  (CPU time: "
+          f"{statistics.median(cpu['globox']) / statistics.median(cpu['voc2coco']):.1f}x less)")
     return 0
 
 

@@ -6,9 +6,9 @@ pixel coordinates, pixel ``i`` spans ``[i, i + 1)``), ``area`` (``w * h``) and `
 COCOeval reads.
 
 Serialisation is ``json`` with compact separators, UTF-8 (non-ASCII characters as they are)
-and a final newline. The converter builds the document from per-record pieces (:func:`json_tail`,
-:func:`coco_json_from_parts`) that give byte for byte what :func:`dumps_coco` gives for the
-same dict: the records are encoded in the worker processes, and the main process only joins.
+and a final newline. The converter does not build a dict per box: the worker processes write
+each record's JSON text (see :mod:`converters.convert_file`) and :func:`coco_json_from_parts`
+joins them; the tests check that the result is byte for byte :func:`dumps_coco` of its dict.
 """
 
 from __future__ import annotations
@@ -59,29 +59,6 @@ def json_tail(record: dict[str, Any]) -> str:
     if not record:
         raise ValueError("json_tail needs a non-empty dict")
     return _ENCODER.encode(record)[1:]
-
-
-_attribute_texts: dict[tuple[tuple[str, Any], ...], str] = {}
-
-
-def annotation_tail(bbox: list[float], area: float, iscrowd: int,
-                    attributes: dict[str, Any]) -> str:
-    """``json_tail({"bbox": bbox, "area": area, "iscrowd": iscrowd, "attributes": attributes})``,
-    the same text, about three times faster (this runs once per box).
-
-    Numbers are written with ``repr``, which is what ``json`` writes for ints and finite floats
-    (the boxes are finite by construction); an attributes dict, of which a dataset has a few
-    kinds, is encoded once per kind.
-    """
-    x, y, w, h = bbox
-    key = tuple(attributes.items())
-    text = _attribute_texts.get(key)
-    if text is None:
-        if len(_attribute_texts) > 4096:
-            _attribute_texts.clear()
-        text = _attribute_texts[key] = encode_json(attributes)
-    return (f'"bbox":[{x!r},{y!r},{w!r},{h!r}],"area":{area!r},"iscrowd":{iscrowd!r},'
-            f'"attributes":{text}}}')
 
 
 def coco_json_from_parts(image_parts: list[str], annotation_parts: list[str],

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from converters import report as R
 from converters.boxes import Coords, voc_box_to_coco
-from converters.coco import annotation_tail, encode_json
+from converters.coco import encode_json
 from converters.images import ImageIndex, filename_base, probe_image
 from converters.voc import VocParseError, parse_voc_xml
 
@@ -189,17 +189,35 @@ def _convert_objects(objects: list[Any], options: FileOptions, width: int, heigh
             events.append(("warning", R.BOX_CLIPPED, f"object {number}: {name!r} "
                            f"{_fmt_box(box_voc)} -> [x, y, w, h] {box.bbox} in a "
                            f"{width}x{height} image"))
-        coco_attributes: dict[str, Any] = {"difficult": difficult}
-        if len(attributes) > ("difficult" in attributes):
-            for key in ("truncated", "occluded", "pose"):
-                if key in attributes:
-                    coco_attributes[key] = attributes[key]
         iscrowd = 1 if difficult and difficult_mode == "crowd" else 0
+        x, y, w, h = box.bbox
         names.append(name)
-        texts.append(ANNOTATION_HEAD
-                     + annotation_tail(box.bbox, box.area, iscrowd, coco_attributes).replace(
-                         "%", "%%"))
+        texts.append(f'{ANNOTATION_HEAD}"bbox":[{x!r},{y!r},{w!r},{h!r}],"area":{box.area!r},'
+                     f'"iscrowd":{iscrowd},"attributes":{_attributes_json(attributes)}}}')
     return tuple(names), ",".join(texts)
+
+
+_attribute_texts: dict[tuple[tuple[str, Any], ...], str] = {}
+
+
+def _attributes_json(attributes: dict[str, Any]) -> str:
+    """The JSON of an annotation's COCO ``attributes`` for an object's VOC attributes, ``%``
+    doubled for the template: ``difficult`` first (0 when absent), then ``truncated``,
+    ``occluded``, ``pose`` when the XML states them. Cached: a dataset has few kinds.
+
+    (Numbers elsewhere in the template are written with ``repr``, which is what ``json``
+    writes for ints and finite floats; the tests compare the document with ``json.dumps``.)
+    """
+    key = tuple(attributes.items())
+    text = _attribute_texts.get(key)
+    if text is None:
+        coco = {"difficult": attributes.get("difficult", 0)}
+        coco.update((k, attributes[k]) for k in ("truncated", "occluded", "pose")
+                    if k in attributes)
+        if len(_attribute_texts) > 4096:
+            _attribute_texts.clear()
+        text = _attribute_texts[key] = encode_json(coco).replace("%", "%%")
+    return text
 
 
 def _fmt_box(box: tuple[float, float, float, float]) -> str:

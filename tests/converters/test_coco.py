@@ -106,22 +106,6 @@ def test_replacing_keeps_the_mode_of_the_old_file(tmp_path: Path) -> None:
     assert json.loads(path.read_bytes()) == small_coco()
 
 
-@pytest.mark.parametrize("bbox, area, attributes", [
-    ([0.0, 0.0, 10.0, 10.0], 100.0, {"difficult": 0}),
-    ([216.62, 181.79, 39.99, 58.75], 2349.4125, {"difficult": 1, "truncated": 0,
-                                                 "pose": "Unspecified"}),
-    ([1e-06, 3.0, 1234567.5, 0.1], 123456.75, {"difficult": 0, "pose": 'a "quoted" 猫\\'}),
-])
-def test_annotation_tail_is_json_tail(bbox: list[float], area: float, attributes: dict) -> None:
-    from converters.coco import annotation_tail, json_tail
-
-    for _ in range(2):  # second time from the cache of attribute texts
-        fast = annotation_tail(bbox, area, 1, attributes)
-        assert fast == json_tail({"bbox": bbox, "area": area, "iscrowd": 1,
-                                  "attributes": attributes})
-        assert json.loads('{"id":1,' + fast)["attributes"] == attributes
-
-
 def test_document_from_parts_equals_dumps() -> None:
     from converters.coco import coco_json_from_parts, json_tail
 

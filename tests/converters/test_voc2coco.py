@@ -35,6 +35,27 @@ class TestApi:
         for image in coco["images"]:
             assert (result.image_root / image["file_name"]).is_file()
 
+    def test_json_follows_edits_of_the_dict(self, tmp_path: Path) -> None:
+        import json
+
+        result = convert(simple(tmp_path))
+        untouched = result.to_json()
+        assert json.loads(untouched) == result.coco  # decoded on first access
+        result.coco["images"][0]["file_name"] = "renamed.jpg"
+        assert result.to_json() != untouched
+        written = result.write_json(tmp_path / "out.json")
+        assert json.loads(written.read_bytes())["images"][0]["file_name"] == "renamed.jpg"
+        assert "images=3" in repr(result)
+
+    def test_convert_splits_all_and_one(self, tmp_path: Path) -> None:
+        root = simple(tmp_path, splits={"val": ["001"]})
+        results = convert_splits(root, [None, "val"])
+        assert list(results) == [None, "val"]
+        assert results["val"].split == "val" and len(results["val"].coco["images"]) == 1
+        assert len(results[None].coco["images"]) == 3
+        with pytest.raises(ConversionError, match="named twice"):
+            convert_splits(root, ["val", "val"])
+
     def test_package_exports_and_callable_module(self, tmp_path: Path) -> None:
         from converters import voc2coco
 
@@ -223,3 +244,24 @@ class TestRobustness:
         assert dumps_coco(parallel.coco) == dumps_coco(sequential.coco)
         assert parallel.report == sequential.report
         assert parallel.report.images_skipped == {R.MALFORMED_XML: 1}
+
+
+def test_json_text_equals_json_dumps_of_the_dict(tmp_path: Path) -> None:
+    """The document is assembled from texts made in the workers: check it against json.dumps
+    with values that need escaping (quotes, %, unicode, backslash) and float noise."""
+    pose = 'a "quoted" 100% 猫\\ pose'
+    objects = [obj("cat", (1, 1, 10, 10), difficult=1, extra=f"<pose>{pose}</pose>"),
+               obj("ça va", (217.62, 182.79, 256.61, 240.54), extra="<occluded>1</occluded>"),
+               obj("cat", (0.5, 0.25, 3.75, 2.5), difficult=None,
+                   extra="<truncated>1</truncated>")]
+    root = make_voc(tmp_path, {"x%d.xml": voc_xml("x%d.jpg", (400, 300), objects)},
+                    {"x%d.jpg": (400, 300)})
+    for coords in ("voc", "raw"):
+        result = convert(root, coords=coords, difficult="crowd")
+        text = result.to_json()
+        coco = result.coco
+        assert dumps_coco(coco) == text
+        assert coco["annotations"][0]["attributes"] == {"difficult": 1, "pose": pose}
+        assert coco["annotations"][0]["iscrowd"] == 1
+        assert coco["images"][0]["file_name"] == "x%d.jpg"
+        assert [a["category_id"] for a in coco["annotations"]] == [1, 2, 1]
