@@ -1,0 +1,216 @@
+"""Timing plumbing shared by every variant.
+
+A variant is a generator function ``variant(dataset, settings) -> Iterator[batch]``: it builds
+its loader before the first ``yield`` (raising :class:`VariantUnavailable` when a package is
+missing), then yields batches as a training loop receives them (images on the target device,
+boxes in a list of targets), forever. :func:`measure` drives it, counting the images of each
+batch with :func:`count_images`:
+
+1. warm-up: ``warmup_batches >= 1`` batches (the generator builds its loader on the first one;
+   then worker start-up, memory pools);
+2. CUDA synchronize, start the clock;
+3. take batches until at least ``images`` images are done and the batch count is a multiple of
+   ``batch_quantum`` (the DataLoader peers use ``num_workers``: their workers deliver batches in
+   waves, so only whole waves are a fair sample);
+4. CUDA synchronize, stop the clock; read the GPU memory figures; close the generator.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "BenchSettings",
+    "Measurement",
+    "VariantUnavailable",
+    "count_images",
+    "cuda_available",
+    "measure",
+]
+
+Device = Literal["gpu", "cpu"]
+
+
+class VariantUnavailable(RuntimeError):
+    """A variant cannot run here (a package is missing); the message says how to get it."""
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What every variant is given.
+
+    Attributes:
+        device: ``"gpu"`` (images end on CUDA) or ``"cpu"``.
+        batch_size: images per batch.
+        workers: DataLoader worker processes of the CPU peers.
+        threads: DALI CPU threads of the DALI-based variants.
+        size: output side in pixels.
+        seed: seed of every random draw and shuffle.
+    """
+
+    device: Device = "gpu"
+    batch_size: int = 64
+    workers: int = 15
+    threads: int = 8
+    size: int = 512
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.device not in ("gpu", "cpu"):
+            raise ValueError(f"device should be 'gpu' or 'cpu', got {self.device!r}")
+        for name, low in (("batch_size", 1), ("workers", 0), ("threads", 1), ("size", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} should be an int >= {low}, got {value!r}")
+
+    @property
+    def torch_device(self) -> str:
+        return "cuda" if self.device == "gpu" else "cpu"
+
+
+@dataclass
+class Measurement:
+    """The outcome of one timed variant.
+
+    Attributes:
+        images: images in the timed window.
+        batches: batches in the timed window.
+        seconds: wall time of the timed window (CUDA synchronized at both ends).
+        warmup_seconds: time from building the loader to the end of the warm-up.
+        gpu_mem_mib: device-wide GPU memory taken during the variant (``cudaMemGetInfo`` delta
+            at the end of the timed window: DALI's pools and PyTorch's cache), or ``None``.
+        torch_peak_mib: ``torch.cuda.max_memory_allocated`` during the variant, or ``None``.
+    """
+
+    images: int
+    batches: int
+    seconds: float
+    warmup_seconds: float
+    gpu_mem_mib: float | None = None
+    torch_peak_mib: float | None = None
+
+    @property
+    def images_per_second(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else float("inf")
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def count_images(batch: Any) -> int:
+    """Images in a batch: the leading dimension of its first array (of a tuple, list or dict)."""
+    while isinstance(batch, (tuple, list, dict)):
+        if not batch:
+            raise ValueError("empty batch structure")
+        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+    shape = getattr(batch, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return int(shape[0])
+    raise TypeError(f"cannot count the images of a batch of {type(batch).__name__}")
+
+
+def measure(
+    batches: Iterator[Any],
+    *,
+    images: int,
+    warmup_batches: int,
+    batch_quantum: int = 1,
+    device: Device = "cpu",
+    clock: Callable[[], float] = time.perf_counter,
+) -> Measurement:
+    """Warm up, then time at least ``images`` images of ``batches`` (see the module docstring).
+
+    ``batches`` is a variant's generator; it is closed at the end (its ``finally`` blocks shut
+    its loader down), also when a batch raises.
+    """
+    if images < 1:
+        raise ValueError(f"images should be >= 1, got {images}")
+    if warmup_batches < 1:
+        # a generator builds its loader on the first next(): that must happen before the clock
+        raise ValueError(f"warmup_batches should be >= 1, got {warmup_batches}")
+    if batch_quantum < 1:
+        raise ValueError(f"batch_quantum should be >= 1, got {batch_quantum}")
+    sync = _synchronizer(device)
+    memory = _GpuMemoryProbe() if device == "gpu" else None
+    try:
+        if memory is not None:
+            memory.start()
+        t_build = clock()
+        iterator = iter(batches)
+        for _ in range(warmup_batches):
+            next(iterator)
+        sync()
+        t_start = clock()
+        done_images = done_batches = 0
+        while done_images < images or done_batches % batch_quantum:
+            done_images += count_images(next(iterator))
+            done_batches += 1
+        sync()
+        t_stop = clock()
+        result = Measurement(
+            images=done_images,
+            batches=done_batches,
+            seconds=t_stop - t_start,
+            warmup_seconds=t_start - t_build,
+        )
+        if memory is not None:
+            result.gpu_mem_mib, result.torch_peak_mib = memory.read()
+        return result
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+        _release_gpu_memory(device)
+
+
+def _synchronizer(device: Device) -> Callable[[], None]:
+    if device != "gpu":
+        return lambda: None
+    import torch
+
+    return torch.cuda.synchronize
+
+
+class _GpuMemoryProbe:
+    """Device-wide used memory (``cudaMemGetInfo``) relative to the start, and torch's peak."""
+
+    def start(self) -> None:
+        import torch
+
+        _release_gpu_memory("gpu")
+        torch.cuda.reset_peak_memory_stats()
+        self._free_at_start = torch.cuda.mem_get_info()[0]
+
+    def read(self) -> tuple[float, float]:
+        import torch
+
+        free_now = torch.cuda.mem_get_info()[0]
+        mib = 1024.0 * 1024.0
+        return (self._free_at_start - free_now) / mib, torch.cuda.max_memory_allocated() / mib
+
+
+def _release_gpu_memory(device: Device) -> None:
+    """Give cached blocks back (torch's cache, DALI's pools), so the next variant starts clean."""
+    import gc
+
+    gc.collect()
+    if device != "gpu":
+        return
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        from nvidia.dali import backend
+
+        backend.ReleaseUnusedMemory()
+    except Exception:  # noqa: BLE001, S110 - a failed variant's CUDA error shows in its own row
+        pass

@@ -1,0 +1,270 @@
+"""The CPU peers: torchvision.transforms.v2 and albumentations 2.x in a PyTorch DataLoader.
+
+Each sample is read and decoded in a worker (``torchvision.io.decode_jpeg`` / ``cv2.imdecode``),
+augmented there with the recipe of :mod:`detaug.bench.recipe`, and collated into an image batch
+plus a list of target dicts; the main process moves the images to the GPU when there is one.
+The sampler draws fresh permutations forever, so the timed window never crosses the end of an
+epoch (where a DataLoader's workers drain and restart).
+
+Differences forced by the libraries, printed with the results:
+
+* albumentations has no IoU crop; ``A.BBoxSafeRandomCrop`` (a random window that keeps every
+  box) stands in for it.
+* albumentations resizes with ``cv2.INTER_LINEAR`` without antialiasing (its normal); DALI and
+  torchvision antialias when shrinking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from detaug.bench.dataset import BenchDataset, Record, load_records
+from detaug.bench.harness import BenchSettings, VariantUnavailable
+from detaug.bench.recipe import RecipeSpec
+
+__all__ = [
+    "ALBUMENTATIONS_CROP_NOTE",
+    "ALBUMENTATIONS_PIP",
+    "TORCHVISION_PIP",
+    "albumentations_transform",
+    "iter_albumentations",
+    "iter_torchvision",
+    "torchvision_transform",
+]
+
+TORCHVISION_PIP = "pip install torchvision"
+ALBUMENTATIONS_PIP = "pip install albumentations==2.0.8"
+ALBUMENTATIONS_CROP_NOTE = "no IoU crop in albumentations: BBoxSafeRandomCrop stands in"
+
+
+# ------------------------------------------------------------------------------------------
+# torchvision.transforms.v2
+# ------------------------------------------------------------------------------------------
+
+
+def torchvision_transform(spec: RecipeSpec):
+    """The recipe as a ``v2.Compose`` taking ``(tv_tensors.Image, {"boxes", "labels"})``."""
+    from torchvision.transforms import v2
+
+    return v2.Compose(
+        [
+            v2.RandomIoUCrop(
+                min_scale=spec.crop_scale[0],
+                max_scale=spec.crop_scale[1],
+                min_aspect_ratio=spec.crop_aspect_ratio[0],
+                max_aspect_ratio=spec.crop_aspect_ratio[1],
+                sampler_options=spec.torchvision_sampler_options,
+                trials=spec.crop_trials,
+            ),
+            # RandomIoUCrop leaves the boxes it cut away degenerate; drop them before the
+            # affine step can turn them into small real-looking boxes.
+            v2.SanitizeBoundingBoxes(min_size=spec.min_box_size),
+            v2.RandomHorizontalFlip(p=spec.flip_p),
+            v2.RandomAffine(
+                degrees=spec.rotate_deg,
+                translate=(spec.translate_frac, spec.translate_frac),
+                scale=spec.scale_range,
+                shear=(-spec.shear_x_deg, spec.shear_x_deg),
+                interpolation=v2.InterpolationMode.BILINEAR,
+                fill=spec.fill,
+            ),
+            v2.Resize((spec.size, spec.size), interpolation=v2.InterpolationMode.BILINEAR),
+            v2.ColorJitter(
+                brightness=spec.brightness,
+                contrast=spec.contrast,
+                saturation=spec.saturation,
+                hue=spec.hue,
+            ),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean=list(spec.mean), std=list(spec.std)),
+            v2.SanitizeBoundingBoxes(min_size=spec.min_box_size),
+        ]
+    )
+
+
+class TorchvisionDetection(Dataset):
+    """Reads a JPEG with ``torchvision.io``, returns ``(float32 [3, S, S], target dict)``."""
+
+    def __init__(self, records: list[Record], spec: RecipeSpec) -> None:
+        self.records = records
+        self.transform = torchvision_transform(spec)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int):
+        from torchvision import io, tv_tensors
+
+        record = self.records[index]
+        image = io.decode_jpeg(io.read_file(record.path), mode=io.ImageReadMode.RGB)
+        target = {
+            "boxes": tv_tensors.BoundingBoxes(
+                torch.from_numpy(record.boxes_xyxy),
+                format=tv_tensors.BoundingBoxFormat.XYXY,
+                canvas_size=tuple(image.shape[-2:]),
+            ),
+            "labels": torch.from_numpy(record.labels),
+        }
+        image, target = self.transform(tv_tensors.Image(image), target)
+        return image.as_subclass(torch.Tensor), {
+            "boxes": target["boxes"].as_subclass(torch.Tensor),
+            "labels": target["labels"],
+        }
+
+
+def iter_torchvision(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tuple]:
+    """The ``torchvision`` variant: endless ``(images, targets)`` batches."""
+    try:
+        import torchvision  # noqa: F401
+        from torchvision.transforms import v2  # noqa: F401
+    except ImportError as exc:
+        raise VariantUnavailable(f"not installed ({TORCHVISION_PIP}): {exc}") from exc
+    data = TorchvisionDetection(load_records(dataset), RecipeSpec(size=settings.size))
+    yield from _iterate(data, settings)
+
+
+# ------------------------------------------------------------------------------------------
+# albumentations 2.x
+# ------------------------------------------------------------------------------------------
+
+
+def albumentations_transform(spec: RecipeSpec):
+    """The recipe as an ``A.Compose`` taking ``image=`` (RGB uint8 HWC), ``bboxes=`` (pascal_voc
+    xyxy pixels) and ``labels=``; returns a float32 CHW tensor."""
+    import albumentations as A
+    import cv2
+    from albumentations.pytorch import ToTensorV2
+
+    return A.Compose(
+        [
+            A.BBoxSafeRandomCrop(erosion_rate=0.0, p=1.0),
+            A.HorizontalFlip(p=spec.flip_p),
+            A.Affine(
+                rotate=(-spec.rotate_deg, spec.rotate_deg),
+                translate_percent={
+                    "x": (-spec.translate_frac, spec.translate_frac),
+                    "y": (-spec.translate_frac, spec.translate_frac),
+                },
+                scale=spec.scale_range,
+                keep_ratio=True,
+                shear={"x": (-spec.shear_x_deg, spec.shear_x_deg), "y": (0.0, 0.0)},
+                interpolation=cv2.INTER_LINEAR,
+                border_mode=cv2.BORDER_CONSTANT,
+                fill=spec.fill,
+                p=1.0,
+            ),
+            A.Resize(spec.size, spec.size, interpolation=cv2.INTER_LINEAR),
+            A.ColorJitter(
+                brightness=spec.brightness,
+                contrast=spec.contrast,
+                saturation=spec.saturation,
+                hue=spec.hue,
+                p=1.0,
+            ),
+            A.Normalize(mean=spec.mean, std=spec.std, max_pixel_value=255.0),
+            ToTensorV2(),
+        ],
+        bbox_params=A.BboxParams(
+            format="pascal_voc",
+            label_fields=["labels"],
+            clip=True,
+            min_width=spec.min_box_size,
+            min_height=spec.min_box_size,
+        ),
+    )
+
+
+class AlbumentationsDetection(Dataset):
+    """Reads a JPEG with ``cv2.imdecode``, returns ``(float32 [3, S, S], target dict)``."""
+
+    def __init__(self, records: list[Record], spec: RecipeSpec) -> None:
+        self.records = records
+        self.transform = albumentations_transform(spec)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int):
+        import cv2
+
+        record = self.records[index]
+        image = cv2.imdecode(np.fromfile(record.path, dtype=np.uint8), cv2.IMREAD_COLOR)
+        image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+        out = self.transform(image=image, bboxes=record.boxes_xyxy, labels=record.labels)
+        boxes = np.asarray(out["bboxes"], dtype=np.float32).reshape(-1, 4)
+        labels = np.asarray(out["labels"], dtype=np.int64).reshape(-1)
+        return out["image"], {"boxes": torch.from_numpy(boxes), "labels": torch.from_numpy(labels)}
+
+
+def iter_albumentations(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tuple]:
+    """The ``albumentations`` variant: endless ``(images, targets)`` batches."""
+    try:
+        import albumentations  # noqa: F401
+        import cv2  # noqa: F401
+    except ImportError as exc:
+        raise VariantUnavailable(f"not installed ({ALBUMENTATIONS_PIP}): {exc}") from exc
+    data = AlbumentationsDetection(load_records(dataset), RecipeSpec(size=settings.size))
+    yield from _iterate(data, settings, worker_init_fn=_single_threaded_cv2)
+
+
+# ------------------------------------------------------------------------------------------
+# DataLoader plumbing
+# ------------------------------------------------------------------------------------------
+
+
+class EndlessRandomSampler(Sampler[int]):
+    """Indices of fresh random permutations of ``range(n)``, one after another, forever."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        if n < 1:
+            raise ValueError(f"the dataset is empty (n={n})")
+        self.n = n
+        self.seed = seed
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed)
+        while True:
+            yield from torch.randperm(self.n, generator=generator).tolist()
+
+
+def collate_detection(samples: list[tuple]) -> tuple[torch.Tensor, list[dict]]:
+    """Stack the images, keep the targets as a list (their box counts differ)."""
+    return torch.stack([image for image, _ in samples]), [target for _, target in samples]
+
+
+def _single_threaded_cv2(worker_id: int) -> None:
+    """One OpenCV thread per worker: the workers are the parallelism."""
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+def _iterate(data: Dataset, settings: BenchSettings, worker_init_fn=None) -> Iterator[tuple]:
+    gpu = settings.device == "gpu"
+    loader = DataLoader(
+        data,
+        batch_size=settings.batch_size,
+        sampler=EndlessRandomSampler(len(data), settings.seed),
+        num_workers=settings.workers,
+        collate_fn=collate_detection,
+        pin_memory=gpu,
+        worker_init_fn=worker_init_fn if settings.workers > 0 else None,
+        drop_last=True,
+    )
+    torch.manual_seed(settings.seed)
+    batches = iter(loader)
+    try:
+        for images, targets in batches:
+            if gpu:
+                images = images.to("cuda", non_blocking=True)
+            yield images, targets
+    finally:
+        # shut the workers down now, not whenever the garbage collector gets to it
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        del batches

@@ -1,0 +1,579 @@
+"""``detaug bench``: every variant of the default detection recipe, side by side in one run.
+
+Variants (``--only`` names):
+
+* ``detaug``: ``detaug.torch.DetectionLoader`` (the PyTorch iterator);
+* ``sequence``: ``detaug.keras.DetectionSequence``, items in a random order;
+* ``raw-dali``: the same recipe hand-written in plain DALI (:mod:`detaug.bench.raw_dali`);
+* ``torchvision``, ``albumentations``: the CPU peers in DataLoaders (:mod:`detaug.bench.peers`).
+
+Processing order: prepare the dataset; run the CPU peers first (their workers fork before DALI
+and CUDA start in this process), then raw DALI, detaug and the Sequence, each warmed up and
+timed by :func:`detaug.bench.harness.measure`; print the table and the target checks. A variant
+that cannot run (package missing, error) gets a row that says why; the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Literal
+
+from detaug.bench.dataset import BenchDataset, prepare_dataset
+from detaug.bench.harness import (
+    BenchSettings,
+    Measurement,
+    VariantUnavailable,
+    cuda_available,
+    measure,
+)
+from detaug.bench.peers import ALBUMENTATIONS_CROP_NOTE
+
+__all__ = [
+    "CHECKS",
+    "VARIANTS",
+    "BenchReport",
+    "Check",
+    "Variant",
+    "VariantResult",
+    "main",
+    "run_bench",
+]
+
+Kind = Literal["detaug", "reference", "cpu-peer"]
+RECIPE_TITLE = "IoU crop, flip, affine, resize {size}, colour jitter, normalize"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One measured way of running the recipe.
+
+    Attributes:
+        name: ``--only`` name.
+        label: table label.
+        kind: ``"detaug"``, ``"reference"`` (raw DALI) or ``"cpu-peer"`` (DataLoader peers, timed
+            in whole waves of ``workers`` batches).
+        factory: ``(dataset, settings) -> endless iterator of batches``; imported lazily from
+            ``module:function`` so a missing optional package only affects its own row.
+        note: printed next to the result.
+    """
+
+    name: str
+    label: str
+    kind: Kind
+    factory: str
+    note: str = ""
+
+    def batches(self, dataset: BenchDataset, settings: BenchSettings) -> Iterator:
+        import importlib
+
+        module, function = self.factory.split(":")
+        return getattr(importlib.import_module(module), function)(dataset, settings)
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("detaug", "detaug (PyTorch iterator)", "detaug", "detaug.bench.detaug_variants:iter_detaug"),
+    Variant(
+        "sequence",
+        "detaug Keras Sequence",
+        "detaug",
+        "detaug.bench.detaug_variants:iter_sequence",
+        note="random-order items",
+    ),
+    Variant("raw-dali", "raw DALI", "reference", "detaug.bench.raw_dali:iter_raw_dali"),
+    Variant("torchvision", "torchvision.transforms.v2", "cpu-peer", "detaug.bench.peers:iter_torchvision"),
+    Variant(
+        "albumentations",
+        "albumentations",
+        "cpu-peer",
+        "detaug.bench.peers:iter_albumentations",
+        note=ALBUMENTATIONS_CROP_NOTE,
+    ),
+)
+VARIANT_NAMES = tuple(v.name for v in VARIANTS)
+RUN_ORDER = ("torchvision", "albumentations", "raw-dali", "detaug", "sequence")
+
+
+@dataclass
+class VariantResult:
+    """A table row: a measurement, or why there is none (``status`` ``"unavailable"`` or
+    ``"error"``); ratios are filled in once every variant has run."""
+
+    variant: Variant
+    status: Literal["ok", "unavailable", "error"]
+    measurement: Measurement | None = None
+    message: str = ""
+    vs_raw_dali: float | None = None
+    vs_cpu_peer: float | None = None
+
+    @property
+    def images_per_second(self) -> float | None:
+        return self.measurement.images_per_second if self.measurement is not None else None
+
+    def to_dict(self) -> dict:
+        m = self.measurement
+        return {
+            "variant": self.variant.name,
+            "label": self.variant.label,
+            "status": self.status,
+            "message": self.message,
+            "note": self.variant.note,
+            "images_per_second": self.images_per_second,
+            "vs_raw_dali": self.vs_raw_dali,
+            "vs_best_cpu_peer": self.vs_cpu_peer,
+            "images": m.images if m else None,
+            "batches": m.batches if m else None,
+            "seconds": m.seconds if m else None,
+            "warmup_seconds": m.warmup_seconds if m else None,
+            "gpu_mem_mib": m.gpu_mem_mib if m else None,
+            "torch_peak_mib": m.torch_peak_mib if m else None,
+        }
+
+
+@dataclass(frozen=True)
+class Check:
+    """A target: ``numerator / denominator >= target`` in img/s."""
+
+    name: str
+    numerator: str
+    denominator: str  # a variant name, or "cpu-peer" for the faster CPU peer
+    target: float
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("detaug / raw DALI", "detaug", "raw-dali", 0.9),
+    Check("detaug / best CPU peer", "detaug", "cpu-peer", 20.0),
+    Check("Sequence / iterator", "sequence", "detaug", 0.5),
+)
+
+
+@dataclass
+class CheckResult:
+    check: Check
+    value: float | None
+    reason: str = ""
+
+    @property
+    def passed(self) -> bool | None:
+        return None if self.value is None else self.value >= self.check.target
+
+    def line(self) -> str:
+        c = self.check
+        if self.value is None:
+            return f"{c.name}: n/a ({self.reason}) (target >= {c.target:g})"
+        verdict = "PASS" if self.passed else "FAIL"
+        return f"{c.name} = {self.value:.2f} (target >= {c.target:g}): {verdict}"
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.check.name,
+            "value": self.value,
+            "target": self.check.target,
+            "passed": self.passed,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class BenchReport:
+    """Everything ``detaug bench`` prints (:meth:`format`) and writes with ``--json``."""
+
+    settings: BenchSettings
+    dataset: BenchDataset
+    environment: dict
+    results: list[VariantResult]
+    checks: list[CheckResult] = field(default_factory=list)
+    images_requested: int | None = None
+
+    def result(self, name: str) -> VariantResult | None:
+        return next((r for r in self.results if r.variant.name == name), None)
+
+    def format(self) -> str:
+        env, s = self.environment, self.settings
+        lines = [
+            f"detaug bench: default detection recipe ({RECIPE_TITLE.format(size=s.size)})",
+            f"GPU: {env['gpu']} | CPUs: {env['cpus']} | "
+            + " | ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
+            (
+                f"device {s.device} | batch {s.batch_size} | DALI threads {s.threads} | "
+                f"DataLoader workers {s.workers} | size {s.size} | seed {s.seed}"
+            ),
+            f"dataset: {self.dataset.describe()}",
+            "",
+        ]
+        header = ("variant", "img/s", "vs raw DALI", "vs best CPU", "images", "s", "GPU MiB", "note")
+        rows = [header]
+        for r in self.results:
+            m = r.measurement
+            if m is None:
+                rows.append((r.variant.label, "-", "-", "-", "-", "-", "-", f"{r.status}: {r.message}"))
+                continue
+            rows.append(
+                (
+                    r.variant.label,
+                    f"{m.images_per_second:,.1f}",
+                    _ratio(r.vs_raw_dali),
+                    _ratio(r.vs_cpu_peer),
+                    str(m.images),
+                    f"{m.seconds:.2f}",
+                    "-" if m.gpu_mem_mib is None else f"{m.gpu_mem_mib:,.0f}",
+                    r.variant.note,
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+        for k, row in enumerate(rows):
+            cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:-1], widths[1:])]
+            lines.append("  ".join(cells + [row[-1]]).rstrip())
+            if k == 0:
+                lines.append("-" * len(lines[-1]))
+        lines += ["", "CPU peers are timed in whole waves of DataLoader workers."]
+        if s.device == "gpu":
+            lines.append(
+                "GPU MiB: device-wide GPU memory taken while the variant ran "
+                "(cudaMemGetInfo delta: DALI's pools and PyTorch's cache)."
+            )
+        lines += ["", "checks" + ("" if s.device == "gpu" else " (the targets are for a GPU run)") + ":"]
+        lines += [f"  {c.line()}" for c in self.checks]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        s = self.settings
+        return {
+            "settings": {
+                "device": s.device,
+                "batch_size": s.batch_size,
+                "workers": s.workers,
+                "threads": s.threads,
+                "size": s.size,
+                "seed": s.seed,
+                "images_requested": self.images_requested,
+            },
+            "environment": self.environment,
+            "dataset": self.dataset.to_dict(),
+            "results": [r.to_dict() for r in self.results],
+            "checks": [c.to_dict() for c in self.checks],
+        }
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+# ------------------------------------------------------------------------------------------
+# running
+# ------------------------------------------------------------------------------------------
+
+
+def run_bench(
+    *,
+    data: str | os.PathLike[str] | None = None,
+    num_images: int = 2048,
+    cache_dir: str | os.PathLike[str] | None = None,
+    device: Literal["gpu", "cpu"] | None = None,
+    batch_size: int = 64,
+    workers: int = 15,
+    threads: int = 8,
+    size: int = 512,
+    seed: int = 0,
+    only: Sequence[str] | None = None,
+    images: int | None = None,
+    warmup: int = 5,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> BenchReport:
+    """Run the selected variants on one dataset and return the report.
+
+    Args:
+        data: existing dataset folder (``annotations.json`` + ``images/``); ``None`` generates
+            (once, cached) ``num_images`` synthetic JPEGs, see
+            :func:`detaug.bench.dataset.prepare_dataset`.
+        device: ``"gpu"`` or ``"cpu"``; ``None`` picks the GPU when CUDA is available.
+        only: variant names (:data:`VARIANT_NAMES`); all by default.
+        images: images timed per variant. ``None``: on the GPU 10 epochs for the DALI-based
+            variants and 2 for the CPU peers; on the CPU one epoch each. DataLoader peers round
+            up to whole waves of ``workers`` batches.
+        warmup: warm-up batches (the DataLoader peers take at least one wave, ``workers``).
+        log: progress messages (default: stderr).
+
+    Raises:
+        ValueError: bad arguments, or ``device="gpu"`` without CUDA.
+    """
+    log = log if log is not None else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if device is None:
+        device = "gpu" if cuda_available() else "cpu"
+    if device == "gpu" and not cuda_available():
+        raise ValueError("device 'gpu' needs a CUDA GPU visible to PyTorch; use --device cpu")
+    settings = BenchSettings(
+        device=device, batch_size=batch_size, workers=workers, threads=threads, size=size, seed=seed
+    )
+    selected = _select(only)
+    if images is not None and (not isinstance(images, int) or images < 1):
+        raise ValueError(f"images should be a positive int, got {images!r}")
+    if not isinstance(warmup, int) or warmup < 1:
+        raise ValueError(f"warmup should be an int >= 1, got {warmup!r}")
+
+    dataset = prepare_dataset(data, num_images=num_images, cache_dir=cache_dir, seed=seed, progress=progress)
+    log(f"dataset: {dataset.describe()}")
+    if selected & {v.name for v in VARIANTS if v.kind == "cpu-peer"}:
+        _warn_about_shared_memory(settings, log)
+    results: dict[str, VariantResult] = {}
+    for name in RUN_ORDER:
+        variant = next(v for v in VARIANTS if v.name == name)
+        if variant.name not in selected:
+            continue
+        count = images if images is not None else _default_images(variant, settings, dataset)
+        log(f"running {variant.label} ({count} images) ...")
+        results[name] = _run_variant(variant, dataset, settings, count, warmup, log)
+        r = results[name]
+        if r.measurement is not None:
+            log(f"  {r.measurement.images_per_second:,.1f} img/s")
+        else:
+            log(f"  {r.status}: {r.message}")
+
+    ordered = [results[v.name] for v in VARIANTS if v.name in results]
+    _fill_ratios(ordered)
+    report = BenchReport(
+        settings=settings,
+        dataset=dataset,
+        environment=_environment(device),
+        results=ordered,
+        images_requested=images,
+    )
+    report.checks = [_evaluate(c, report) for c in CHECKS]
+    return report
+
+
+def _warn_about_shared_memory(settings: BenchSettings, log: Callable[[str], None]) -> None:
+    """DataLoader workers hand their float32 batches over in /dev/shm (two per worker in flight);
+    containers often give it 64 MiB, which ends in a bus error."""
+    if settings.workers == 0:
+        return
+    try:
+        free = shutil.disk_usage("/dev/shm").free
+    except OSError:
+        return
+    batch_bytes = settings.batch_size * 3 * settings.size * settings.size * 4
+    need = 2 * settings.workers * batch_bytes
+    if free < need:
+        log(
+            f"warning: /dev/shm has {free / 2**20:,.0f} MiB free; {settings.workers} DataLoader "
+            f"workers keep about {need / 2**20:,.0f} MiB of batches there (docker: --shm-size)"
+        )
+
+
+def _select(only: Sequence[str] | None) -> set[str]:
+    if only is None:
+        return set(VARIANT_NAMES)
+    names = {n.strip() for n in only if n.strip()}
+    unknown = names - set(VARIANT_NAMES)
+    if unknown or not names:
+        raise ValueError(f"unknown variant(s) {sorted(unknown)}; choose from {', '.join(VARIANT_NAMES)}")
+    return names
+
+
+def _default_images(variant: Variant, settings: BenchSettings, dataset: BenchDataset) -> int:
+    if settings.device != "gpu":
+        epochs = 1
+    else:
+        epochs = 2 if variant.kind == "cpu-peer" else 10
+    return epochs * dataset.num_images
+
+
+def _run_variant(
+    variant: Variant,
+    dataset: BenchDataset,
+    settings: BenchSettings,
+    images: int,
+    warmup: int,
+    log: Callable[[str], None],
+) -> VariantResult:
+    peer = variant.kind == "cpu-peer"
+    quantum = max(settings.workers, 1) if peer else 1
+    warmup_batches = max(warmup, quantum) if peer else warmup
+    try:
+        m = measure(
+            variant.batches(dataset, settings),
+            images=images,
+            warmup_batches=warmup_batches,
+            batch_quantum=quantum,
+            device=settings.device,
+        )
+    except VariantUnavailable as exc:
+        return VariantResult(variant, "unavailable", message=str(exc))
+    except Exception as exc:  # noqa: BLE001 - one broken variant must not end the whole run
+        log("".join(traceback.format_exception(exc)).rstrip())
+        return VariantResult(variant, "error", message=f"{type(exc).__name__}: {exc}".splitlines()[0])
+    return VariantResult(variant, "ok", measurement=m)
+
+
+def _fill_ratios(results: list[VariantResult]) -> None:
+    raw = next((r.images_per_second for r in results if r.variant.name == "raw-dali" and r.measurement), None)
+    best_peer = _best_cpu_peer(results)
+    for r in results:
+        ips = r.images_per_second
+        if ips is None:
+            continue
+        r.vs_raw_dali = ips / raw if raw else None
+        r.vs_cpu_peer = ips / best_peer if best_peer else None
+
+
+def _best_cpu_peer(results: list[VariantResult]) -> float | None:
+    rates = [r.images_per_second for r in results if r.variant.kind == "cpu-peer" and r.measurement]
+    return max(rates) if rates else None
+
+
+def _evaluate(check: Check, report: BenchReport) -> CheckResult:
+    top = report.result(check.numerator)
+    if top is None or top.measurement is None:
+        return CheckResult(check, None, _why_missing(check.numerator, top))
+    if check.denominator == "cpu-peer":
+        bottom = _best_cpu_peer(report.results)
+        if bottom is None:
+            return CheckResult(check, None, "no CPU peer measured")
+    else:
+        other = report.result(check.denominator)
+        if other is None or other.measurement is None:
+            return CheckResult(check, None, _why_missing(check.denominator, other))
+        bottom = other.images_per_second
+    return CheckResult(check, top.images_per_second / bottom)
+
+
+def _why_missing(name: str, result: VariantResult | None) -> str:
+    if result is None:
+        return f"{name} not run"
+    return f"{name} {result.status}"
+
+
+def _environment(device: str) -> dict:
+    gpu = "none"
+    if device == "gpu":
+        import torch
+
+        gpu = torch.cuda.get_device_name(0)
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        affinity = os.cpu_count()
+    cpus = f"{os.cpu_count()}" if affinity == os.cpu_count() else f"{affinity} of {os.cpu_count()}"
+    versions = {"python": platform.python_version()}
+    for name, dists in (
+        ("torch", ("torch",)),
+        ("DALI", ("nvidia-dali-cuda120", "nvidia-dali-cuda130")),
+        ("torchvision", ("torchvision",)),
+        ("albumentations", ("albumentations",)),
+        ("opencv", ("opencv-python-headless", "opencv-python")),
+        ("keras", ("keras",)),
+    ):
+        versions[name] = _version(dists) or _module_version(name)
+    return {"gpu": gpu, "cpus": cpus, "platform": platform.platform(), "versions": versions}
+
+
+def _version(dists: Sequence[str]) -> str | None:
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _module_version(name: str) -> str | None:
+    """The version of an already-imported module (DALI unpacked outside site-packages has no
+    distribution metadata)."""
+    module = {"DALI": "nvidia.dali", "opencv": "cv2"}.get(name, name)
+    return getattr(sys.modules.get(module), "__version__", None)
+
+
+# ------------------------------------------------------------------------------------------
+# command line
+# ------------------------------------------------------------------------------------------
+
+
+def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=(
+            "Measure the default detection recipe (IoU crop, flip, affine, resize, colour jitter, "
+            "normalize) through detaug's PyTorch iterator and Keras Sequence, a hand-written raw "
+            "DALI pipeline, and torchvision.transforms.v2 / albumentations in DataLoaders, on one "
+            "generated COCO-style JPEG dataset; print img/s, ratios and the target checks."
+        ),
+    )
+    parser.add_argument("--data", type=Path, help="existing dataset (annotations.json + images/)")
+    parser.add_argument(
+        "--num-images", type=int, default=2048, help="images to generate without --data (default 2048)"
+    )
+    parser.add_argument(
+        "--cache-dir", type=Path, help="where generated datasets are kept (default ~/.cache/detaug/bench)"
+    )
+    parser.add_argument("--device", choices=("gpu", "cpu"), help="default: gpu when CUDA is available")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--workers", type=int, default=15, help="DataLoader workers of the CPU peers (default 15)"
+    )
+    parser.add_argument("--threads", type=int, default=8, help="DALI CPU threads (default 8)")
+    parser.add_argument("--size", type=int, default=512, help="output side in pixels (default 512)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--only",
+        help=f"comma-separated variants (default all): {','.join(VARIANT_NAMES)}",
+    )
+    parser.add_argument(
+        "--images",
+        type=int,
+        help="images timed per variant (default: on a GPU 10 epochs for the DALI-based variants, "
+        "2 for the CPU peers; on the CPU 1 epoch)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=5,
+        help="warm-up batches, >= 1 (default 5; DataLoaders: at least one per worker)",
+    )
+    parser.add_argument("--json", type=Path, dest="json_path", help="also write the results as JSON here")
+    parser.add_argument("--check", action="store_true", help="exit with status 1 when a target check fails")
+    parser.add_argument("--quiet", action="store_true", help="no progress messages")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``detaug bench``; returns the exit status (2 on bad arguments, 1 with ``--check`` when a
+    target fails)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        report = run_bench(
+            data=args.data,
+            num_images=args.num_images,
+            cache_dir=args.cache_dir,
+            device=args.device,
+            batch_size=args.batch_size,
+            workers=args.workers,
+            threads=args.threads,
+            size=args.size,
+            seed=args.seed,
+            only=args.only.split(",") if args.only else None,
+            images=args.images,
+            warmup=args.warmup,
+            progress=not args.quiet,
+            log=(lambda msg: None) if args.quiet else None,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))  # exits with status 2
+    print(report.format(), flush=True)
+    if args.json_path is not None:
+        args.json_path.parent.mkdir(parents=True, exist_ok=True)
+        args.json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+        print(f"\nresults written to {args.json_path}")
+    if args.check and any(c.passed is False for c in report.checks):
+        return 1
+    return 0
