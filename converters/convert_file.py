@@ -86,9 +86,7 @@ def convert_file(xml_name: str, options: FileOptions) -> FileResult:
     events: list[Event] = []
     # 1. parse
     try:
-        with open(os.path.join(options.annotations_dir, xml_name), "rb") as handle:
-            data = handle.read()
-        ann = parse_voc_xml(data)
+        ann = parse_voc_xml(read_bytes(os.path.join(options.annotations_dir, xml_name)))
     except OSError as err:
         return FileResult((R.UNREADABLE_FILE, f"{type(err).__name__}: {err.strerror}"), None,
                           0, _NONE, events, None, ())
@@ -150,6 +148,25 @@ def convert_file(xml_name: str, options: FileOptions) -> FileResult:
     image_json = f'"file_name":{encode_json(file_name)},"width":{width},"height":{height}}}'
     return FileResult(None, (file_name, width, height, image_json), n_objects, annotations,
                       events, found_by, names)
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole file. ``os.read`` straight into one buffer: half the cost of ``open().read()``
+    (no buffered reader, no ``fstat``), which counts at 20,000 small files."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.read(fd, _READ_SIZE)
+        if len(data) < _READ_SIZE:
+            return data
+        chunks = [data]
+        while chunk := os.read(fd, _READ_SIZE):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+_READ_SIZE = 1 << 16
 
 
 def _convert_objects(objects: list[Any], options: FileOptions, width: int, height: int,

@@ -357,7 +357,6 @@ def _assemble(layout: _Layout, entries: list[str], split_file: str | None,
             report.skip_image(R.NO_XML_FOR_SPLIT_ENTRY, str(split_file),
                               f"{voc_id}: no {layout.annotations / (voc_id + '.xml')}")
             continue
-        path = os.path.join(annotations_dir, xml_names[voc_id])
         result = files[voc_id]
         error, image = result.error, result.image
         if error is None and result.found_by == "filename":
@@ -366,6 +365,8 @@ def _assemble(layout: _Layout, entries: list[str], split_file: str | None,
             if claimed_by != voc_id:
                 error = (R.IMAGE_FILE_TAKEN, f"no {voc_id}.<image extension>; <filename> "
                          f"{image[0]} is the image of {claimed_by}")
+        if error is not None or result.events:  # messages name the file
+            path = os.path.join(annotations_dir, xml_names[voc_id])
         if error is not None:
             for kind, reason, detail in result.events:
                 if kind == "warning":
