@@ -65,9 +65,12 @@ def detection_pipeline(file_root: str, annotations_file: str, *, spec: RecipeSpe
     flip = fn.random.coin_flip(probability=spec.flip_p)
     images = fn.flip(images, horizontal=flip)
     boxes = fn.bb_flip(boxes, ltrb=True, horizontal=flip)
-    # 4. random affine about the centre, as a forward matrix in pixels of the cropped image
-    height_width = fn.cast(images.shape()[0:2], dtype=types.FLOAT)
-    wh = fn.stack(height_width[1], height_width[0])
+    # 4. random affine about the centre, as a forward matrix in pixels of the cropped image; its
+    #    size comes from the JPEG header and the window, rounded as image_slice rounds (no CPU
+    #    operator waits for the GPU decoder)
+    full_hw = fn.cast(fn.peek_image_shape(jpegs), dtype=types.FLOAT)
+    full_wh = fn.stack(full_hw[1], full_hw[0])
+    wh = dmath.floor((crop_anchor + crop_shape) * full_wh + 0.5) - dmath.floor(crop_anchor * full_wh + 0.5)
     centre = wh * 0.5
     angle = fn.random.uniform(range=[-spec.rotate_deg, spec.rotate_deg])
     offset = fn.random.uniform(range=[-spec.translate_frac, spec.translate_frac], shape=[2]) * wh
