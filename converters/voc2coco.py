@@ -28,6 +28,8 @@ Conventions (see also :mod:`converters.boxes`):
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import multiprocessing
 import os
@@ -96,7 +98,8 @@ class ConversionResult:
     def coco(self) -> dict[str, Any]:
         if self._coco is None:
             assert self._json is not None
-            self._coco = json.loads(self._json)
+            with _gc_paused():  # a million small containers, no cycles
+                self._coco = json.loads(self._json)
             self._json = None  # the dict may be edited from now on: it is the truth
         return self._coco
 
@@ -181,32 +184,33 @@ def convert_splits(voc_root: str | PathLike | None, splits: Sequence[str | None]
                           ImageIndex.scan(layout.images) if layout.images_exist else None,
                           coords, difficult, verify_images,
                           frozenset(names) if names is not None else None)
-    files = _convert_files(sorted(wanted), xml_names, options, workers, progress)
-    if names is None:
-        names = resolve_labels("discover", (n for r in files.values() for n in r.names))
+    with _gc_paused():
+        files = _convert_files(sorted(wanted), xml_names, options, workers, progress)
+        if names is None:
+            names = resolve_labels("discover", (n for r in files.values() for n in r.names))
 
-    results: dict[str | None, ConversionResult] = {}
-    for split in splits:
-        report = Report()
-        if options.index is None:
-            report.warn(R.ANNOTATION_ONLY, str(layout.images), "folder does not exist")
-        for name in not_xml:
-            report.ignore(R.NOT_XML_FILE, str(layout.annotations / name))
-        if split is None:
-            entries, split_file = sorted(xml_names), None
-            for kept, dropped in duplicates:
-                report.images_total += 1
-                report.skip_image(R.DUPLICATE_ID, str(layout.annotations / dropped),
-                                  f"same id as {kept}")
-        else:
-            entries, split_file = split_ids[split]
-        images, annotations = _assemble(layout, entries, split_file, xml_names, files, names,
-                                        report)
-        report.categories = len(names)
-        report.check()
-        coco_json = coco_json_from_parts(images, annotations, make_categories(names))
-        results[split] = ConversionResult(coco_json, layout.images, report, split)
-    return results
+        results: dict[str | None, ConversionResult] = {}
+        for split in splits:
+            report = Report()
+            if options.index is None:
+                report.warn(R.ANNOTATION_ONLY, str(layout.images), "folder does not exist")
+            for name in not_xml:
+                report.ignore(R.NOT_XML_FILE, str(layout.annotations / name))
+            if split is None:
+                entries, split_file = sorted(xml_names), None
+                for kept, dropped in duplicates:
+                    report.images_total += 1
+                    report.skip_image(R.DUPLICATE_ID, str(layout.annotations / dropped),
+                                      f"same id as {kept}")
+            else:
+                entries, split_file = split_ids[split]
+            images, annotations = _assemble(layout, entries, split_file, xml_names, files, names,
+                                            report)
+            report.categories = len(names)
+            report.check()
+            coco_json = coco_json_from_parts(images, annotations, make_categories(names))
+            results[split] = ConversionResult(coco_json, layout.images, report, split)
+        return results
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,10 +302,25 @@ def _available_splits(main: Path) -> list[str]:
 _worker_options: FileOptions | None = None
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector: the conversion allocates millions of small tuples,
+    strings and dicts and no reference cycles, and collections triggered by those allocations
+    cost a fifth of the time for nothing (measured with converters.bench). Restored after."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _init_worker(options: FileOptions) -> None:
     # Ctrl-C goes to the whole process group: the main process handles it (and terminates the
     # pool); workers ignore it instead of printing one traceback each.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.disable()  # see _gc_paused; the worker ends with the conversion
     global _worker_options
     _worker_options = options
 
