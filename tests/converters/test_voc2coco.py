@@ -239,11 +239,12 @@ class TestRobustness:
     def test_parallel_equals_sequential(self, tmp_path: Path) -> None:
         root = simple(tmp_path, n=40)
         (root / "Annotations/bad.xml").write_text("<annotation>", encoding="utf-8")
+        (root / "Annotations/empty.xml").write_bytes(b"")
         sequential = convert(root, workers=1)
         parallel = convert(root, workers=2)
         assert dumps_coco(parallel.coco) == dumps_coco(sequential.coco)
         assert parallel.report == sequential.report
-        assert parallel.report.images_skipped == {R.MALFORMED_XML: 1}
+        assert parallel.report.images_skipped == {R.MALFORMED_XML: 2}
 
 
 def test_json_text_equals_json_dumps_of_the_dict(tmp_path: Path) -> None:
@@ -265,3 +266,12 @@ def test_json_text_equals_json_dumps_of_the_dict(tmp_path: Path) -> None:
         assert coco["annotations"][0]["iscrowd"] == 1
         assert coco["images"][0]["file_name"] == "x%d.jpg"
         assert [a["category_id"] for a in coco["annotations"]] == [1, 2, 1]
+
+
+def test_large_xml_file_read_whole(tmp_path: Path) -> None:
+    objects = [obj("cat", (1 + i % 20, 1, 5 + i % 20, 5)) for i in range(1500)]
+    root = make_voc(tmp_path, {"big.xml": voc_xml("big.jpg", (32, 24), objects)},
+                    {"big.jpg": (32, 24)})
+    assert (root / "Annotations/big.xml").stat().st_size > 3 * 65536
+    result = convert(root)
+    assert len(result.coco["annotations"]) == 1500 and result.report.skipped_total == 0
