@@ -1,14 +1,32 @@
-"""Feeding sample-list sources to DALI's ``fn.external_source``: epochs, shards, seeds."""
+"""Feeding sample-list sources to DALI's ``fn.external_source``: epochs, shards, seeds, planning.
+
+For sample-list sources (VOC folders, lists of samples) the per-batch planning of
+:meth:`detaug.transforms.Compose.plan_batch` runs here, on the host, *before* the batch enters
+DALI: in DALI's worker processes when the loader uses ``num_workers > 0`` (parallel external
+source), else in the calling process. The image shape the planner needs is read from the encoded
+file's header (EXIF orientation applied, as DALI's decoders do).
+
+Batch ``i`` of epoch ``e`` always holds the same samples, drawn from a permutation seeded by
+``(seed, e)``; each sample carries the seed words ``(seed, e, index)`` that drive its augmentation.
+Everything is a pure function of ``(epoch, step)``, so worker processes need no shared state.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import io
+from typing import Any, Sequence
 
 import numpy as np
 
 from detaug.sources import SampleListSource
+from detaug.transforms import Compose
 
-__all__ = ["shard_range", "EpochFeeder", "collate_samples"]
+__all__ = ["shard_range", "epoch_order", "image_shape", "plan_samples", "BatchFeeder", "FEED_COLUMNS"]
+
+#: The columns a feeder produces, in order (also the names of the Keras pipeline's inputs).
+FEED_COLUMNS = ("data", "params", "boxes", "labels", "image_ids")
+
+_EXIF_ORIENTATION = 0x0112
 
 
 def shard_range(n: int, shard_id: int, num_shards: int) -> tuple[int, int]:
@@ -16,45 +34,88 @@ def shard_range(n: int, shard_id: int, num_shards: int) -> tuple[int, int]:
     return n * shard_id // num_shards, n * (shard_id + 1) // num_shards
 
 
-class EpochFeeder:
-    """Feeds a sample-list source to ``fn.external_source`` batch after batch, epoch after epoch.
+def epoch_order(n: int, epoch: int, *, shuffle: bool, seed: int, begin: int = 0, end: int | None = None) -> np.ndarray:
+    """Source positions of shard ``[begin, end)`` in ``epoch``'s order: a permutation of all ``n``
+    drawn from ``(seed, epoch)`` when ``shuffle`` (the same on every rank), then sliced."""
+    order = np.arange(n)
+    if shuffle:
+        order = np.random.default_rng([seed, epoch]).permutation(order)
+    return order[begin:end]
 
-    Each epoch visits this shard's samples once, in a permutation drawn from ``(seed, epoch)``
-    when ``shuffle`` (the same on every rank, so the shards partition the dataset); the last
-    batch of an epoch holds the remainder. Every sample carries the seed words
-    ``(seed, epoch, index)`` that drive its random augmentation.
+
+def image_shape(data: np.ndarray) -> tuple[int, int, int]:
+    """``(height, width, 3)`` of an image: a decoded ``[H, W, 3]`` array, or encoded bytes (read
+    from the header, with the EXIF orientation applied as DALI's decoders do)."""
+    if data.ndim == 3:
+        return int(data.shape[0]), int(data.shape[1]), 3
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data.tobytes())) as im:
+        w, h = im.size
+        if im.format in ("JPEG", "TIFF", "WEBP") and im.getexif().get(_EXIF_ORIENTATION, 1) in (5, 6, 7, 8):
+            w, h = h, w
+    return h, w, 3
+
+
+def plan_samples(
+    source: SampleListSource, transforms: Compose, indices: Sequence[int], seeds: Sequence[np.ndarray]
+) -> tuple[list[np.ndarray], ...]:
+    """Load and plan the samples at ``indices``: the :data:`FEED_COLUMNS` lists (image data,
+    parameter vectors, output boxes, output labels, image ids) for one batch."""
+    data, boxes, labels, ids, shapes = [], [], [], [], []
+    for i in indices:
+        try:
+            d, b, lab, image_id = source.load(int(i))
+            shapes.append(np.array(image_shape(d)))
+        except (OSError, ValueError, SyntaxError) as err:  # PIL raises SyntaxError on some headers
+            raise type(err)(f"{source.describe(int(i))}: {err}") from err
+        data.append(d)
+        boxes.append(b)
+        labels.append(lab)
+        ids.append(image_id)
+    params, out_boxes, out_labels = transforms.plan_batch(shapes, boxes, labels, list(seeds))
+    return data, params, out_boxes, out_labels, ids
+
+
+class BatchFeeder:
+    """The ``source`` of a batch-mode ``fn.external_source``: ``feeder(batch_info)`` returns the
+    :data:`FEED_COLUMNS` of global step ``batch_info.iteration`` (epochs follow one another
+    without a break; the last batch of each epoch holds the remainder).
+
+    Stateless apart from its arguments and picklable, so DALI can run it in worker processes.
     """
 
-    def __init__(self, source: SampleListSource, batch_size: int, *, shuffle: bool, seed: int, shard_id: int, num_shards: int) -> None:
+    def __init__(
+        self,
+        source: SampleListSource,
+        transforms: Compose,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int,
+        shard_id: int,
+        num_shards: int,
+    ) -> None:
         self.source = source
+        self.transforms = transforms
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
         self.begin, self.end = shard_range(len(source), shard_id, num_shards)
-        self.epoch = 0
-        self.position = 0
-        self._order = self._epoch_order(0)
+        self.steps_per_epoch = -(-(self.end - self.begin) // batch_size)
+        self._cached: tuple[int, np.ndarray] | None = None
 
-    def _epoch_order(self, epoch: int) -> np.ndarray:
-        order = np.arange(len(self.source))
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch]).permutation(order)
-        return order[self.begin : self.end]
+    def order(self, epoch: int) -> np.ndarray:
+        if self._cached is None or self._cached[0] != epoch:
+            self._cached = (epoch, epoch_order(len(self.source), epoch, shuffle=self.shuffle, seed=self.seed, begin=self.begin, end=self.end))
+        return self._cached[1]
 
-    def __call__(self) -> tuple[list[np.ndarray], ...]:
-        indices = self._order[self.position : self.position + self.batch_size]
-        epoch = self.epoch
-        self.position += len(indices)
-        if self.position >= len(self._order):
-            self.epoch, self.position = self.epoch + 1, 0
-            self._order = self._epoch_order(self.epoch)
-        return collate_samples(self.source, indices, [np.array([self.seed, epoch, i], dtype=np.int64) for i in indices])
+    def batch(self, epoch: int, step: int) -> tuple[list[np.ndarray], ...]:
+        """The columns of batch ``step`` of ``epoch``."""
+        indices = self.order(epoch)[step * self.batch_size : (step + 1) * self.batch_size]
+        seeds = [np.array([self.seed, epoch, i], dtype=np.int64) for i in indices]
+        return plan_samples(self.source, self.transforms, indices, seeds)
 
-
-def collate_samples(source: SampleListSource, indices: Any, seeds: list[np.ndarray]) -> tuple[list[np.ndarray], ...]:
-    """The five external-source lists (data, boxes, labels, ids, seeds) for ``indices``."""
-    columns: tuple[list[np.ndarray], ...] = ([], [], [], [], seeds)
-    for i in indices:
-        for column, value in zip(columns, source.load(int(i))):
-            column.append(value)
-    return columns
+    def __call__(self, batch_info: Any) -> tuple[list[np.ndarray], ...]:
+        epoch, step = divmod(int(batch_info.iteration), self.steps_per_epoch)
+        return self.batch(epoch, step)

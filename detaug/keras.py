@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from detaug.boxes import convert_format
-from detaug.feeding import collate_samples, shard_range
-from detaug.pipeline import EXTERNAL_INPUTS, build_pipeline, resolve_device
+from detaug.feeding import FEED_COLUMNS, epoch_order, plan_samples, shard_range
+from detaug.pipeline import build_pipeline, resolve_device
 from detaug.sources import CocoSource, SampleListSource
 from detaug.transforms import Compose
 
@@ -328,11 +328,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         return pipe
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
-        """This shard's source positions in ``epoch``'s order (as :class:`detaug.feeding.EpochFeeder`)."""
-        order = np.arange(len(self.source))
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch]).permutation(order)
-        return order[self.begin : self.end]
+        """This shard's source positions in ``epoch``'s order (as the PyTorch loader's)."""
+        return epoch_order(len(self.source), epoch, shuffle=self.shuffle, seed=self.seed, begin=self.begin, end=self.end)
 
     def _check_index(self, index: Any) -> int:
         try:
@@ -348,11 +345,11 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         """Feed batch ``i`` of the current epoch and start the pipeline on it (returns at once)."""
         indices = self.batch_indices(i)
         seeds = [np.array([self.seed, self.epoch, j], dtype=np.int64) for j in indices]
-        columns = collate_samples(self.source, indices, seeds)  # reads files before feeding anything
+        columns = plan_samples(self.source, self.transforms, indices, seeds)  # reads and plans before feeding
         if self._pipeline is None:
             self._pipeline = self._build()
         try:
-            for name, column in zip(EXTERNAL_INPUTS, columns):
+            for name, column in zip(FEED_COLUMNS, columns):
                 self._pipeline.feed_input(name, column)
             self._pipeline.schedule_run()
         except BaseException:
@@ -362,7 +359,6 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
 
     def _collect(self) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
         """Wait for the scheduled batch: host copies of its images (float32 ``[B, H, W, 3]``), boxes, labels."""
-        from nvidia.dali.backend import TensorListGPU
 
         self._pending = None
         try:
@@ -370,8 +366,6 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         except BaseException:
             self._pipeline = None  # DALI: "Current pipeline object is no longer valid"
             raise
-        if isinstance(images, TensorListGPU):
-            images = images.as_cpu()  # Keras takes host arrays and moves them to its device
         if not images.is_dense_tensor():
             shapes = sorted({tuple(images[k].shape()) for k in range(len(images))})
             raise ValueError(
@@ -379,7 +373,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
                 "[B, H, W, 3] array: end the recipe with Resize((h, w)), LetterBox or RandomResizedCrop"
             )
         return (
-            np.asarray(images.as_tensor()).astype(np.float32),  # the one copy out of DALI's buffer
+            _host_float32(images, self.device_id),  # the one copy out of DALI's buffer
             [np.array(boxes[k], dtype=np.float32).reshape(-1, 4) for k in range(len(boxes))],
             [np.array(labels[k]).reshape(-1).astype(np.int32) for k in range(len(labels))],
         )
@@ -444,3 +438,22 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
                 stacklevel=4,  # the caller of seq[i]
             )
 
+
+def _host_float32(images: Any, device_id: int | None) -> np.ndarray:
+    """A dense DALI ``TensorList`` as a new float32 NumPy array on the host (Keras takes host
+    arrays). From the GPU it goes through PyTorch into page-locked memory, several times faster
+    than a pageable copy for the ~200 MB of a batch of 64 float images of 512x512."""
+    from nvidia.dali.backend import TensorListGPU
+
+    tensor = images.as_tensor()
+    if not isinstance(images, TensorListGPU):
+        return np.array(tensor, dtype=np.float32)
+    import torch
+    from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+    device = torch.device("cuda", device_id or 0)
+    on_gpu = torch.empty(tensor.shape(), dtype=to_torch_type[tensor.dtype], device=device)
+    feed_ndarray(tensor, on_gpu, cuda_stream=torch.cuda.current_stream(device))
+    host = torch.empty(on_gpu.shape, dtype=torch.float32, pin_memory=True)
+    host.copy_(on_gpu)  # synchronous: the array is complete when returned
+    return host.numpy()

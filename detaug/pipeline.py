@@ -13,13 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from detaug.feeding import FEED_COLUMNS
 from detaug.sources import CocoSource, SampleListSource
 from detaug.transforms import Compose
 
-__all__ = ["build_pipeline", "EXTERNAL_INPUTS", "resolve_device"]
-
-#: Names of the external sources of a pipeline built with ``feed=None`` (for ``pipe.feed_input``).
-EXTERNAL_INPUTS = ("encoded", "boxes", "labels", "image_ids", "seeds")
+__all__ = ["build_pipeline", "resolve_device"]
 
 
 def resolve_device(device: str, device_id: int | None) -> int | None:
@@ -43,7 +41,8 @@ def build_pipeline(
     shard_id: int = 0,
     num_shards: int = 1,
     layout: str = "CHW",
-    feed: Callable[[], tuple[list[Any], ...]] | None = None,
+    feed: Callable[[Any], tuple[list[Any], ...]] | None = None,
+    num_workers: int = 0,
     prefetch_queue_depth: int = 2,
 ) -> Any:
     """Build (not yet run) the DALI pipeline of ``transforms`` over ``source``.
@@ -53,9 +52,12 @@ def build_pipeline(
         transforms: the recipe.
         batch_size: the maximal batch size.
         device: ``"gpu"`` (nvJPEG decoding, image ops on the GPU) or ``"cpu"``.
-        feed: for a sample-list source, a callable returning one batch as five lists
-            (image data, boxes, labels, image ids, seed words); ``None`` creates named external
-            sources (:data:`EXTERNAL_INPUTS`) to fill with ``pipe.feed_input``.
+        feed: for a sample-list source, a :class:`detaug.feeding.BatchFeeder` (or any callable
+            taking DALI's ``BatchInfo``) returning one planned batch as the
+            :data:`~detaug.feeding.FEED_COLUMNS` lists; ``None`` creates external sources named
+            after those columns, to fill with ``pipe.feed_input``.
+        num_workers: worker processes that run ``feed`` ahead of the pipeline (DALI's parallel
+            external source, started with ``spawn``); 0 runs it in this process.
         layout: ``"CHW"`` (PyTorch) or ``"HWC"`` (Keras) for the images.
     """
     from nvidia.dali import fn, pipeline_def, types
@@ -65,6 +67,8 @@ def build_pipeline(
     if layout not in ("CHW", "HWC"):
         raise ValueError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
     decoded_input = isinstance(source, SampleListSource) and source.decoded
+    parallel = feed is not None and num_workers > 0
+    workers = {"py_num_workers": num_workers, "py_start_method": "spawn"} if parallel else {}
 
     @pipeline_def(
         batch_size=batch_size,
@@ -72,28 +76,31 @@ def build_pipeline(
         device_id=dali_device_id,
         seed=seed,
         prefetch_queue_depth=prefetch_queue_depth,
+        **workers,
     )
     def detection_pipeline():
-        # 1. Read: encoded images (or decoded arrays), source boxes (xyxy, pixels), labels, ids.
+        # 1-2. Read and plan: images (encoded, or decoded arrays), each sample's parameter vector
+        #      (decode ROI, warp matrices and sizes, photometric parameters; see
+        #      Compose.param_slices), and the output boxes (xyxy pixels) and labels.
         if isinstance(source, CocoSource):
             data, boxes, labels, image_ids = source.dali_read(shard_id, num_shards)
             seeds = fn.random.uniform(range=[0, 2**30], dtype=types.INT32)
-        elif feed is not None:
-            data, boxes, labels, image_ids, seeds = fn.external_source(
-                source=feed, num_outputs=5, batch=True, layout=["HWC" if decoded_input else None, None, None, None, None]
+            shape = fn.peek_image_shape(data)
+            params, out_boxes, out_labels = fn.python_function(
+                shape, boxes, labels, seeds,
+                function=transforms.plan_batch, batch_processing=True, num_outputs=3,
+            )
+        elif feed is not None:  # planned by the feeder, in worker processes when parallel
+            queue = {"prefetch_queue_depth": max(2, num_workers)} if parallel else {}
+            data, params, out_boxes, out_labels, image_ids = fn.external_source(
+                source=feed, num_outputs=5, batch=True, batch_info=True, parallel=parallel,
+                layout=["HWC" if decoded_input else None, None, None, None, None], **queue,
             )
         else:
-            data, boxes, labels, image_ids, seeds = (
-                fn.external_source(name=name, layout="HWC" if (name == "encoded" and decoded_input) else None)
-                for name in EXTERNAL_INPUTS
+            data, params, out_boxes, out_labels, image_ids = (
+                fn.external_source(name=name, layout="HWC" if (name == "data" and decoded_input) else None)
+                for name in FEED_COLUMNS
             )
-        shape = data.shape() if decoded_input else fn.peek_image_shape(data)
-
-        # 2. Plan: every random parameter of the batch, the warp matrices and the output boxes.
-        params, out_boxes, out_labels = fn.python_function(
-            shape, boxes, labels, seeds,
-            function=transforms.plan_batch, batch_processing=True, num_outputs=3,
-        )
         layout_of = transforms.param_slices()
         roi_anchor, roi_shape = params[0:2], params[2:4]
 

@@ -166,6 +166,10 @@ class SampleListSource:
     def __len__(self) -> int:
         return len(self.samples)
 
+    def describe(self, index: int) -> str:
+        """A short description of sample ``index`` for messages (its file, or its kind)."""
+        return f"sample {index} ({_describe(self.samples[index].image)})"
+
     def load(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(image data, boxes float32 [N, 4], labels int32 [N], image_id int32 [1])`` of a sample;
         image data is uint8 encoded bytes ``[L]`` or a decoded ``[H, W, 3]`` array."""

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from detaug.feeding import EpochFeeder, shard_range
+from detaug.feeding import BatchFeeder, shard_range
 from detaug.pipeline import build_pipeline, resolve_device
 from detaug.sources import READER_NAME, CocoSource, SampleListSource
 from detaug.transforms import Compose
@@ -40,6 +40,9 @@ class DetectionLoader:
         drop_last: drop the last, smaller batch of an epoch instead of yielding it.
         seed: seeds the pipeline and the augmentations; one seed gives the same boxes on both devices.
         shard_id, num_shards: default to ``torch.distributed`` / torchrun's ``RANK``, ``WORLD_SIZE``.
+        num_workers: for sample-list sources, processes that load and plan batches ahead of
+            DALI (``None``: 0 on the CPU, where DALI needs the cores, else up to 8). A
+            ``CocoSource`` plans inside the pipeline instead (DALI's reader feeds the planner).
 
     Yields:
         ``images``: one tensor ``[B, 3, H, W]`` on the pipeline's device (float32 when the recipe
@@ -66,6 +69,7 @@ class DetectionLoader:
         shard_id: int | None = None,
         num_shards: int | None = None,
         prefetch_queue_depth: int = 2,
+        num_workers: int | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -84,13 +88,15 @@ class DetectionLoader:
         self.source, self.transforms, self.batch_size, self.drop_last = source, transforms, batch_size, drop_last
         self.categories = source.categories
         feed = None
+        if num_workers is None:
+            num_workers = 0 if self.device_id is None else min(8, os.cpu_count() or 1)
         if isinstance(source, SampleListSource):
-            feed = EpochFeeder(source, batch_size, shuffle=shuffle, seed=seed, shard_id=shard_id, num_shards=num_shards)
+            feed = BatchFeeder(source, transforms, batch_size, shuffle=shuffle, seed=seed, shard_id=shard_id, num_shards=num_shards)
             self.shard_size = feed.end - feed.begin
         self.pipeline = build_pipeline(
             source, transforms, batch_size=batch_size, device=device, device_id=self.device_id,
             num_threads=num_threads, seed=seed, shard_id=shard_id, num_shards=num_shards,
-            feed=feed, prefetch_queue_depth=prefetch_queue_depth,
+            feed=feed, num_workers=num_workers, prefetch_queue_depth=prefetch_queue_depth,
         )
         self.pipeline.build()
         if isinstance(source, CocoSource):

@@ -14,11 +14,12 @@ import numpy as np
 from detaug.bench.dataset import BenchDataset
 from detaug.bench.harness import BenchSettings, VariantUnavailable
 
-__all__ = ["iter_detaug", "iter_sequence"]
+__all__ = ["iter_detaug", "iter_detaug_list", "iter_sequence"]
 
 
-def iter_detaug(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tuple]:
-    """The ``detaug`` variant: ``DetectionLoader`` batches, epoch after epoch."""
+def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: bool = False) -> Iterator[tuple]:
+    """The ``detaug`` variant: ``DetectionLoader`` batches, epoch after epoch, on a ``CocoSource``
+    (DALI's COCO reader) or, with ``sample_list``, on the same JSON as an in-memory sample list."""
     try:
         from detaug import transforms as T
         from detaug.sources import CocoSource
@@ -29,6 +30,8 @@ def iter_detaug(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tupl
     source = CocoSource(
         str(dataset.annotations_file), str(dataset.images_dir), shuffle=True, seed=settings.seed
     )
+    if sample_list:
+        source = source.to_sample_list()
     loader = DetectionLoader(
         source,
         recipe,
@@ -36,6 +39,7 @@ def iter_detaug(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tupl
         device=settings.device,
         num_threads=settings.threads,
         seed=settings.seed,
+        shuffle=True,
     )
     try:
         while True:
@@ -50,6 +54,11 @@ def iter_detaug(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tupl
         if close is not None:
             close()
         del loader
+
+
+def iter_detaug_list(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tuple]:
+    """The ``detaug-list`` variant: :func:`iter_detaug` on a sample list (planned in workers)."""
+    return iter_detaug(dataset, settings, sample_list=True)
 
 
 def iter_sequence(dataset: BenchDataset, settings: BenchSettings) -> Iterator:

@@ -2,7 +2,8 @@
 
 Variants (``--only`` names):
 
-* ``detaug``: ``detaug.torch.DetectionLoader`` (the PyTorch iterator);
+* ``detaug``: ``detaug.torch.DetectionLoader`` (the PyTorch iterator) on a ``CocoSource``;
+* ``detaug-list``: the same loader on the same JSON as a sample list (planning in workers);
 * ``sequence``: ``detaug.keras.DetectionSequence``, items in a random order;
 * ``raw-dali``: the same recipe hand-written in plain DALI (:mod:`detaug.bench.raw_dali`);
 * ``torchvision``, ``albumentations``: the CPU peers in DataLoaders (:mod:`detaug.bench.peers`).
@@ -81,7 +82,20 @@ class Variant:
 
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant("detaug", "detaug (PyTorch iterator)", "detaug", "detaug.bench.detaug_variants:iter_detaug"),
+    Variant(
+        "detaug",
+        "detaug iterator, COCO reader",
+        "detaug",
+        "detaug.bench.detaug_variants:iter_detaug",
+        note="CocoSource: DALI's reader, planning in the pipeline",
+    ),
+    Variant(
+        "detaug-list",
+        "detaug iterator, sample list",
+        "detaug",
+        "detaug.bench.detaug_variants:iter_detaug_list",
+        note="same JSON as a sample list, planning in worker processes",
+    ),
     Variant(
         "sequence",
         "detaug Keras Sequence",
@@ -100,7 +114,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
 )
 VARIANT_NAMES = tuple(v.name for v in VARIANTS)
-RUN_ORDER = ("torchvision", "albumentations", "raw-dali", "detaug", "sequence")
+RUN_ORDER = ("torchvision", "albumentations", "raw-dali", "detaug", "detaug-list", "sequence")
 
 
 @dataclass
@@ -150,9 +164,11 @@ class Check:
 
 
 CHECKS: tuple[Check, ...] = (
-    Check("detaug / raw DALI", "detaug", "raw-dali", 0.9),
-    Check("detaug / best CPU peer", "detaug", "cpu-peer", 20.0),
-    Check("Sequence / iterator", "sequence", "detaug", 0.5),
+    Check("detaug (COCO reader) / raw DALI", "detaug", "raw-dali", 0.9),
+    Check("detaug (sample list) / raw DALI", "detaug-list", "raw-dali", 0.9),
+    Check("detaug (COCO reader) / best CPU peer", "detaug", "cpu-peer", 20.0),
+    Check("detaug (sample list) / best CPU peer", "detaug-list", "cpu-peer", 20.0),
+    Check("Sequence / iterator (sample list)", "sequence", "detaug-list", 0.5),
 )
 
 

@@ -294,7 +294,7 @@ def test_run_bench_raw_dali_report(dataset, tmp_path):
     assert "raw DALI" in text and "img/s" in text and "CPUs:" in text
     lines = [c.line() for c in report.checks]
     assert len(lines) == len(CHECKS)
-    assert lines[0].startswith("detaug / raw DALI: n/a (detaug not run)")
+    assert lines[0].startswith("detaug (COCO reader) / raw DALI: n/a (detaug not run)")
     json.dumps(report.to_dict())  # serialisable
 
 
@@ -323,7 +323,7 @@ def test_main_writes_json(dataset, tmp_path, capsys):
     )
     assert status == 0
     printed = capsys.readouterr().out
-    assert "detaug / raw DALI" in printed and "Sequence / iterator" in printed
+    assert "detaug (sample list) / raw DALI" in printed and "Sequence / iterator" in printed
     results = json.loads(out.read_text())
     assert results["settings"]["batch_size"] == 4
     assert [r["variant"] for r in results["results"]] == ["raw-dali"]

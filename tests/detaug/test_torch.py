@@ -146,3 +146,16 @@ def test_missing_files_are_named(tmp_path):
         CocoSource(tmp_path / "nope.json", tmp_path)
     with pytest.raises(ValueError, match="2 boxes but 1 labels"):
         SampleListSource([dict(image=b"x", boxes=np.zeros((2, 4)), labels=[1])])
+
+
+def test_parallel_workers_give_the_same_batches(samples):
+    """Planning in DALI worker processes (parallel external source) changes nothing but speed."""
+    recipe = T.Compose([T.RandomIoUCrop(), T.RandomHorizontalFlip(), T.Resize((48, 64))])
+    source = SampleListSource(samples)
+    inline = list(DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=9, num_workers=0))
+    parallel = list(DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=9, num_workers=2))
+    assert len(inline) == len(parallel) == 3
+    for (a_images, a_targets), (b_images, b_targets) in zip(inline, parallel):
+        assert torch.equal(a_images, b_images)
+        for a, b in zip(a_targets, b_targets):
+            assert a["image_id"] == b["image_id"] and torch.equal(a["boxes"], b["boxes"])
