@@ -1,10 +1,15 @@
 """Feeding sample-list sources to DALI's ``fn.external_source``: epochs, shards, seeds, planning.
 
-For sample-list sources (VOC folders, lists of samples) the per-batch planning of
-:meth:`detaug.transforms.Compose.plan_batch` runs here, on the host, *before* the batch enters
-DALI: in DALI's worker processes when the loader uses ``num_workers > 0`` (parallel external
-source), else in the calling process. The image shape the planner needs is read from the encoded
-file's header (EXIF orientation applied, as DALI's decoders do).
+The per-batch planning of :meth:`detaug.transforms.Compose.plan_batch` runs here, on the host,
+*before* a batch enters the augmentation pipeline, never inside it (a Python operator in the graph
+would sit in the pipeline's critical path):
+
+* sample-list sources (VOC folders, lists of samples): :class:`BatchFeeder`, in DALI's worker
+  processes when the loader uses ``num_workers > 0`` (parallel external source), else in the
+  calling process; image shapes come from the encoded files' headers (EXIF orientation applied,
+  as DALI's decoders do);
+* a ``CocoSource``: :class:`ReaderFeeder`, DALI's COCO reader in a small CPU pipeline of its own
+  and a background thread that plans its batches ahead.
 
 Batch ``i`` of epoch ``e`` always holds the same samples, drawn from a permutation seeded by
 ``(seed, e)``; each sample carries the seed words ``(seed, e, index)`` that drive its augmentation.
@@ -21,7 +26,7 @@ import numpy as np
 from detaug.sources import SampleListSource
 from detaug.transforms import Compose
 
-__all__ = ["shard_range", "epoch_order", "image_shape", "plan_samples", "BatchFeeder", "FEED_COLUMNS"]
+__all__ = ["shard_range", "epoch_order", "image_shape", "plan_samples", "BatchFeeder", "ReaderFeeder", "FEED_COLUMNS"]
 
 #: The columns a feeder produces, in order (also the names of the Keras pipeline's inputs).
 FEED_COLUMNS = ("data", "params", "boxes", "labels", "image_ids")
@@ -119,3 +124,88 @@ class BatchFeeder:
     def __call__(self, batch_info: Any) -> tuple[list[np.ndarray], ...]:
         epoch, step = divmod(int(batch_info.iteration), self.steps_per_epoch)
         return self.batch(epoch, step)
+
+
+class ReaderFeeder:
+    """Feeds a :class:`~detaug.sources.CocoSource` read by DALI's ``fn.readers.coco``.
+
+    The reader runs in its own small CPU pipeline (file reading, shuffling and sharding in
+    DALI's C++ threads, image shapes from ``fn.peek_image_shape``); a background thread plans
+    each of its batches and queues the result, so planning overlaps the augmentation pipeline's
+    GPU work instead of sitting in its critical path. ``feeder(batch_info)`` returns the next
+    planned batch (:data:`FEED_COLUMNS`). Batches are full: the reader pads the last batch of an
+    epoch by repeating its last sample, and the loader drops the padding. Sample ``k`` of reader
+    step ``s`` carries the seed words ``(seed, s, k)``.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        transforms: Compose,
+        batch_size: int,
+        *,
+        seed: int,
+        shard_id: int,
+        num_shards: int,
+        num_threads: int = 2,
+        queue_depth: int = 3,
+    ) -> None:
+        import queue
+        import threading
+
+        from nvidia.dali import fn, pipeline_def
+
+        from detaug.sources import READER_NAME
+
+        @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=None, seed=seed)
+        def reader_pipeline():
+            encoded, boxes, labels, image_ids = source.dali_read(shard_id, num_shards)
+            return encoded, boxes, labels, image_ids, fn.peek_image_shape(encoded)
+
+        self.pipeline = reader_pipeline()
+        self.pipeline.build()
+        self.epoch_size = int(self.pipeline.reader_meta(READER_NAME)["epoch_size"])
+        self.transforms = transforms
+        self.seed = seed
+        self._queue: Any = queue.Queue(maxsize=queue_depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, name="detaug-reader-planner", daemon=True)
+        self._thread.start()
+
+    def _produce(self) -> None:
+        import queue
+
+        step = 0
+        while not self._stop.is_set():
+            try:
+                encoded, boxes, labels, image_ids, shapes = self.pipeline.run()
+                n = len(encoded)
+                data = [np.array(encoded[k]) for k in range(n)]
+                box_list = [np.array(boxes[k], dtype=np.float32).reshape(-1, 4) for k in range(n)]
+                label_list = [np.array(labels[k]).reshape(-1).astype(np.int32) for k in range(n)]
+                ids = [np.array(image_ids[k], dtype=np.int32).reshape(1) for k in range(n)]
+                seeds = [np.array([self.seed, step, k], dtype=np.int64) for k in range(n)]
+                params, out_boxes, out_labels = self.transforms.plan_batch([np.array(shapes[k]) for k in range(n)], box_list, label_list, seeds)
+                item: Any = (data, params, out_boxes, out_labels, ids)
+            except Exception as err:  # noqa: BLE001 - handed to the consumer, which raises it
+                item = err
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item, Exception):
+                return
+            step += 1
+
+    def __call__(self, batch_info: Any = None) -> tuple[list[np.ndarray], ...]:
+        item = self._queue.get()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Stop the planning thread (the reader pipeline goes with this object)."""
+        self._stop.set()
+        self._thread.join(timeout=5)

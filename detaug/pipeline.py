@@ -48,12 +48,13 @@ def build_pipeline(
     """Build (not yet run) the DALI pipeline of ``transforms`` over ``source``.
 
     Args:
-        source: a :class:`CocoSource` (read by DALI) or a :class:`SampleListSource`.
+        source: a :class:`CocoSource` (fed by a :class:`~detaug.feeding.ReaderFeeder`) or a
+            :class:`SampleListSource` (fed by a :class:`~detaug.feeding.BatchFeeder`).
         transforms: the recipe.
         batch_size: the maximal batch size.
         device: ``"gpu"`` (nvJPEG decoding, image ops on the GPU) or ``"cpu"``.
-        feed: for a sample-list source, a :class:`detaug.feeding.BatchFeeder` (or any callable
-            taking DALI's ``BatchInfo``) returning one planned batch as the
+        feed: a feeder from :mod:`detaug.feeding` (or any callable taking DALI's ``BatchInfo``)
+            returning one planned batch as the
             :data:`~detaug.feeding.FEED_COLUMNS` lists; ``None`` creates external sources named
             after those columns, to fill with ``pipe.feed_input``.
         num_workers: worker processes that run ``feed`` ahead of the pipeline (DALI's parallel
@@ -67,7 +68,7 @@ def build_pipeline(
     if layout not in ("CHW", "HWC"):
         raise ValueError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
     decoded_input = isinstance(source, SampleListSource) and source.decoded
-    parallel = feed is not None and num_workers > 0
+    parallel = feed is not None and num_workers > 0 and isinstance(source, SampleListSource)
     workers = {"py_num_workers": num_workers, "py_start_method": "spawn"} if parallel else {}
 
     @pipeline_def(
@@ -82,15 +83,7 @@ def build_pipeline(
         # 1-2. Read and plan: images (encoded, or decoded arrays), each sample's parameter vector
         #      (decode ROI, warp matrices and sizes, photometric parameters; see
         #      Compose.param_slices), and the output boxes (xyxy pixels) and labels.
-        if isinstance(source, CocoSource):
-            data, boxes, labels, image_ids = source.dali_read(shard_id, num_shards)
-            seeds = fn.random.uniform(range=[0, 2**30], dtype=types.INT32)
-            shape = fn.peek_image_shape(data)
-            params, out_boxes, out_labels = fn.python_function(
-                shape, boxes, labels, seeds,
-                function=transforms.plan_batch, batch_processing=True, num_outputs=3,
-            )
-        elif feed is not None:  # planned by the feeder, in worker processes when parallel
+        if feed is not None:  # planned by the feeder, in worker processes when parallel
             queue = {"prefetch_queue_depth": max(2, num_workers)} if parallel else {}
             data, params, out_boxes, out_labels, image_ids = fn.external_source(
                 source=feed, num_outputs=5, batch=True, batch_info=True, parallel=parallel,

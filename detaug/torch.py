@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
-from detaug.feeding import BatchFeeder, shard_range
+from detaug.feeding import BatchFeeder, ReaderFeeder, shard_range
 from detaug.pipeline import build_pipeline, resolve_device
-from detaug.sources import READER_NAME, CocoSource, SampleListSource
+from detaug.sources import CocoSource, SampleListSource
 from detaug.transforms import Compose
 
 __all__ = ["DetectionLoader", "distributed_shard"]
@@ -42,7 +43,7 @@ class DetectionLoader:
         shard_id, num_shards: default to ``torch.distributed`` / torchrun's ``RANK``, ``WORLD_SIZE``.
         num_workers: for sample-list sources, processes that load and plan batches ahead of
             DALI (``None``: 0 on the CPU, where DALI needs the cores, else up to 8). A
-            ``CocoSource`` plans inside the pipeline instead (DALI's reader feeds the planner).
+            ``CocoSource`` is read by DALI's COCO reader and planned in a background thread.
 
     Yields:
         ``images``: one tensor ``[B, 3, H, W]`` on the pipeline's device (float32 when the recipe
@@ -93,19 +94,25 @@ class DetectionLoader:
         if isinstance(source, SampleListSource):
             feed = BatchFeeder(source, transforms, batch_size, shuffle=shuffle, seed=seed, shard_id=shard_id, num_shards=num_shards)
             self.shard_size = feed.end - feed.begin
+        else:
+            feed = ReaderFeeder(source, transforms, batch_size, seed=seed, shard_id=shard_id, num_shards=num_shards)
+            begin, end = shard_range(feed.epoch_size, shard_id, num_shards)
+            self.shard_size = end - begin
+        self._feed = feed
+        self._finalizer = weakref.finalize(self, getattr(feed, "close", lambda: None))
         self.pipeline = build_pipeline(
             source, transforms, batch_size=batch_size, device=device, device_id=self.device_id,
             num_threads=num_threads, seed=seed, shard_id=shard_id, num_shards=num_shards,
             feed=feed, num_workers=num_workers, prefetch_queue_depth=prefetch_queue_depth,
         )
         self.pipeline.build()
-        if isinstance(source, CocoSource):
-            n = self.pipeline.reader_meta(READER_NAME)["epoch_size"]
-            begin, end = shard_range(n, shard_id, num_shards)
-            self.shard_size = end - begin
         if self.shard_size == 0:
             raise ValueError(f"shard {shard_id} of {num_shards} holds no samples")
         self._left_in_epoch = 0  # batches of an unfinished epoch still in the pipeline
+
+    def close(self) -> None:
+        """Stop background work (the COCO reader's planning thread). Also done when collected."""
+        self._finalizer()
 
     def __len__(self) -> int:
         full, rest = divmod(self.shard_size, self.batch_size)
