@@ -87,7 +87,7 @@ VARIANTS: tuple[Variant, ...] = (
         "detaug iterator, COCO reader",
         "detaug",
         "detaug.bench.detaug_variants:iter_detaug",
-        note="CocoSource: DALI's reader, planning in the pipeline",
+        note="CocoSource: DALI's reader, planning in a background thread",
     ),
     Variant(
         "detaug-list",
