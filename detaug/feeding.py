@@ -8,8 +8,8 @@ would sit in the pipeline's critical path):
   processes when the loader uses ``num_workers > 0`` (parallel external source), else in the
   calling process; image shapes come from the encoded files' headers (EXIF orientation applied,
   as DALI's decoders do);
-* a ``CocoSource``: :class:`ReaderFeeder`, DALI's COCO reader in a small CPU pipeline of its own
-  and a background thread that plans its batches ahead.
+* a ``CocoSource``: :class:`ReaderFeeder`, DALI's COCO reader in a small CPU pipeline in a
+  process of its own, which plans its batches ahead.
 
 Batch ``i`` of epoch ``e`` always holds the same samples, drawn from a permutation seeded by
 ``(seed, e)``; each sample carries the seed words ``(seed, e, index)`` that drive its augmentation.
@@ -129,13 +129,13 @@ class BatchFeeder:
 class ReaderFeeder:
     """Feeds a :class:`~detaug.sources.CocoSource` read by DALI's ``fn.readers.coco``.
 
-    The reader runs in its own small CPU pipeline (file reading, shuffling and sharding in
-    DALI's C++ threads, image shapes from ``fn.peek_image_shape``); a background thread plans
-    each of its batches and queues the result, so planning overlaps the augmentation pipeline's
-    GPU work instead of sitting in its critical path. ``feeder(batch_info)`` returns the next
-    planned batch (:data:`FEED_COLUMNS`). Batches are full: the reader pads the last batch of an
-    epoch by repeating its last sample, and the loader drops the padding. Sample ``k`` of reader
-    step ``s`` carries the seed words ``(seed, s, k)``.
+    A process of its own (started with ``spawn``) runs the reader in a small CPU pipeline (file
+    reading, shuffling and sharding in DALI's C++ threads, image shapes from
+    ``fn.peek_image_shape``), plans each batch and queues it; ``feeder(batch_info)`` returns the
+    next planned batch (:data:`FEED_COLUMNS`). Planning thus overlaps the augmentation pipeline
+    instead of stalling it (Python work in the process that drives DALI does). Batches are full:
+    the reader pads the last batch of an epoch by repeating its last sample, and the loader drops
+    the padding. Sample ``k`` of reader step ``s`` carries the seed words ``(seed, s, k)``.
     """
 
     def __init__(
@@ -148,11 +148,73 @@ class ReaderFeeder:
         shard_id: int,
         num_shards: int,
         num_threads: int = 2,
-        queue_depth: int = 3,
+        queue_depth: int = 4,
     ) -> None:
-        import queue
-        import threading
+        import multiprocessing
 
+        context = multiprocessing.get_context("spawn")
+        self._queue = context.Queue(maxsize=queue_depth)
+        self._stop = context.Event()
+        self._process = context.Process(
+            target=_run_reader,
+            args=(self._queue, self._stop, source, transforms, batch_size, seed, shard_id, num_shards, num_threads),
+            name="detaug-coco-reader",
+            daemon=True,
+        )
+        self._process.start()
+        first = self._next()
+        self.epoch_size = int(first)
+
+    def _next(self) -> Any:
+        """The next item of the queue, raising the reader's error, or an error of our own when
+        its process died without one (it was killed, or could not start)."""
+        import queue
+
+        while True:
+            try:
+                item = self._queue.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._process.is_alive():
+                    self.close()
+                    raise RuntimeError(
+                        f"the COCO reader process stopped (exit code {self._process.exitcode}); "
+                        "if it could not start, run your script from a file, not from standard input"
+                    ) from None
+        if isinstance(item, str):
+            self.close()
+            raise RuntimeError(item)
+        return item
+
+    def __call__(self, batch_info: Any = None) -> tuple[list[np.ndarray], ...]:
+        return self._next()
+
+    def close(self) -> None:
+        """Stop the reader process."""
+        self._stop.set()
+        self._process.join(timeout=2)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join(timeout=2)
+
+
+def _run_reader(out: Any, stop: Any, source: Any, transforms: Compose, batch_size: int, seed: int,
+                shard_id: int, num_shards: int, num_threads: int) -> None:
+    """The body of :class:`ReaderFeeder`'s process: the epoch size first, then planned batches
+    forever (or an error message, a ``str``)."""
+    import queue
+    import traceback
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
         from nvidia.dali import fn, pipeline_def
 
         from detaug.sources import READER_NAME
@@ -162,50 +224,22 @@ class ReaderFeeder:
             encoded, boxes, labels, image_ids = source.dali_read(shard_id, num_shards)
             return encoded, boxes, labels, image_ids, fn.peek_image_shape(encoded)
 
-        self.pipeline = reader_pipeline()
-        self.pipeline.build()
-        self.epoch_size = int(self.pipeline.reader_meta(READER_NAME)["epoch_size"])
-        self.transforms = transforms
-        self.seed = seed
-        self._queue: Any = queue.Queue(maxsize=queue_depth)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._produce, name="detaug-reader-planner", daemon=True)
-        self._thread.start()
-
-    def _produce(self) -> None:
-        import queue
-
+        pipe = reader_pipeline()
+        pipe.build()
+        if not put(int(pipe.reader_meta(READER_NAME)["epoch_size"])):
+            return
         step = 0
-        while not self._stop.is_set():
-            try:
-                encoded, boxes, labels, image_ids, shapes = self.pipeline.run()
-                n = len(encoded)
-                data = [np.array(encoded[k]) for k in range(n)]
-                box_list = [np.array(boxes[k], dtype=np.float32).reshape(-1, 4) for k in range(n)]
-                label_list = [np.array(labels[k]).reshape(-1).astype(np.int32) for k in range(n)]
-                ids = [np.array(image_ids[k], dtype=np.int32).reshape(1) for k in range(n)]
-                seeds = [np.array([self.seed, step, k], dtype=np.int64) for k in range(n)]
-                params, out_boxes, out_labels = self.transforms.plan_batch([np.array(shapes[k]) for k in range(n)], box_list, label_list, seeds)
-                item: Any = (data, params, out_boxes, out_labels, ids)
-            except Exception as err:  # noqa: BLE001 - handed to the consumer, which raises it
-                item = err
-            while not self._stop.is_set():
-                try:
-                    self._queue.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if isinstance(item, Exception):
+        while True:
+            encoded, boxes, labels, image_ids, shapes = pipe.run()
+            n = len(encoded)
+            data = [np.array(encoded[k]) for k in range(n)]
+            box_list = [np.array(boxes[k], dtype=np.float32).reshape(-1, 4) for k in range(n)]
+            label_list = [np.array(labels[k]).reshape(-1).astype(np.int32) for k in range(n)]
+            ids = [np.array(image_ids[k], dtype=np.int32).reshape(1) for k in range(n)]
+            seeds = [np.array([seed, step, k], dtype=np.int64) for k in range(n)]
+            planned = transforms.plan_batch([np.array(shapes[k]) for k in range(n)], box_list, label_list, seeds)
+            if not put((data, *planned, ids)):
                 return
             step += 1
-
-    def __call__(self, batch_info: Any = None) -> tuple[list[np.ndarray], ...]:
-        item = self._queue.get()
-        if isinstance(item, Exception):
-            raise item
-        return item
-
-    def close(self) -> None:
-        """Stop the planning thread (the reader pipeline goes with this object)."""
-        self._stop.set()
-        self._thread.join(timeout=5)
+    except Exception as err:  # noqa: BLE001 - the consumer raises it, with DALI's message naming the file
+        put(f"COCO reader ({source.annotations_file}): {type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}")

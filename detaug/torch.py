@@ -43,7 +43,7 @@ class DetectionLoader:
         shard_id, num_shards: default to ``torch.distributed`` / torchrun's ``RANK``, ``WORLD_SIZE``.
         num_workers: for sample-list sources, processes that load and plan batches ahead of
             DALI (``None``: 0 on the CPU, where DALI needs the cores, else up to 8). A
-            ``CocoSource`` is read by DALI's COCO reader and planned in a background thread.
+            ``CocoSource`` is read by DALI's COCO reader and planned in a process of its own.
 
     Yields:
         ``images``: one tensor ``[B, 3, H, W]`` on the pipeline's device (float32 when the recipe

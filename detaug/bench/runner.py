@@ -87,7 +87,7 @@ VARIANTS: tuple[Variant, ...] = (
         "detaug iterator, COCO reader",
         "detaug",
         "detaug.bench.detaug_variants:iter_detaug",
-        note="CocoSource: DALI's reader, planning in a background thread",
+        note="CocoSource: DALI's reader + planning in a process of its own",
     ),
     Variant(
         "detaug-list",

@@ -38,7 +38,8 @@ CASES = {
 def run_case(transforms, *, n=12, batch_size=6, seed=0):
     recipe = RecordingCompose(transforms, min_size=1.0)
     samples, scenes = scene_samples(n, seed=seed)
-    loader = DetectionLoader(SampleListSource(samples), recipe, batch_size, device=DEVICE, seed=seed)
+    # num_workers=0: plan in this process, where RecordingCompose sees the plans
+    loader = DetectionLoader(SampleListSource(samples), recipe, batch_size, device=DEVICE, seed=seed, num_workers=0)
     results = []
     for (images, targets), record in zip(loader, recipe.records):
         scales = recipe.area_scales(record)
