@@ -159,3 +159,13 @@ def test_parallel_workers_give_the_same_batches(samples):
         assert torch.equal(a_images, b_images)
         for a, b in zip(a_targets, b_targets):
             assert a["image_id"] == b["image_id"] and torch.equal(a["boxes"], b["boxes"])
+
+
+def test_coco_reader_errors_name_the_file(tmp_path):
+    write_coco_dataset(tmp_path, num_images=6, size=(64, 48), max_objects=2, progress=False)
+    missing = sorted((tmp_path / "images").iterdir())[2]
+    missing.unlink()
+    loader = DetectionLoader(CocoSource(tmp_path / "annotations.json", tmp_path / "images"), RECIPE, 2, device="cpu")
+    with pytest.raises(RuntimeError, match=missing.name):
+        for _ in loader:
+            pass
