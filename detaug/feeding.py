@@ -129,13 +129,16 @@ class BatchFeeder:
 class ReaderFeeder:
     """Feeds a :class:`~detaug.sources.CocoSource` read by DALI's ``fn.readers.coco``.
 
-    A process of its own (started with ``spawn``) runs the reader in a small CPU pipeline (file
-    reading, shuffling and sharding in DALI's C++ threads, image shapes from
-    ``fn.peek_image_shape``), plans each batch and queues it; ``feeder(batch_info)`` returns the
-    next planned batch (:data:`FEED_COLUMNS`). Planning thus overlaps the augmentation pipeline
-    instead of stalling it (Python work in the process that drives DALI does). Batches are full:
-    the reader pads the last batch of an epoch by repeating its last sample, and the loader drops
-    the padding. Sample ``k`` of reader step ``s`` carries the seed words ``(seed, s, k)``.
+    ``num_workers`` processes of its own (started with ``spawn``) each run the reader in a small
+    CPU pipeline (file reading, shuffling and sharding in DALI's C++ threads, image shapes from
+    ``fn.peek_image_shape``) with the same seed, so they all see the same stream of batches;
+    worker ``w`` plans and queues the batches ``s`` with ``s % num_workers == w``, and
+    ``feeder(batch_info)`` returns them in order (:data:`FEED_COLUMNS`). Planning thus runs in
+    parallel and overlaps the augmentation pipeline instead of stalling it (Python work in the
+    process that drives DALI does), and the batches do not depend on the number of workers.
+    Batches are full: the reader pads the last batch of an epoch by repeating its last sample,
+    and the loader drops the padding. Sample ``k`` of reader step ``s`` carries the seed words
+    ``(seed, s, k)``.
     """
 
     def __init__(
@@ -147,38 +150,46 @@ class ReaderFeeder:
         seed: int,
         shard_id: int,
         num_shards: int,
+        num_workers: int = 1,
         num_threads: int = 2,
-        queue_depth: int = 4,
+        queue_depth: int = 3,
     ) -> None:
         import multiprocessing
 
         context = multiprocessing.get_context("spawn")
-        self._queue = context.Queue(maxsize=queue_depth)
         self._stop = context.Event()
-        self._process = context.Process(
-            target=_run_reader,
-            args=(self._queue, self._stop, source, transforms, batch_size, seed, shard_id, num_shards, num_threads),
-            name="detaug-coco-reader",
-            daemon=True,
-        )
-        self._process.start()
-        first = self._next()
-        self.epoch_size = int(first)
+        self._queues = [context.Queue(maxsize=queue_depth) for _ in range(max(1, num_workers))]
+        self._processes = [
+            context.Process(
+                target=_run_reader,
+                args=(q, self._stop, w, len(self._queues), source, transforms, batch_size, seed, shard_id, num_shards, num_threads),
+                name=f"detaug-coco-reader-{w}",
+                daemon=True,
+            )
+            for w, q in enumerate(self._queues)
+        ]
+        for process in self._processes:
+            process.start()
+        self._step = 0
+        self.epoch_size = int(self._next(0))
+        for w in range(1, len(self._queues)):
+            self._next(w)  # every worker announces the epoch size
 
-    def _next(self) -> Any:
-        """The next item of the queue, raising the reader's error, or an error of our own when
-        its process died without one (it was killed, or could not start)."""
+    def _next(self, worker: int) -> Any:
+        """The next item of a worker's queue, raising the reader's error, or an error of our own
+        when its process died without one (it was killed, or could not start)."""
         import queue
 
         while True:
             try:
-                item = self._queue.get(timeout=1.0)
+                item = self._queues[worker].get(timeout=1.0)
                 break
             except queue.Empty:
-                if not self._process.is_alive():
+                process = self._processes[worker]
+                if not process.is_alive():
                     self.close()
                     raise RuntimeError(
-                        f"the COCO reader process stopped (exit code {self._process.exitcode}); "
+                        f"the COCO reader process stopped (exit code {process.exitcode}); "
                         "if it could not start, run your script from a file, not from standard input"
                     ) from None
         if isinstance(item, str):
@@ -187,21 +198,24 @@ class ReaderFeeder:
         return item
 
     def __call__(self, batch_info: Any = None) -> tuple[list[np.ndarray], ...]:
-        return self._next()
+        item = self._next(self._step % len(self._queues))
+        self._step += 1
+        return item
 
     def close(self) -> None:
-        """Stop the reader process."""
+        """Stop the reader processes."""
         self._stop.set()
-        self._process.join(timeout=2)
-        if self._process.is_alive():
-            self._process.terminate()
-            self._process.join(timeout=2)
+        for process in self._processes:
+            process.join(timeout=2)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=2)
 
 
-def _run_reader(out: Any, stop: Any, source: Any, transforms: Compose, batch_size: int, seed: int,
-                shard_id: int, num_shards: int, num_threads: int) -> None:
-    """The body of :class:`ReaderFeeder`'s process: the epoch size first, then planned batches
-    forever (or an error message, a ``str``)."""
+def _run_reader(out: Any, stop: Any, worker: int, num_workers: int, source: Any, transforms: Compose,
+                batch_size: int, seed: int, shard_id: int, num_shards: int, num_threads: int) -> None:
+    """The body of a :class:`ReaderFeeder` process: the epoch size first, then its share of the
+    planned batches forever (or an error message, a ``str``)."""
     import queue
     import traceback
 
@@ -231,6 +245,9 @@ def _run_reader(out: Any, stop: Any, source: Any, transforms: Compose, batch_siz
         step = 0
         while True:
             encoded, boxes, labels, image_ids, shapes = pipe.run()
+            if step % num_workers != worker:  # another worker's batch
+                step += 1
+                continue
             n = len(encoded)
             data = [np.array(encoded[k]) for k in range(n)]
             box_list = [np.array(boxes[k], dtype=np.float32).reshape(-1, 4) for k in range(n)]

@@ -43,7 +43,8 @@ class DetectionLoader:
         shard_id, num_shards: default to ``torch.distributed`` / torchrun's ``RANK``, ``WORLD_SIZE``.
         num_workers: for sample-list sources, processes that load and plan batches ahead of
             DALI (``None``: 0 on the CPU, where DALI needs the cores, else up to 8). A
-            ``CocoSource`` is read by DALI's COCO reader and planned in a process of its own.
+            ``CocoSource`` is read by DALI's COCO reader and planned in ``num_workers // 2``
+            processes (at least one).
 
     Yields:
         ``images``: one tensor ``[B, 3, H, W]`` on the pipeline's device (float32 when the recipe
@@ -95,7 +96,8 @@ class DetectionLoader:
             feed = BatchFeeder(source, transforms, batch_size, shuffle=shuffle, seed=seed, shard_id=shard_id, num_shards=num_shards)
             self.shard_size = feed.end - feed.begin
         else:
-            feed = ReaderFeeder(source, transforms, batch_size, seed=seed, shard_id=shard_id, num_shards=num_shards)
+            feed = ReaderFeeder(source, transforms, batch_size, seed=seed, shard_id=shard_id, num_shards=num_shards,
+                                num_workers=max(1, num_workers // 2))
             begin, end = shard_range(feed.epoch_size, shard_id, num_shards)
             self.shard_size = end - begin
         self._feed = feed

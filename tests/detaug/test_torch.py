@@ -169,3 +169,18 @@ def test_coco_reader_errors_name_the_file(tmp_path):
     with pytest.raises(RuntimeError, match=missing.name):
         for _ in loader:
             pass
+
+
+def test_coco_reader_workers_do_not_change_batches(coco_dir):
+    def epoch(workers):
+        source = CocoSource(coco_dir / "annotations.json", coco_dir / "images", shuffle=True, seed=2)
+        loader = DetectionLoader(source, T.default_detection_recipe(size=48), 4, device="cpu", num_workers=workers)
+        return [(images, targets) for images, targets in loader]
+
+    one, three = epoch(0), epoch(6)  # 1 and 3 reader processes
+    assert len(one) == len(three) == 3
+    for (a_images, a_targets), (b_images, b_targets) in zip(one, three):
+        torch.testing.assert_close(a_images, b_images)
+        assert [t["image_id"] for t in a_targets] == [t["image_id"] for t in b_targets]
+        for a, b in zip(a_targets, b_targets):
+            assert torch.equal(a["boxes"], b["boxes"])
