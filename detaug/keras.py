@@ -17,6 +17,13 @@ Access pattern and prefetching:
    for next is waited for and dropped: ``prefetch_wasted`` counts them);
 3. ``on_epoch_end()`` drops a pending prefetch, moves to the next epoch and draws its order.
 
+Planning ahead: the samples and seeds of every batch of an epoch (and of the next one) are known
+in advance, so with ``plan_workers > 0`` the host-side planning (reading image headers,
+``Compose.plan_batch``) runs in worker processes, ahead of the ``seq[i]`` calls, from the first
+``seq[i]`` of an epoch on, for the rest of that epoch and then the next; ``seq[i]`` then only
+reads its images' bytes, feeds and runs the pipeline. A batch whose plan is not ready is planned
+in the calling thread, as with ``plan_workers=0``: the results are the same either way.
+
 Targets are padded to ``max_boxes`` with ``-1`` as Keras 3 and KerasHub detectors take them
 (``keras.layers.MaxNumBoundingBoxes`` pads the same way). A sample with more boxes than
 ``max_boxes`` is handled by ``overflow``: ``"raise"`` (default), ``"warn"`` or ``"truncate"``
@@ -25,11 +32,19 @@ Targets are padded to ``max_boxes`` with ``-1`` as Keras 3 and KerasHub detector
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import multiprocessing
+import multiprocessing.context
 import operator
+import os
+import pickle
+import tempfile
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator
+from concurrent.futures import BrokenExecutor, Future, ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -60,6 +75,15 @@ OVERFLOW_POLICIES = ("raise", "warn", "truncate")
 
 PAD_VALUE = -1
 
+#: Planned batches (done or in flight) held at most, per sequence: the current and the next epoch
+#: are planned ahead whole up to this many batches; past it, further plans wait for the held ones
+#: to be used (held plans are small: parameter vectors, boxes and labels).
+PLAN_AHEAD_BATCHES = 4096
+
+#: Prefix of the planning workers' process names: ``detaug.keras`` imported in one of them leaves
+#: Keras (and its backend) out, which they never use (seconds and ~300 MB per worker).
+PLANNER_PROCESS_PREFIX = "detaug-keras-planner-"
+
 
 class BoxOverflowWarning(UserWarning):
     """Boxes beyond ``max_boxes`` were cut from a batch (``overflow="warn"``)."""
@@ -67,8 +91,11 @@ class BoxOverflowWarning(UserWarning):
 
 def _keras_base() -> type:
     """``keras.utils.PyDataset`` (Keras 3), ``keras.utils.Sequence`` (Keras 2), or ``object``
-    when Keras is not installed (the classic protocol is then implemented here alone)."""
+    when Keras is not installed (the classic protocol is then implemented here alone) or when
+    imported in a planning worker (which only plans: see :data:`PLANNER_PROCESS_PREFIX`)."""
     if importlib.util.find_spec("keras") is None:
+        return object
+    if multiprocessing.current_process().name.startswith(PLANNER_PROCESS_PREFIX):
         return object
     try:
         import keras
@@ -134,6 +161,11 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         num_threads: DALI CPU threads.
         shard_id, num_shards: serve one shard of every epoch's order (as DALI's readers split).
         prefetch: prepare batch ``i + 1`` while batch ``i`` is used, when access is sequential.
+        plan_workers: processes that plan the batches of the current and the next epoch ahead of
+            the ``seq[i]`` calls (read the image headers, run ``Compose.plan_batch``); ``None``: 0 with
+            ``device="cpu"`` (DALI needs the cores), else ``min(8, os.cpu_count())``; 0 plans
+            each batch in the calling thread when it is asked for. Started (``spawn``) at the
+            first ``seq[i]``; stopped by :meth:`close` or when the sequence is collected.
         workers, max_queue_size: Keras' ``PyDataset`` arguments (threads that call ``seq[i]``;
             calls are serialised on the one pipeline, so ``workers > 1`` rarely helps).
         use_multiprocessing: must stay ``False``: a DALI pipeline cannot be forked or pickled.
@@ -153,6 +185,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             samples they came from, over every ``seq[i]`` call so far (a batch fetched twice
             counts twice).
         prefetch_hits, prefetch_wasted: prefetched batches that were / were not asked for next.
+        planned_ahead, planned_inline: batches fed with a worker's plan / planned in the calling
+            thread (``plan_workers=0``, a plan not ready yet, a batch fed a second time).
     """
 
     def __init__(
@@ -173,6 +207,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         shard_id: int | None = None,
         num_shards: int | None = None,
         prefetch: bool = True,
+        plan_workers: int | None = None,
         workers: int = 1,
         max_queue_size: int = 10,
         use_multiprocessing: bool = False,
@@ -191,6 +226,10 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
                 "use_multiprocessing=True is not supported: the DALI pipeline cannot be pickled or "
                 "forked into Keras' worker processes; DALI already runs num_threads worker threads"
             )
+        if plan_workers is not None and (
+            isinstance(plan_workers, bool) or not isinstance(plan_workers, (int, np.integer)) or plan_workers < 0
+        ):
+            raise ValueError(f"plan_workers must be an integer >= 0 or None, got {plan_workers!r}")
         if not isinstance(transforms, Compose):
             raise TypeError(f"transforms must be a detaug.transforms.Compose, got {type(transforms).__name__}")
         self.bounding_box_format = _check_box_format(bounding_box_format)
@@ -233,6 +272,9 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self.overflow = overflow
         self.drop_last = bool(drop_last)
         self.prefetch = bool(prefetch)
+        if plan_workers is None:
+            plan_workers = 0 if self.device_id is None else min(8, os.cpu_count() or 1)
+        self.plan_workers = int(plan_workers)
         self.shard_id, self.num_shards = shard_id, num_shards
         if len(self) == 0:
             raise ValueError(
@@ -244,7 +286,18 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self.samples_truncated = 0
         self.prefetch_hits = 0
         self.prefetch_wasted = 0
+        self.planned_ahead = 0
+        self.planned_inline = 0
         self._lock = threading.Lock()
+        self._planner = (
+            _Planner(
+                source, transforms, self.plan_workers, order_of=functools.partial(
+                    epoch_order, len(source), shuffle=self.shuffle, seed=self.seed, begin=self.begin, end=self.end
+                ), seed=self.seed, batch_size=self.batch_size, num_batches=len(self),
+            )
+            if self.plan_workers and len(self) > 1
+            else None
+        )
         self._pending: tuple[int, int] | None = None  # (epoch, index) scheduled in the pipeline
         self._last = -1  # last index served in this epoch
         self.epoch = 0
@@ -284,6 +337,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         """Jump to ``epoch`` (e.g. when resuming with ``fit(initial_epoch=...)``)."""
         with self._lock:
             self._drop_pending()
+            if self._planner is not None:
+                self._planner.set_epoch(int(epoch))  # keeps the plans of the next epoch, cancels others
             self.epoch = int(epoch)
             self._order = self._epoch_order(self.epoch)
             self._last = -1
@@ -304,10 +359,13 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         return self._order[start : start + self.batch_size].copy()
 
     def close(self) -> None:
-        """Release the DALI pipeline (and its GPU memory); a later ``seq[i]`` builds a new one."""
+        """Release the DALI pipeline (and its GPU memory) and stop the planning workers; a later
+        ``seq[i]`` builds and starts new ones."""
         with self._lock:
             self._drop_pending()
             self._pipeline = None
+            if self._planner is not None:
+                self._planner.close()
 
     def __repr__(self) -> str:
         return (
@@ -344,8 +402,14 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     def _schedule(self, i: int) -> None:
         """Feed batch ``i`` of the current epoch and start the pipeline on it (returns at once)."""
         indices = self.batch_indices(i)
-        seeds = [np.array([self.seed, self.epoch, j], dtype=np.int64) for j in indices]
-        columns = plan_samples(self.source, self.transforms, indices, seeds)  # reads and plans before feeding
+        planned = None if self._planner is None else self._planner.take(i, self.epoch)  # raises the job's error
+        if planned is None:
+            seeds = [np.array([self.seed, self.epoch, j], dtype=np.int64) for j in indices]
+            columns = plan_samples(self.source, self.transforms, indices, seeds)  # reads and plans before feeding
+            self.planned_inline += 1
+        else:
+            columns = (self._load_data(indices), *planned)
+            self.planned_ahead += 1
         if self._pipeline is None:
             self._pipeline = self._build()
         try:
@@ -356,6 +420,16 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             self._pipeline = None  # possibly half fed: start over with a fresh pipeline
             raise
         self._pending = (self.epoch, i)
+
+    def _load_data(self, indices: np.ndarray) -> list[np.ndarray]:
+        """The image data column of planned samples (their encoded bytes or decoded arrays)."""
+        data = []
+        for j in indices:
+            try:
+                data.append(self.source.load(int(j))[0])
+            except (OSError, ValueError) as err:  # as plan_samples says it
+                raise type(err)(f"{self.source.describe(int(j))}: {err}") from err
+        return data
 
     def _collect(self) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
         """Wait for the scheduled batch: host copies of its images (float32 ``[B, H, W, 3]``), boxes, labels."""
@@ -457,3 +531,205 @@ def _host_float32(images: Any, device_id: int | None) -> np.ndarray:
     host = torch.empty(on_gpu.shape, dtype=torch.float32, pin_memory=True)
     host.copy_(on_gpu)  # synchronous: the array is complete when returned
     return host.numpy()
+
+
+# -- planning workers -------------------------------------------------------------------------------
+
+_PLANNING: tuple[Any, Compose] | None = None  # (source, recipe), in a planning worker
+_PAYLOAD_MAGIC = b"detaug.keras planning payload\n"
+
+
+def _init_planner(payload: bytes | str) -> None:
+    """A planning worker's initializer: ``_PAYLOAD_MAGIC`` and the pickled source and recipe (once
+    for all the worker's jobs), or the path to read them from (see :meth:`_Planner._start`)."""
+    global _PLANNING
+    if isinstance(payload, str):
+        try:
+            with open(payload, "rb") as f:
+                payload = f.read()
+        except OSError:  # the pool was shut down (and the file closed) before this worker started
+            return
+    if not payload.startswith(_PAYLOAD_MAGIC):  # ... and the file's descriptor number reused
+        return
+    _PLANNING = pickle.loads(memoryview(payload)[len(_PAYLOAD_MAGIC) :])
+
+
+def _plan_job(indices: np.ndarray, seed: int, epoch: int) -> tuple[list[np.ndarray], ...]:
+    """In a planning worker: :func:`~detaug.feeding.plan_samples` of one batch, less the image
+    data (parameter vectors, output boxes, output labels, image ids)."""
+    if _PLANNING is None:
+        raise RuntimeError("this planning worker started after its pool was shut down")
+    source, transforms = _PLANNING
+    seeds = [np.array([seed, epoch, j], dtype=np.int64) for j in indices]
+    return plan_samples(source, transforms, indices, seeds)[1:]
+
+
+class _DecodedShapes:
+    """What planning workers get of a source of decoded arrays: each image's shape, not its
+    pixels (``load`` returns a read-only zero-stride view of that shape), boxes, labels, ids."""
+
+    def __init__(self, source: SampleListSource) -> None:
+        self.samples = [(np.shape(s.image), s.boxes, s.labels, s.image_id) for s in source.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def describe(self, index: int) -> str:
+        return f"sample {index} (array {self.samples[index][0]})"
+
+    def load(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        shape, boxes, labels, image_id = self.samples[index]
+        data = np.broadcast_to(np.zeros((), np.uint8), (*shape[:2], 3))  # the shape SampleListSource.load gives
+        return data, boxes, labels, np.array([image_id], dtype=np.int32)
+
+
+class _PlannerProcess(multiprocessing.context.SpawnProcess):
+    """A spawned process named so that ``detaug.keras`` leaves Keras out there (the name reaches
+    the child before the initializer is unpickled)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.name = PLANNER_PROCESS_PREFIX + self.name
+
+
+class _PlannerContext(multiprocessing.context.SpawnContext):
+    Process = _PlannerProcess
+
+
+def _stop_pool(pool: ProcessPoolExecutor, payload_file: Any, *, wait: bool) -> None:
+    """Shut a planning pool down (its queued jobs cancelled) and close its payload file."""
+    pool.shutdown(wait=wait, cancel_futures=True)
+    if payload_file is not None:
+        payload_file.close()
+
+
+class _Planner:
+    """The planning workers of one sequence and the plans of its current and next epochs.
+
+    Jobs are submitted in batch order, the current epoch's first (those not yet taken), then the
+    next epoch's, with at most ``window`` jobs in flight and :data:`PLAN_AHEAD_BATCHES` plans held;
+    each :meth:`take` tops them up. Moving to the next epoch keeps its plans; any other epoch
+    change drops them all. A plan is used once: a batch taken again (or a plan not finished when
+    taken) is planned by the caller. Holds no reference to the sequence, so the pool's finalizer
+    does not keep the sequence (and its DALI pipeline) alive.
+    """
+
+    def __init__(
+        self, source: SampleListSource, transforms: Compose, workers: int, *, order_of: Any, seed: int, batch_size: int, num_batches: int
+    ) -> None:
+        self.source, self.transforms, self.workers, self.order_of = source, transforms, workers, order_of
+        self.seed, self.batch_size, self.num_batches = seed, batch_size, num_batches
+        self.window = max(64, 4 * workers)
+        self.pool: ProcessPoolExecutor | None = None
+        self.disabled = False  # the workers could not start or died: the caller plans everything
+        self._finalizer: weakref.finalize | None = None
+        self._payload_file: Any = None  # the pickled source and recipe the workers read
+        self.plans: dict[tuple[int, int], Future] = {}  # (epoch, batch) -> job
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every plan (jobs not started are cancelled)."""
+        for future in self.plans.values():
+            future.cancel()
+        self.plans = {}
+        self.in_flight: list[Future] = []
+        self.taken: set[int] = set()  # batches of the current epoch taken (not to plan any more)
+        self.epoch: int | None = None
+        self.orders: dict[int, np.ndarray] = {}
+        self.cursor: tuple[int, int, int] | None = None  # (epoch, next batch to submit, batches left)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Move to ``epoch``: the next epoch keeps its plans, any other starts afresh."""
+        if epoch == self.epoch:
+            return
+        if self.epoch is None or epoch != self.epoch + 1:
+            self.reset()
+        else:
+            for key in [k for k in self.plans if k[0] != epoch]:
+                self.plans.pop(key).cancel()
+            self.taken = set()
+            self.orders.pop(self.epoch, None)
+        self.epoch = epoch
+        if self.cursor is None or self.cursor[0] != epoch:
+            self.cursor = (epoch, 0, self.num_batches)
+
+    def take(self, i: int, epoch: int) -> tuple[list[np.ndarray], ...] | None:
+        """Batch ``i``'s plan in ``epoch`` (params, out boxes, out labels, image ids), ``None`` when
+        the caller must plan it; raises the error of its job (an unreadable image, ...)."""
+        if self.disabled:
+            return None
+        self.set_epoch(epoch)
+        self.taken.add(i)
+        future = self.plans.pop((epoch, i), None)
+        self._top_up()
+        if future is None or future.cancel() or not future.done():
+            return None  # not submitted, queued or running: planning here is as soon as waiting
+        err = future.exception()
+        if isinstance(err, BrokenExecutor):
+            self._give_up(f"the planning workers stopped ({err})")
+            return None
+        return future.result()
+
+    def close(self) -> None:
+        """Stop the workers (and wait for them); the next :meth:`take` starts new ones."""
+        self.reset()
+        if self.pool is not None:
+            self._finalizer.detach()
+            _stop_pool(self.pool, self._payload_file, wait=True)
+            self.pool = self._finalizer = self._payload_file = None
+
+    def _top_up(self) -> None:
+        self.in_flight = [f for f in self.in_flight if not f.done()]
+        while len(self.in_flight) < self.window and len(self.plans) < PLAN_AHEAD_BATCHES:
+            epoch, j, left = self.cursor
+            if not left:
+                if epoch != self.epoch:
+                    return  # the next epoch is submitted: no further
+                epoch, j, left = epoch + 1, 0, self.num_batches
+            self.cursor = (epoch, j + 1, left - 1)
+            if epoch == self.epoch and j in self.taken:
+                continue
+            if self.pool is None and not self._start():
+                return
+            if epoch not in self.orders:
+                self.orders[epoch] = self.order_of(epoch)
+            indices = self.orders[epoch][j * self.batch_size : (j + 1) * self.batch_size]
+            try:
+                future = self.pool.submit(_plan_job, indices, self.seed, epoch)
+            except (BrokenExecutor, RuntimeError) as err:
+                self._give_up(f"the planning workers stopped ({err})")
+                return
+            self.plans[epoch, j] = future
+            self.in_flight.append(future)
+
+    def _start(self) -> bool:
+        source = _DecodedShapes(self.source) if self.source.decoded else self.source
+        try:
+            payload = _PAYLOAD_MAGIC + pickle.dumps((source, self.transforms), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as err:  # noqa: BLE001 - e.g. a recipe holding a lambda
+            self._give_up(f"the source and recipe cannot be pickled for the planning workers ({err})")
+            return False
+        # Not the payload itself as the initializer's argument: spawning writes a process's
+        # arguments down a pipe that the child reads only after importing the main module, so
+        # more than a pipe's buffer (64 KiB) would keep the caller waiting for each worker's start
+        # in turn (seconds each for a script that imports Keras). The workers read it from an
+        # unnamed temporary file instead, through /proc (nothing is left behind, even on a kill).
+        initarg: bytes | str = payload
+        if os.path.isdir(f"/proc/{os.getpid()}/fd"):
+            try:
+                self._payload_file = tempfile.TemporaryFile(prefix="detaug-keras-plan-")  # noqa: SIM115 - open while the pool lives
+                self._payload_file.write(payload)
+                self._payload_file.flush()
+                initarg = f"/proc/{os.getpid()}/fd/{self._payload_file.fileno()}"
+            except OSError:  # no writable temporary folder: through the pipe, then
+                if self._payload_file is not None:
+                    self._payload_file.close()
+                self._payload_file = None
+        self.pool = ProcessPoolExecutor(self.workers, mp_context=_PlannerContext(), initializer=_init_planner, initargs=(initarg,))
+        self._finalizer = weakref.finalize(self, _stop_pool, self.pool, self._payload_file, wait=False)
+        return True
+
+    def _give_up(self, why: str) -> None:
+        warnings.warn(f"{why}; batches are planned in the calling thread from now on (plan_workers=0)", RuntimeWarning, stacklevel=2)
+        self.close()
+        self.disabled = True

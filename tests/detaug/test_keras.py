@@ -1,6 +1,6 @@
 """Tests of detaug.keras: index semantics, epochs, padding and overflow, box formats, prefetching,
-pixel consistency, agreement with the PyTorch loader, and ``model.fit`` (Keras on PyTorch), on
-DALI CPU pipelines; DETAUG_TEST_DEVICE=gpu runs the same tests on a GPU.
+planning workers, pixel consistency, agreement with the PyTorch loader, and ``model.fit`` (Keras
+on PyTorch), on DALI CPU pipelines; DETAUG_TEST_DEVICE=gpu runs the same tests on a GPU.
 
 DALI CPU pipelines are slow on small machines: the datasets are a dozen small images, and the
 module builds few pipelines (``seq`` is shared; tests that move its epoch put it back).
@@ -8,19 +8,26 @@ module builds few pipelines (``seq`` is shared; tests that move its epoch put it
 
 from __future__ import annotations
 
+import gc
 import os
+import pickle
+import tempfile
+import time
 
 os.environ.setdefault("KERAS_BACKEND", "torch")  # before Keras is imported, here or by detaug.keras
 
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
+from multiprocessing.connection import wait as wait_sentinels
 
 import numpy as np
 import pytest
 
 keras = pytest.importorskip("keras", reason="Keras 3 is not installed (pip install detaug[keras])")
 
+import detaug.keras as dk
 import detaug.transforms as T
+from detaug.feeding import plan_samples
 from detaug.keras import (
     KERAS_BOX_FORMATS,
     BoxOverflowWarning,
@@ -287,7 +294,9 @@ def test_boxes_match_object_pixels():
     transforms = RecordingCompose(
         [T.RandomIoUCrop(), T.RandomHorizontalFlip(), T.RandomAffine(degrees=15, translate=(0.1, 0.1), scale=(0.8, 1.2), shear=5, fill=FILL), T.Resize((96, 120))]
     )
-    checked = make_sequence(SampleListSource(samples), transforms=transforms, batch_size=3, max_boxes=5, prefetch=False)
+    checked = make_sequence(  # plan_workers=0: the recipe records its plans in this process
+        SampleListSource(samples), transforms=transforms, batch_size=3, max_boxes=5, prefetch=False, plan_workers=0
+    )
     problems, boxes_seen = [], 0
     for i in (2, 0, 1):
         images, targets = checked[i]
@@ -389,3 +398,155 @@ def test_errors_belong_to_the_batch_that_has_them():
     with pytest.raises(OSError, match="nonexistent/image.png: cannot read image file"):
         missing[1]
     assert len(missing[2][0]) == 2
+
+
+def assert_same_batch_or_error(ahead, inline, i, bad_batch):
+    """``ahead[i]`` and ``inline[i]`` give the same arrays, or both raise the bad sample's error."""
+    if i == bad_batch:
+        for seq in (ahead, inline):
+            with pytest.raises(OSError, match=r"sample 5 \(12 bytes\): cannot identify image file"):
+                seq[i]
+    else:
+        assert_batches_equal(ahead[i], inline[i])
+
+
+def wait_for_plans(seq):
+    wait(list(seq._planner.plans.values()), timeout=60)
+
+
+def all_ended(processes, timeout: float) -> bool:
+    """Whether every process has ended within ``timeout`` seconds. Watches their sentinels:
+    ``is_alive()`` can say True for a process that the pool's thread is reaping at the time."""
+    deadline = time.monotonic() + timeout
+    left = [p.sentinel for p in processes]
+    while left:
+        left = [s for s in left if s not in wait_sentinels(left, timeout=max(0.0, deadline - time.monotonic()))]
+        if left and time.monotonic() >= deadline:
+            return False
+    return True
+
+
+class TestPlanningWorkers:
+    def test_same_batches_and_errors_as_planning_inline_and_close_stops_the_workers(self, monkeypatch):
+        """plan_workers=2 against plan_workers=0 on a source with a broken image: epochs 0 and 1 in
+        random order (epoch 1 planned during epoch 0), then a jump to epoch 5 read in order with
+        prefetching and at most PLAN_AHEAD_BATCHES=3 plans held; then close() and garbage
+        collection stop the workers. One test, so that the workers start only twice (spawning
+        takes a while on small machines)."""
+        samples, _ = scene_samples(14, seed=2)
+        samples[5].image = b"not an image"
+        source = SampleListSource(samples)
+        common = {"batch_size": 2, "max_boxes": 5, "prefetch": False}
+        inline = make_sequence(source, plan_workers=0, **common)
+        ahead = make_sequence(source, plan_workers=2, **common)
+        n = len(ahead)
+        assert (inline.plan_workers, ahead.plan_workers, n) == (0, 2, 7)
+        assert ahead._planner.pool is None  # started by the first seq[i]
+
+        def bad_batch(seq):
+            return int(np.flatnonzero(seq._order == 5)[0]) // 2
+
+        rng = np.random.default_rng(0)
+        for epoch in (0, 1):
+            assert ahead.epoch == inline.epoch == epoch
+            bad = bad_batch(ahead)
+            order = [i for i in rng.permutation(n) if i != bad]
+            order.insert(3, bad)
+            before = ahead.planned_ahead
+            assert_same_batch_or_error(ahead, inline, order[0], bad)
+            if epoch == 0:  # planned here; the rest of epoch 0 and all of epoch 1 in the workers
+                assert sorted(ahead._planner.plans) == sorted([(0, i) for i in range(n) if i != order[0]] + [(1, i) for i in range(n)])
+            wait_for_plans(ahead)
+            for i in order[1:]:
+                assert_same_batch_or_error(ahead, inline, i, bad)
+            assert ahead.planned_ahead - before == (n - 2 if epoch == 0 else n - 1)  # not the bad one, nor epoch 0's first
+            ahead.on_epoch_end()
+            inline.on_epoch_end()
+        assert (ahead.planned_inline, inline.planned_inline) == (1, 2 * (n - 1))
+        assert sorted(ahead._planner.plans) == [(2, i) for i in range(n)]
+
+        monkeypatch.setattr(dk, "PLAN_AHEAD_BATCHES", 3)
+        ahead.prefetch = inline.prefetch = True  # each batch prefetched after the one before
+        ahead.set_epoch(5)  # not the next epoch: epoch 2's plans are dropped
+        inline.set_epoch(5)
+        assert not ahead._planner.plans
+        bad, before = bad_batch(ahead), ahead.planned_ahead
+        for i in range(n):
+            assert_same_batch_or_error(ahead, inline, i, bad)
+            assert len(ahead._planner.plans) <= 3
+            wait_for_plans(ahead)
+        assert ahead.planned_ahead > before
+        assert (ahead.prefetch_hits, ahead.prefetch_wasted) == (inline.prefetch_hits, inline.prefetch_wasted)
+        assert ahead.prefetch_hits >= n - 4  # not the bad batch, nor the two after it
+        monkeypatch.undo()
+
+        pool = ahead._planner.pool
+        assert not pool.submit(eval, "'keras' in __import__('sys').modules").result(timeout=60)  # left out there
+        processes = list(pool._processes.values())
+        assert len(processes) == 2 and all(p.is_alive() for p in processes)
+        ahead.close()
+        assert ahead._planner.pool is None and all_ended(processes, timeout=0)
+
+        ahead.set_epoch(0)
+        inline.set_epoch(0)
+        good = (bad_batch(ahead) + 1) % n
+        assert_batches_equal(ahead[good], inline[good])
+        processes = list(ahead._planner.pool._processes.values())  # started again
+        assert processes
+        del ahead
+        gc.collect()
+        assert all_ended(processes, timeout=30)  # stopped in the background
+
+    def test_workers_plan_what_plan_samples_plans(self):
+        """The workers' job, run here: plan_samples less the image data, also for decoded arrays
+        (sent to the workers as shapes only, grayscale included)."""
+        samples, _ = scene_samples(4, seed=3)
+        encoded = SampleListSource(samples)
+        decoded = SampleListSource(
+            [{"image": _decode(s.image, gray=k == 1), "boxes": s.boxes, "labels": s.labels, "image_id": s.image_id} for k, s in enumerate(samples)]
+        )
+        indices = np.array([2, 0, 3, 1])
+        seeds = [np.array([7, 1, j], dtype=np.int64) for j in indices]
+        transforms = recipe()
+        for source, through_a_file in ((encoded, False), (decoded, True)):
+            payload = dk._PAYLOAD_MAGIC + pickle.dumps((dk._DecodedShapes(source) if source.decoded else source, transforms))
+            with tempfile.TemporaryFile() as f:
+                f.write(payload)
+                f.flush()
+                try:
+                    dk._init_planner(f"/proc/{os.getpid()}/fd/{f.fileno()}" if through_a_file else payload)
+                    planned = dk._plan_job(indices, 7, 1)
+                finally:
+                    dk._PLANNING = None
+            expected = plan_samples(source, transforms, indices, seeds)[1:]
+            for got, want in zip(planned, expected):
+                assert len(got) == len(want) == 4
+                for a, b in zip(got, want):
+                    np.testing.assert_array_equal(a, b)
+        dk._init_planner(b"something else")  # a reused descriptor number: no plans
+        with pytest.raises(RuntimeError, match="started after its pool was shut down"):
+            dk._plan_job(indices, 7, 1)
+        shapes = dk._DecodedShapes(decoded)
+        assert shapes.load(1)[0].shape == (160, 200, 3) and len(pickle.dumps(shapes)) < 10_000
+
+    def test_arguments_and_fallback(self, source):
+        assert make_sequence(source, prefetch=False).plan_workers == (0 if DEVICE == "cpu" else min(8, os.cpu_count()))
+        for bad in (-1, True, 1.5):
+            with pytest.raises(ValueError, match="plan_workers must be an integer >= 0 or None"):
+                make_sequence(source, plan_workers=bad)
+        unpicklable = recipe()
+        unpicklable.hook = lambda: None
+        fallback = make_sequence(source, transforms=unpicklable, plan_workers=2, prefetch=False)
+        with pytest.warns(RuntimeWarning, match="cannot be pickled for the planning workers"):
+            fallback[0]
+        fallback[1]
+        assert (fallback.planned_ahead, fallback.planned_inline) == (0, 2) and fallback._planner.pool is None
+
+
+def _decode(data: bytes, gray: bool) -> np.ndarray:
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("L" if gray else "RGB"))
