@@ -19,6 +19,7 @@ Everything is a pure function of ``(epoch, step)``, so worker processes need no 
 from __future__ import annotations
 
 import io
+import pickle
 from typing import Any, Sequence
 
 import numpy as np
@@ -26,7 +27,18 @@ import numpy as np
 from detaug.sources import SampleListSource
 from detaug.transforms import Compose
 
-__all__ = ["shard_range", "epoch_order", "image_shape", "plan_samples", "BatchFeeder", "ReaderFeeder", "FEED_COLUMNS"]
+__all__ = [
+    "shard_range",
+    "epoch_order",
+    "image_shape",
+    "plan_samples",
+    "BatchFeeder",
+    "ReaderFeeder",
+    "FEED_COLUMNS",
+    "init_plan_worker",
+    "plan_job",
+    "DecodedShapes",
+]
 
 #: The columns a feeder produces, in order (also the names of the Keras pipeline's inputs).
 FEED_COLUMNS = ("data", "params", "boxes", "labels", "image_ids")
@@ -260,3 +272,53 @@ def _run_reader(out: Any, stop: Any, worker: int, num_workers: int, source: Any,
             step += 1
     except Exception as err:  # noqa: BLE001 - the consumer raises it, with DALI's message naming the file
         put(f"COCO reader ({source.annotations_file}): {type(err).__name__}: {err}\n{traceback.format_exc(limit=3)}")
+
+
+# -- planning workers of the Keras Sequence (here, so that workers import neither Keras nor torch) --
+
+_PLANNING: tuple[Any, Compose] | None = None  # (source, recipe), in a planning worker
+PAYLOAD_MAGIC = b"detaug planning payload\n"
+
+
+def init_plan_worker(payload: bytes | str) -> None:
+    """A planning worker's initializer: ``PAYLOAD_MAGIC`` and the pickled source and recipe (once
+    for all the worker's jobs), or the path to read them from (see ``detaug.keras``)."""
+    global _PLANNING
+    if isinstance(payload, str):
+        try:
+            with open(payload, "rb") as f:
+                payload = f.read()
+        except OSError:  # the pool was shut down (and the file closed) before this worker started
+            return
+    if not payload.startswith(PAYLOAD_MAGIC):  # ... and the file's descriptor number reused
+        return
+    _PLANNING = pickle.loads(memoryview(payload)[len(PAYLOAD_MAGIC) :])
+
+
+def plan_job(indices: np.ndarray, seed: int, epoch: int) -> tuple[list[np.ndarray], ...]:
+    """In a planning worker: :func:`~detaug.feeding.plan_samples` of one batch, less the image
+    data (parameter vectors, output boxes, output labels, image ids)."""
+    if _PLANNING is None:
+        raise RuntimeError("this planning worker started after its pool was shut down")
+    source, transforms = _PLANNING
+    seeds = [np.array([seed, epoch, j], dtype=np.int64) for j in indices]
+    return plan_samples(source, transforms, indices, seeds)[1:]
+
+
+class DecodedShapes:
+    """What planning workers get of a source of decoded arrays: each image's shape, not its
+    pixels (``load`` returns a read-only zero-stride view of that shape), boxes, labels, ids."""
+
+    def __init__(self, source: SampleListSource) -> None:
+        self.samples = [(np.shape(s.image), s.boxes, s.labels, s.image_id) for s in source.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def describe(self, index: int) -> str:
+        return f"sample {index} (array {self.samples[index][0]})"
+
+    def load(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        shape, boxes, labels, image_id = self.samples[index]
+        data = np.broadcast_to(np.zeros((), np.uint8), (*shape[:2], 3))  # the shape SampleListSource.load gives
+        return data, boxes, labels, np.array([image_id], dtype=np.int32)

@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import multiprocessing
-import multiprocessing.context
 import operator
 import os
 import pickle
@@ -50,7 +49,16 @@ from typing import Any
 import numpy as np
 
 from detaug.boxes import convert_format
-from detaug.feeding import FEED_COLUMNS, epoch_order, plan_samples, shard_range
+from detaug.feeding import (
+    FEED_COLUMNS,
+    PAYLOAD_MAGIC,
+    DecodedShapes,
+    epoch_order,
+    init_plan_worker,
+    plan_job,
+    plan_samples,
+    shard_range,
+)
 from detaug.pipeline import build_pipeline, resolve_device
 from detaug.sources import CocoSource, SampleListSource
 from detaug.transforms import Compose
@@ -80,22 +88,14 @@ PAD_VALUE = -1
 #: to be used (held plans are small: parameter vectors, boxes and labels).
 PLAN_AHEAD_BATCHES = 4096
 
-#: Prefix of the planning workers' process names: ``detaug.keras`` imported in one of them leaves
-#: Keras (and its backend) out, which they never use (seconds and ~300 MB per worker).
-PLANNER_PROCESS_PREFIX = "detaug-keras-planner-"
-
-
 class BoxOverflowWarning(UserWarning):
     """Boxes beyond ``max_boxes`` were cut from a batch (``overflow="warn"``)."""
 
 
 def _keras_base() -> type:
     """``keras.utils.PyDataset`` (Keras 3), ``keras.utils.Sequence`` (Keras 2), or ``object``
-    when Keras is not installed (the classic protocol is then implemented here alone) or when
-    imported in a planning worker (which only plans: see :data:`PLANNER_PROCESS_PREFIX`)."""
+    when Keras is not installed (the classic protocol is then implemented here alone)."""
     if importlib.util.find_spec("keras") is None:
-        return object
-    if multiprocessing.current_process().name.startswith(PLANNER_PROCESS_PREFIX):
         return object
     try:
         import keras
@@ -533,69 +533,6 @@ def _host_float32(images: Any, device_id: int | None) -> np.ndarray:
     return host.numpy()
 
 
-# -- planning workers -------------------------------------------------------------------------------
-
-_PLANNING: tuple[Any, Compose] | None = None  # (source, recipe), in a planning worker
-_PAYLOAD_MAGIC = b"detaug.keras planning payload\n"
-
-
-def _init_planner(payload: bytes | str) -> None:
-    """A planning worker's initializer: ``_PAYLOAD_MAGIC`` and the pickled source and recipe (once
-    for all the worker's jobs), or the path to read them from (see :meth:`_Planner._start`)."""
-    global _PLANNING
-    if isinstance(payload, str):
-        try:
-            with open(payload, "rb") as f:
-                payload = f.read()
-        except OSError:  # the pool was shut down (and the file closed) before this worker started
-            return
-    if not payload.startswith(_PAYLOAD_MAGIC):  # ... and the file's descriptor number reused
-        return
-    _PLANNING = pickle.loads(memoryview(payload)[len(_PAYLOAD_MAGIC) :])
-
-
-def _plan_job(indices: np.ndarray, seed: int, epoch: int) -> tuple[list[np.ndarray], ...]:
-    """In a planning worker: :func:`~detaug.feeding.plan_samples` of one batch, less the image
-    data (parameter vectors, output boxes, output labels, image ids)."""
-    if _PLANNING is None:
-        raise RuntimeError("this planning worker started after its pool was shut down")
-    source, transforms = _PLANNING
-    seeds = [np.array([seed, epoch, j], dtype=np.int64) for j in indices]
-    return plan_samples(source, transforms, indices, seeds)[1:]
-
-
-class _DecodedShapes:
-    """What planning workers get of a source of decoded arrays: each image's shape, not its
-    pixels (``load`` returns a read-only zero-stride view of that shape), boxes, labels, ids."""
-
-    def __init__(self, source: SampleListSource) -> None:
-        self.samples = [(np.shape(s.image), s.boxes, s.labels, s.image_id) for s in source.samples]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def describe(self, index: int) -> str:
-        return f"sample {index} (array {self.samples[index][0]})"
-
-    def load(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        shape, boxes, labels, image_id = self.samples[index]
-        data = np.broadcast_to(np.zeros((), np.uint8), (*shape[:2], 3))  # the shape SampleListSource.load gives
-        return data, boxes, labels, np.array([image_id], dtype=np.int32)
-
-
-class _PlannerProcess(multiprocessing.context.SpawnProcess):
-    """A spawned process named so that ``detaug.keras`` leaves Keras out there (the name reaches
-    the child before the initializer is unpickled)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.name = PLANNER_PROCESS_PREFIX + self.name
-
-
-class _PlannerContext(multiprocessing.context.SpawnContext):
-    Process = _PlannerProcess
-
-
 def _stop_pool(pool: ProcessPoolExecutor, payload_file: Any, *, wait: bool) -> None:
     """Shut a planning pool down (its queued jobs cancelled) and close its payload file."""
     pool.shutdown(wait=wait, cancel_futures=True)
@@ -695,7 +632,7 @@ class _Planner:
                 self.orders[epoch] = self.order_of(epoch)
             indices = self.orders[epoch][j * self.batch_size : (j + 1) * self.batch_size]
             try:
-                future = self.pool.submit(_plan_job, indices, self.seed, epoch)
+                future = self.pool.submit(plan_job, indices, self.seed, epoch)
             except (BrokenExecutor, RuntimeError) as err:
                 self._give_up(f"the planning workers stopped ({err})")
                 return
@@ -703,9 +640,9 @@ class _Planner:
             self.in_flight.append(future)
 
     def _start(self) -> bool:
-        source = _DecodedShapes(self.source) if self.source.decoded else self.source
+        source = DecodedShapes(self.source) if self.source.decoded else self.source
         try:
-            payload = _PAYLOAD_MAGIC + pickle.dumps((source, self.transforms), protocol=pickle.HIGHEST_PROTOCOL)
+            payload = PAYLOAD_MAGIC + pickle.dumps((source, self.transforms), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as err:  # noqa: BLE001 - e.g. a recipe holding a lambda
             self._give_up(f"the source and recipe cannot be pickled for the planning workers ({err})")
             return False
@@ -725,7 +662,7 @@ class _Planner:
                 if self._payload_file is not None:
                     self._payload_file.close()
                 self._payload_file = None
-        self.pool = ProcessPoolExecutor(self.workers, mp_context=_PlannerContext(), initializer=_init_planner, initargs=(initarg,))
+        self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=init_plan_worker, initargs=(initarg,))
         self._finalizer = weakref.finalize(self, _stop_pool, self.pool, self._payload_file, wait=False)
         return True
 

@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from multiprocessing.connection import wait as wait_sentinels
 
 import numpy as np
+
+import detaug.feeding as feeding
 import pytest
 
 keras = pytest.importorskip("keras", reason="Keras 3 is not installed (pip install detaug[keras])")
@@ -509,24 +511,24 @@ class TestPlanningWorkers:
         seeds = [np.array([7, 1, j], dtype=np.int64) for j in indices]
         transforms = recipe()
         for source, through_a_file in ((encoded, False), (decoded, True)):
-            payload = dk._PAYLOAD_MAGIC + pickle.dumps((dk._DecodedShapes(source) if source.decoded else source, transforms))
+            payload = feeding.PAYLOAD_MAGIC + pickle.dumps((feeding.DecodedShapes(source) if source.decoded else source, transforms))
             with tempfile.TemporaryFile() as f:
                 f.write(payload)
                 f.flush()
                 try:
-                    dk._init_planner(f"/proc/{os.getpid()}/fd/{f.fileno()}" if through_a_file else payload)
-                    planned = dk._plan_job(indices, 7, 1)
+                    feeding.init_plan_worker(f"/proc/{os.getpid()}/fd/{f.fileno()}" if through_a_file else payload)
+                    planned = feeding.plan_job(indices, 7, 1)
                 finally:
-                    dk._PLANNING = None
+                    feeding._PLANNING = None
             expected = plan_samples(source, transforms, indices, seeds)[1:]
             for got, want in zip(planned, expected):
                 assert len(got) == len(want) == 4
                 for a, b in zip(got, want):
                     np.testing.assert_array_equal(a, b)
-        dk._init_planner(b"something else")  # a reused descriptor number: no plans
+        feeding.init_plan_worker(b"something else")  # a reused descriptor number: no plans
         with pytest.raises(RuntimeError, match="started after its pool was shut down"):
-            dk._plan_job(indices, 7, 1)
-        shapes = dk._DecodedShapes(decoded)
+            feeding.plan_job(indices, 7, 1)
+        shapes = feeding.DecodedShapes(decoded)
         assert shapes.load(1)[0].shape == (160, 200, 3) and len(pickle.dumps(shapes)) < 10_000
 
     def test_arguments_and_fallback(self, source):
