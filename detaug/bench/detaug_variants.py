@@ -14,7 +14,7 @@ import numpy as np
 from detaug.bench.dataset import BenchDataset
 from detaug.bench.harness import BenchSettings, VariantUnavailable
 
-__all__ = ["iter_detaug", "iter_detaug_list", "iter_sequence"]
+__all__ = ["iter_detaug", "iter_detaug_list", "iter_sequence", "iter_sequence_on_device"]
 
 
 def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: bool = False) -> Iterator[tuple]:
@@ -61,8 +61,9 @@ def iter_detaug_list(dataset: BenchDataset, settings: BenchSettings) -> Iterator
     return iter_detaug(dataset, settings, sample_list=True)
 
 
-def iter_sequence(dataset: BenchDataset, settings: BenchSettings) -> Iterator:
-    """The ``sequence`` variant: ``DetectionSequence`` items in a random order, epoch after epoch.
+def iter_sequence(dataset: BenchDataset, settings: BenchSettings, *, images_on_device: bool = False) -> Iterator:
+    """The ``sequence`` variant: ``DetectionSequence`` items in a random order, epoch after epoch
+    (NumPy images on the host, or with ``images_on_device`` torch tensors on the GPU).
 
     Keras needs a backend; without ``KERAS_BACKEND`` set, PyTorch's is chosen here (detaug's GPU
     hosts have no TensorFlow).
@@ -91,6 +92,10 @@ def iter_sequence(dataset: BenchDataset, settings: BenchSettings) -> Iterator:
     }
     if "num_threads" in inspect.signature(DetectionSequence).parameters:
         kwargs["num_threads"] = settings.threads
+    if images_on_device:
+        if settings.device != "gpu":
+            raise VariantUnavailable("images on the device need --device gpu")
+        kwargs["images_on_device"] = True
     sequence = DetectionSequence(source, recipe, **kwargs)
     rng = np.random.default_rng(settings.seed)
     try:
@@ -107,3 +112,8 @@ def iter_sequence(dataset: BenchDataset, settings: BenchSettings) -> Iterator:
         if close is not None:
             close()
         del sequence
+
+
+def iter_sequence_on_device(dataset: BenchDataset, settings: BenchSettings) -> Iterator:
+    """The ``sequence-gpu`` variant: :func:`iter_sequence` returning the images on the GPU."""
+    return iter_sequence(dataset, settings, images_on_device=True)

@@ -5,6 +5,7 @@ Variants (``--only`` names):
 * ``detaug``: ``detaug.torch.DetectionLoader`` (the PyTorch iterator) on a ``CocoSource``;
 * ``detaug-list``: the same loader on the same JSON as a sample list (planning in workers);
 * ``sequence``: ``detaug.keras.DetectionSequence``, items in a random order;
+* ``sequence-gpu``: the same with ``images_on_device=True`` (GPU only);
 * ``raw-dali``: the same recipe hand-written in plain DALI (:mod:`detaug.bench.raw_dali`);
 * ``torchvision``, ``albumentations``: the CPU peers in DataLoaders (:mod:`detaug.bench.peers`).
 
@@ -101,7 +102,14 @@ VARIANTS: tuple[Variant, ...] = (
         "detaug Keras Sequence",
         "detaug",
         "detaug.bench.detaug_variants:iter_sequence",
-        note="random-order items",
+        note="random-order items, NumPy images (copied to the host)",
+    ),
+    Variant(
+        "sequence-gpu",
+        "detaug Keras Sequence, GPU",
+        "detaug",
+        "detaug.bench.detaug_variants:iter_sequence_on_device",
+        note="random-order items, images_on_device=True (torch tensors)",
     ),
     Variant("raw-dali", "raw DALI", "reference", "detaug.bench.raw_dali:iter_raw_dali"),
     Variant("torchvision", "torchvision.transforms.v2", "cpu-peer", "detaug.bench.peers:iter_torchvision"),
@@ -114,7 +122,7 @@ VARIANTS: tuple[Variant, ...] = (
     ),
 )
 VARIANT_NAMES = tuple(v.name for v in VARIANTS)
-RUN_ORDER = ("torchvision", "albumentations", "raw-dali", "detaug", "detaug-list", "sequence")
+RUN_ORDER = ("torchvision", "albumentations", "raw-dali", "detaug", "detaug-list", "sequence", "sequence-gpu")
 
 
 @dataclass
@@ -168,7 +176,8 @@ CHECKS: tuple[Check, ...] = (
     Check("detaug (sample list) / raw DALI", "detaug-list", "raw-dali", 0.9),
     Check("detaug (COCO reader) / best CPU peer", "detaug", "cpu-peer", 20.0),
     Check("detaug (sample list) / best CPU peer", "detaug-list", "cpu-peer", 20.0),
-    Check("Sequence / iterator (sample list)", "sequence", "detaug-list", 0.5),
+    Check("Sequence (NumPy) / iterator (sample list)", "sequence", "detaug-list", 0.5),
+    Check("Sequence (GPU tensors) / iterator (sample list)", "sequence-gpu", "detaug-list", 0.5),
 )
 
 

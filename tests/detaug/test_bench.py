@@ -323,7 +323,7 @@ def test_main_writes_json(dataset, tmp_path, capsys):
     )
     assert status == 0
     printed = capsys.readouterr().out
-    assert "detaug (sample list) / raw DALI" in printed and "Sequence / iterator" in printed
+    assert "detaug (sample list) / raw DALI" in printed and "Sequence (NumPy) / iterator" in printed
     results = json.loads(out.read_text())
     assert results["settings"]["batch_size"] == 4
     assert [r["variant"] for r in results["results"]] == ["raw-dali"]

@@ -552,3 +552,21 @@ def _decode(data: bytes, gray: bool) -> np.ndarray:
 
     with Image.open(io.BytesIO(data)) as im:
         return np.asarray(im.convert("L" if gray else "RGB"))
+
+
+def test_images_on_device_needs_a_gpu(source):
+    with pytest.raises(ValueError, match="images_on_device=True needs device='gpu'"):
+        DetectionSequence(source, recipe(), batch_size=2, device="cpu", images_on_device=True)
+
+
+@pytest.mark.skipif(DEVICE != "gpu", reason="needs DETAUG_TEST_DEVICE=gpu and a GPU")
+def test_images_on_device_equal_the_host_arrays(source):
+    import torch
+
+    on_host = make_sequence(source, shuffle=True)
+    on_device = make_sequence(source, shuffle=True, images_on_device=True)
+    for i in (2, 0, 1):
+        (a, a_targets), (b, b_targets) = on_host[i], on_device[i]
+        assert isinstance(b, torch.Tensor) and b.is_cuda and b.dtype == torch.float32
+        np.testing.assert_array_equal(a, b.cpu().numpy())
+        np.testing.assert_array_equal(a_targets["boxes"], b_targets["boxes"])
