@@ -2,10 +2,11 @@
 
 A :class:`detaug.transforms.Compose` is executed in two parts:
 
-1. **Planning (this module, NumPy on the host).** Once per batch, inside the DALI graph
-   (``fn.python_function``), the planner draws every random parameter of every transform for
-   every sample from one seeded generator, composes the geometric transforms into one forward
-   matrix per *warp segment*, and computes the exact output boxes.
+1. **Planning (this module, NumPy on the host).** Once per batch, before the batch enters the
+   DALI pipeline (in worker processes: see :mod:`detaug.feeding`), the planner draws every
+   random parameter of every transform for every sample from one seeded generator, composes
+   the geometric transforms into one forward matrix per *warp segment*, and computes the exact
+   output boxes.
 2. **Pixels (DALI, GPU or CPU).** The image is decoded (only the region the first warp reads),
    warped once per segment with ``fn.warp_affine(inverse_map=False)``, colour-adjusted and
    normalised, all from the planner's per-sample outputs.

@@ -108,7 +108,7 @@ class Compose:
         labels: list[np.ndarray],
         seeds: list[np.ndarray],
     ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-        """Plan one batch (the body of the pipeline's ``fn.python_function``).
+        """Plan one batch (called by the feeders of :mod:`detaug.feeding`, before DALI).
 
         Args:
             shapes: per sample, the decoded image shape ``(H, W, C)`` (int).
