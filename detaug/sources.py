@@ -58,8 +58,6 @@ class CocoSource:
         initial_fill: size of the shuffle buffer.
     """
 
-    kind = "reader"
-
     def __init__(
         self,
         annotations_file: str | os.PathLike,
@@ -141,8 +139,6 @@ class SampleListSource:
         samples: the samples; ``image_id`` defaults to the 1-based position when all are 0.
         categories: optional names by category id (for previews).
     """
-
-    kind = "external"
 
     def __init__(self, samples: Sequence[Sample | Mapping[str, Any]], categories: Mapping[int, str] | None = None) -> None:
         items = [s if isinstance(s, Sample) else Sample(**s) for s in samples]

@@ -89,7 +89,6 @@ class DetectionLoader:
         self.device = torch.device("cpu") if self.device_id is None else torch.device("cuda", self.device_id)
         self.source, self.transforms, self.batch_size, self.drop_last = source, transforms, batch_size, drop_last
         self.categories = source.categories
-        feed = None
         if num_workers is None:
             num_workers = 0 if self.device_id is None else min(8, os.cpu_count() or 1)
         if isinstance(source, SampleListSource):
@@ -113,7 +112,7 @@ class DetectionLoader:
         self._left_in_epoch = 0  # batches of an unfinished epoch still in the pipeline
 
     def close(self) -> None:
-        """Stop background work (the COCO reader's planning thread). Also done when collected."""
+        """Stop background work (the COCO reader's processes). Also done when the loader is collected."""
         self._finalizer()
 
     def __len__(self) -> int:
