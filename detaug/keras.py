@@ -523,13 +523,10 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
 def _device_float32(images: Any, device_id: int | None) -> Any:
     """A dense DALI GPU ``TensorList`` as a new float32 ``torch`` tensor on its GPU."""
     import torch
-    from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
-    tensor = images.as_tensor()
-    device = torch.device("cuda", device_id or 0)
-    out = torch.empty(tensor.shape(), dtype=to_torch_type[tensor.dtype], device=device)
-    feed_ndarray(tensor, out, cuda_stream=torch.cuda.current_stream(device))
-    return out.float()
+    from detaug.torch import dali_images_to_torch
+
+    return dali_images_to_torch(images, torch.device("cuda", device_id or 0)).float()
 
 
 def _host_float32(images: Any, device_id: int | None) -> np.ndarray:
@@ -538,15 +535,11 @@ def _host_float32(images: Any, device_id: int | None) -> np.ndarray:
     than a pageable copy for the ~200 MB of a batch of 64 float images of 512x512."""
     from nvidia.dali.backend import TensorListGPU
 
-    tensor = images.as_tensor()
     if not isinstance(images, TensorListGPU):
-        return np.array(tensor, dtype=np.float32)
+        return np.array(images.as_tensor(), dtype=np.float32)
     import torch
-    from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
-    device = torch.device("cuda", device_id or 0)
-    on_gpu = torch.empty(tensor.shape(), dtype=to_torch_type[tensor.dtype], device=device)
-    feed_ndarray(tensor, on_gpu, cuda_stream=torch.cuda.current_stream(device))
+    on_gpu = _device_float32(images, device_id)
     host = torch.empty(on_gpu.shape, dtype=torch.float32, pin_memory=True)
     host.copy_(on_gpu)  # synchronous: the array is complete when returned
     return host.numpy()

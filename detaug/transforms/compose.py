@@ -17,6 +17,7 @@ from detaug.transforms.geometry import (
     RandomHorizontalFlip,
     RandomIoUCrop,
     RandomResizedCrop,
+    RandomVerticalFlip,
     Resize,
 )
 
@@ -192,7 +193,7 @@ class Compose:
         for t in reversed(self.geometric):
             if isinstance(t, (LetterBox, RandomResizedCrop)) or (isinstance(t, Resize) and not isinstance(t.size, int)):
                 return t.size  # type: ignore[return-value]
-            if not isinstance(t, (RandomHorizontalFlip,)) and not type(t).__name__ == "RandomVerticalFlip":
+            if not isinstance(t, (RandomHorizontalFlip, RandomVerticalFlip)):  # flips keep the size
                 return None
         return None
 
