@@ -295,14 +295,16 @@ def init_plan_worker(payload: bytes | str) -> None:
     _PLANNING = pickle.loads(memoryview(payload)[len(PAYLOAD_MAGIC) :])
 
 
-def plan_job(indices: np.ndarray, seed: int, epoch: int) -> tuple[list[np.ndarray], ...]:
-    """In a planning worker: :func:`~detaug.feeding.plan_samples` of one batch, less the image
-    data (parameter vectors, output boxes, output labels, image ids)."""
+def plan_job(indices: np.ndarray, seed: int, epoch: int) -> tuple[list[np.ndarray] | None, ...]:
+    """In a planning worker: :func:`~detaug.feeding.plan_samples` of one batch. The image data
+    column holds the encoded bytes the worker read (the caller need not read the files again),
+    or ``None`` for decoded arrays, which the workers only know the shapes of (``DecodedShapes``)."""
     if _PLANNING is None:
         raise RuntimeError("this planning worker started after its pool was shut down")
     source, transforms = _PLANNING
     seeds = [np.array([seed, epoch, j], dtype=np.int64) for j in indices]
-    return plan_samples(source, transforms, indices, seeds)[1:]
+    data, *rest = plan_samples(source, transforms, indices, seeds)
+    return (None if isinstance(source, DecodedShapes) else data, *rest)
 
 
 class DecodedShapes:

@@ -8,21 +8,27 @@ sources and runs it once. The same ``i`` in the same epoch therefore always give
 samples and the same augmentation; a new epoch gives a new order (``shuffle=True``) and new
 augmentations.
 
-Access pattern and prefetching:
+Access pattern, concurrency and prefetching:
 
-1. ``seq[i]`` right after ``seq[i - 1]`` (or ``seq[0]`` first in an epoch) is *sequential*: once
-   batch ``i`` is out of the pipeline, batch ``i + 1`` is fed and scheduled, and DALI prepares it
-   while the caller trains on batch ``i``;
-2. any other index runs the pipeline for that batch alone (a prefetched batch that is not asked
-   for next is waited for and dropped: ``prefetch_wasted`` counts them);
-3. ``on_epoch_end()`` drops a pending prefetch, moves to the next epoch and draws its order.
+1. ``seq[i]`` may be called from several threads at once (Keras' ``workers > 1``, which
+   ``fit(shuffle=True)`` drives in a random batch order): the sequence holds up to ``workers``
+   DALI pipelines and runs one batch in each, side by side, so random access keeps the GPU as
+   busy as an iterator does (batch ``i``'s result does not depend on the pipeline that ran it);
+2. ``seq[i]`` right after ``seq[i - 1]`` (or ``seq[0]`` first in an epoch), with no other call in
+   progress, is *sequential*: once batch ``i`` is out of its pipeline, batch ``i + 1`` is fed and
+   scheduled there, and DALI prepares it while the caller trains on batch ``i``;
+3. a prefetched batch that is not asked for is dropped when its pipeline is needed for another
+   batch or the epoch changes (``prefetch_wasted`` counts them);
+4. ``on_epoch_end()`` drops pending prefetches, moves to the next epoch and draws its order.
 
 Planning ahead: the samples and seeds of every batch of an epoch (and of the next one) are known
-in advance, so with ``plan_workers > 0`` the host-side planning (reading image headers,
-``Compose.plan_batch``) runs in worker processes, ahead of the ``seq[i]`` calls, from the first
-``seq[i]`` of an epoch on, for the rest of that epoch and then the next; ``seq[i]`` then only
-reads its images' bytes, feeds and runs the pipeline. A batch whose plan is not ready is planned
-in the calling thread, as with ``plan_workers=0``: the results are the same either way.
+in advance, so with ``plan_workers > 0`` the host-side work (reading the image files and their
+headers, ``Compose.plan_batch``) runs in worker processes, ahead of the ``seq[i]`` calls, from
+:meth:`DetectionSequence.start_workers` or the first ``seq[i]`` of an epoch on, for the rest of
+that epoch and then the next; ``seq[i]`` then only feeds and runs a pipeline and copies out the
+images (little Python in the calling threads, which share one interpreter lock with Keras'). A
+batch whose plan is not ready is planned in the calling thread, as with ``plan_workers=0``: the
+results are the same either way.
 
 Targets are padded to ``max_boxes`` with ``-1`` as Keras 3 and KerasHub detectors take them
 (``keras.layers.MaxNumBoundingBoxes`` pads the same way). A sample with more boxes than
@@ -43,7 +49,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Iterator
-from concurrent.futures import BrokenExecutor, Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Future, ProcessPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -110,6 +116,15 @@ def _keras_base() -> type:
 _Base = _keras_base()
 
 
+def _keras_backend() -> str | None:
+    """Keras' backend name, ``None`` without Keras."""
+    if _Base is object:
+        return None
+    import keras
+
+    return keras.backend.backend()
+
+
 def to_keras_boxes(boxes_xyxy: np.ndarray, bounding_box_format: str, canvas_size: tuple[int, int]) -> np.ndarray:
     """Absolute ``xyxy`` boxes ``[..., 4]`` in a Keras format (see :data:`KERAS_BOX_FORMATS`);
     ``canvas_size`` is the image's ``(height, width)``, used by the ``rel_*`` formats."""
@@ -164,20 +179,27 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         plan_workers: processes that plan the batches of the current and the next epoch ahead of
             the ``seq[i]`` calls (read the image headers, run ``Compose.plan_batch``); ``None``: 0 with
             ``device="cpu"`` (DALI needs the cores), else ``min(8, os.cpu_count())``; 0 plans
-            each batch in the calling thread when it is asked for. Started (``spawn``) at the
-            first ``seq[i]``; stopped by :meth:`close` or when the sequence is collected.
-        images_on_device: with ``device="gpu"`` and the torch backend, return the images as a
-            ``torch`` float32 tensor ``[B, H, W, 3]`` on the GPU (Keras takes it as is) instead of a
-            NumPy array: no ~4 MB-per-image round trip through host memory. Off by default.
-        workers, max_queue_size: Keras' ``PyDataset`` arguments (threads that call ``seq[i]``;
-            calls are serialised on the one pipeline, so ``workers > 1`` rarely helps).
+            each batch in the calling thread when it is asked for. Started (``spawn``) by
+            :meth:`start_workers` or the first ``seq[i]`` (batches are planned in the calling
+            thread until they are up, a few seconds when the main script imports Keras);
+            stopped by :meth:`close` or when the sequence is collected.
+        images_on_device: return the images as a ``torch`` float32 tensor ``[B, H, W, 3]`` on the
+            GPU (Keras' torch backend takes it as is) instead of a NumPy array. ``None``: on with
+            ``device="gpu"`` when Keras runs on its torch backend (it would otherwise copy each
+            NumPy batch back to the GPU itself, ~100 ms for 64 float images of 512x512), else off.
+        workers: Keras' ``PyDataset`` argument: the threads that call ``seq[i]`` (Keras' ordered
+            enqueuer) and, here, the most DALI pipelines the sequence runs at once, one batch
+            each (each holds its own GPU buffers). ``None``: 4 with ``device="gpu"`` (random
+            access, which ``fit(shuffle=True)`` uses, is then as fast as an iterator, see
+            ``docs/keras.md``), 1 with ``device="cpu"`` (DALI's threads already use the cores).
+        max_queue_size: Keras' ``PyDataset`` argument: batches Keras requests ahead with ``workers > 1``.
         use_multiprocessing: must stay ``False``: a DALI pipeline cannot be forked or pickled.
 
     ``seq[i]`` returns ``(images, targets)``:
 
-    * ``images``: float32 ``[B, H, W, 3]`` NumPy array, channels last: normalised when the recipe
-      ends with ``Normalize``, else ``0..255``. On ``device="gpu"`` it is copied to the host
-      (Keras moves it to its own device).
+    * ``images``: float32 ``[B, H, W, 3]``, channels last: normalised when the recipe ends with
+      ``Normalize``, else ``0..255``. A NumPy array, or with ``images_on_device`` a ``torch``
+      CUDA tensor (``images.cpu().numpy()`` gives the array).
     * ``targets``: ``{"boxes": float32 [B, max_boxes, 4], "labels": int32 [B, max_boxes]}``, boxes
       in ``bounding_box_format`` on the output image, labels the source's category ids; rows past
       a sample's boxes are ``-1``.
@@ -211,16 +233,21 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         num_shards: int | None = None,
         prefetch: bool = True,
         plan_workers: int | None = None,
-        images_on_device: bool = False,
-        workers: int = 1,
+        images_on_device: bool | None = None,
+        workers: int | None = None,
         max_queue_size: int = 10,
         use_multiprocessing: bool = False,
     ) -> None:
+        # 1. Arguments.
+        if workers is None:
+            workers = 1 if device == "cpu" else 4
+        if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
+            raise ValueError(f"workers must be an integer >= 1 or None, got {workers!r}")
         if getattr(_Base, "__name__", "") == "PyDataset":
-            super().__init__(workers=workers, use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size)
+            super().__init__(workers=int(workers), use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size)
         else:
             super().__init__()
-        # 1. Arguments.
+            self.workers, self.use_multiprocessing, self.max_queue_size = int(workers), use_multiprocessing, max_queue_size
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if overflow not in OVERFLOW_POLICIES:
@@ -232,6 +259,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             )
         if images_on_device and device == "cpu":
             raise ValueError("images_on_device=True needs device='gpu' (CPU images are host arrays already)")
+        if images_on_device is None:
+            images_on_device = device != "cpu" and _keras_backend() == "torch"
         self.images_on_device = bool(images_on_device)
         if plan_workers is not None and (
             isinstance(plan_workers, bool) or not isinstance(plan_workers, (int, np.integer)) or plan_workers < 0
@@ -295,7 +324,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self.prefetch_wasted = 0
         self.planned_ahead = 0
         self.planned_inline = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # guards the counters, the epoch and the pipelines below
         self._planner = (
             _Planner(
                 source, transforms, self.plan_workers, order_of=functools.partial(
@@ -305,11 +334,15 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             if self.plan_workers and len(self) > 1
             else None
         )
-        self._pending: tuple[int, int] | None = None  # (epoch, index) scheduled in the pipeline
-        self._last = -1  # last index served in this epoch
+        self._last = -1  # last index asked for in this epoch
+        self._calls = 0  # seq[i] calls in progress
         self.epoch = 0
         self._order = self._epoch_order(0)
-        self._pipeline = self._build()  # fail here, not in the first seq[i]
+        # Pipelines: each is idle, running a seq[i] call's batch, or holding a prefetched batch.
+        self._idle: list[Any] = [self._build()]  # fail here, not in the first seq[i]
+        self._prefetched: dict[tuple[int, int], tuple[Any, tuple]] = {}  # (epoch, index) -> (pipeline, columns fed)
+        self._pipelines = 1  # built or being built, in any of the three states
+        self._streams = threading.local()  # a CUDA stream per calling thread, for the copies
 
     # -- the classic Sequence protocol ------------------------------------------------------------
 
@@ -317,19 +350,36 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         full, rest = divmod(self.end - self.begin, self.batch_size)
         return full if (self.drop_last or rest == 0) else full + 1
 
-    def __getitem__(self, index: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Batch ``index`` of the current epoch (negative indexes count from the end)."""
+    def __getitem__(self, index: int) -> tuple[Any, dict[str, np.ndarray]]:
+        """Batch ``index`` of the current epoch (negative indexes count from the end); safe to
+        call from several threads at once (up to ``workers`` batches then run side by side)."""
         i = self._check_index(index)
         with self._lock:
-            outputs = self._batch_outputs(i)
-            sequential = i == self._last + 1
+            epoch, order = self.epoch, self._order
+            sequential = i == self._last + 1 and self._calls == 0
             self._last = i
-            if self.prefetch and sequential and i + 1 < len(self):
-                try:
-                    self._schedule(i + 1)
-                except Exception:  # noqa: BLE001, S110 - not this batch's error: batch i + 1 raises it when asked for
-                    pass
-            return self._to_keras(i, outputs)
+            self._calls += 1
+            pipe, columns = self._prefetched.pop((epoch, i), (None, None))
+            if pipe is not None:
+                self.prefetch_hits += 1
+        try:
+            if pipe is None:
+                columns = self._columns(i, epoch, order)
+                pipe = self._acquire()
+                self._schedule(pipe, columns)
+            try:
+                outputs = self._collect(pipe, columns, i, epoch, order)
+            except BaseException:
+                self._discard(pipe)  # DALI: "Current pipeline object is no longer valid"
+                raise
+            if self.prefetch and sequential and i + 1 < len(self) and self._prefetch_next(pipe, i + 1, epoch, order):
+                pass  # the pipeline now holds batch i + 1
+            else:
+                self._release(pipe)
+            return self._to_keras(i, epoch, order, outputs)
+        finally:
+            with self._lock:
+                self._calls -= 1
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
         """The batches of the current epoch, in order (one epoch; call ``on_epoch_end`` after)."""
@@ -343,7 +393,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     def set_epoch(self, epoch: int) -> None:
         """Jump to ``epoch`` (e.g. when resuming with ``fit(initial_epoch=...)``)."""
         with self._lock:
-            self._drop_pending()
+            self._drop_prefetched()
             if self._planner is not None:
                 self._planner.set_epoch(int(epoch))  # keeps the plans of the next epoch, cancels others
             self.epoch = int(epoch)
@@ -359,18 +409,32 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
 
         return keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs=None: self.set_epoch(epoch))
 
+    def start_workers(self, timeout: float | None = 120.0) -> bool:
+        """Start the planning workers now (else the first ``seq[i]`` starts them) and wait, up to
+        ``timeout`` seconds, until they have planned a first batch of the current epoch; like
+        DALI's ``Pipeline.start_py_workers``, before training, so that its first steps run at
+        full speed too. ``True`` when the workers are running; ``False`` with
+        ``plan_workers=0`` (or fewer than 2 batches), or when they could not start in time."""
+        with self._lock:
+            if self._planner is None:
+                return False
+            futures = self._planner.start(self.epoch)
+        if not futures:
+            return False
+        done, _ = wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
+        return any(not f.cancelled() and not isinstance(f.exception(), BrokenExecutor) for f in done)
+
     def batch_indices(self, index: int) -> np.ndarray:
         """int64 ``[B]`` source positions of batch ``index`` in the current epoch."""
-        i = self._check_index(index)
-        start = i * self.batch_size
-        return self._order[start : start + self.batch_size].copy()
+        return self._indices(self._check_index(index), self._order)
 
     def close(self) -> None:
-        """Release the DALI pipeline (and its GPU memory) and stop the planning workers; a later
-        ``seq[i]`` builds and starts new ones."""
+        """Release the DALI pipelines (and their GPU memory) and stop the planning workers; a
+        later ``seq[i]`` builds and starts new ones. Call it when no ``seq[i]`` is in progress."""
         with self._lock:
-            self._drop_pending()
-            self._pipeline = None
+            self._drop_prefetched()
+            self._pipelines -= len(self._idle)
+            self._idle = []
             if self._planner is not None:
                 self._planner.close()
 
@@ -388,6 +452,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             self.source, self.transforms, batch_size=self.batch_size, device=self.device,
             device_id=self.device_id, num_threads=self.num_threads, seed=self.seed, layout="HWC",
             prefetch_queue_depth=1,  # one batch fed per run: random access feeds as it goes
+            targets=False,  # the boxes and labels are the plan's: only the images come from DALI
         )
         pipe.build()
         return pipe
@@ -395,6 +460,10 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     def _epoch_order(self, epoch: int) -> np.ndarray:
         """This shard's source positions in ``epoch``'s order (as the PyTorch loader's)."""
         return epoch_order(len(self.source), epoch, shuffle=self.shuffle, seed=self.seed, begin=self.begin, end=self.end)
+
+    def _indices(self, i: int, order: np.ndarray) -> np.ndarray:
+        start = i * self.batch_size
+        return order[start : start + self.batch_size].copy()
 
     def _check_index(self, index: Any) -> int:
         try:
@@ -406,27 +475,26 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             raise IndexError(f"batch index {index} out of range for a sequence of {n} batches")
         return i + n if i < 0 else i
 
-    def _schedule(self, i: int) -> None:
-        """Feed batch ``i`` of the current epoch and start the pipeline on it (returns at once)."""
-        indices = self.batch_indices(i)
-        planned = None if self._planner is None else self._planner.take(i, self.epoch)  # raises the job's error
+    def _columns(self, i: int, epoch: int, order: np.ndarray) -> tuple[list[np.ndarray], ...]:
+        """The pipeline's input columns (:data:`~detaug.feeding.FEED_COLUMNS`) for batch ``i`` of
+        ``epoch``: a worker's plan with the images' data read here, or planned here."""
+        indices = self._indices(i, order)
+        with self._lock:
+            current = epoch == self.epoch  # a call that began before set_epoch plans its own batch
+            planned = None if self._planner is None or not current else self._planner.take(i, epoch)  # raises the job's error
         if planned is None:
-            seeds = [np.array([self.seed, self.epoch, j], dtype=np.int64) for j in indices]
+            seeds = [np.array([self.seed, epoch, j], dtype=np.int64) for j in indices]
             columns = plan_samples(self.source, self.transforms, indices, seeds)  # reads and plans before feeding
-            self.planned_inline += 1
+        elif planned[0] is None:  # decoded arrays: the workers planned on their shapes
+            columns = (self._load_data(indices), *planned[1:])
         else:
-            columns = (self._load_data(indices), *planned)
-            self.planned_ahead += 1
-        if self._pipeline is None:
-            self._pipeline = self._build()
-        try:
-            for name, column in zip(FEED_COLUMNS, columns):
-                self._pipeline.feed_input(name, column)
-            self._pipeline.schedule_run()
-        except BaseException:
-            self._pipeline = None  # possibly half fed: start over with a fresh pipeline
-            raise
-        self._pending = (self.epoch, i)
+            columns = planned
+        with self._lock:
+            if planned is None:
+                self.planned_inline += 1
+            else:
+                self.planned_ahead += 1
+        return columns
 
     def _load_data(self, indices: np.ndarray) -> list[np.ndarray]:
         """The image data column of planned samples (their encoded bytes or decoded arrays)."""
@@ -438,111 +506,190 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
                 raise type(err)(f"{self.source.describe(int(j))}: {err}") from err
         return data
 
-    def _collect(self) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
-        """Wait for the scheduled batch: host copies of its images (float32 ``[B, H, W, 3]``), boxes, labels."""
+    # -- the pipelines ----------------------------------------------------------------------------
 
-        self._pending = None
+    def _acquire(self) -> Any:
+        """An idle pipeline for this call: a free one, a new one (fewer than ``workers``), or one
+        whose prefetched batch nobody asked for; else wait for one to be released."""
+        with self._lock:
+            while True:
+                if self._idle:
+                    return self._idle.pop()
+                if self._pipelines < self.workers:
+                    self._pipelines += 1
+                    break
+                if self._prefetched:
+                    pipe, _ = self._prefetched.pop(next(iter(self._prefetched)))
+                    self.prefetch_wasted += 1
+                    if _drain(pipe):
+                        return pipe
+                    self._pipelines -= 1
+                    continue
+                self._lock.wait()
         try:
-            images, boxes, labels, _ = self._pipeline.outputs()
+            return self._build()
         except BaseException:
-            self._pipeline = None  # DALI: "Current pipeline object is no longer valid"
+            self._discard(None)
             raise
+
+    def _release(self, pipe: Any) -> None:
+        with self._lock:
+            self._idle.append(pipe)
+            self._lock.notify()
+
+    def _discard(self, pipe: Any) -> None:
+        """Forget a pipeline that failed (or was never built): the next caller builds a new one."""
+        with self._lock:
+            self._pipelines -= 1
+            self._lock.notify()
+
+    def _schedule(self, pipe: Any, columns: tuple[list[np.ndarray], ...]) -> None:
+        """Feed a batch's image data and parameter vectors (one ``[B, P]`` array: a single
+        object for DALI to take) and start ``pipe`` on it (returns at once)."""
+        try:
+            pipe.feed_input("data", columns[0])
+            pipe.feed_input("params", np.stack(columns[1]))
+            pipe.schedule_run()
+        except BaseException:
+            self._discard(pipe)  # possibly half fed: start over with a fresh pipeline
+            raise
+
+    def _prefetch_next(self, pipe: Any, i: int, epoch: int, order: np.ndarray) -> bool:
+        """Schedule batch ``i`` on ``pipe`` for the next call; ``False`` when it could not be
+        (the epoch changed, or planning it failed: batch ``i`` raises that when asked for)."""
+        try:
+            columns = self._columns(i, epoch, order)
+        except Exception:  # noqa: BLE001 - not this batch's error
+            return False
+        with self._lock:
+            if epoch != self.epoch:
+                return False
+            try:
+                self._schedule(pipe, columns)
+            except Exception:  # noqa: BLE001 - the pipeline is discarded; batch i raises it when asked for
+                return True  # not released: _schedule discarded it
+            self._prefetched[epoch, i] = (pipe, columns)
+            return True
+
+    def _drop_prefetched(self) -> None:
+        """Wait for and drop the prefetched batches (caller holds the lock)."""
+        for pipe, _ in self._prefetched.values():
+            self.prefetch_wasted += 1
+            if _drain(pipe):
+                self._idle.append(pipe)
+            else:
+                self._pipelines -= 1
+        self._prefetched = {}
+        self._lock.notify_all()
+
+    def _collect(
+        self, pipe: Any, columns: tuple[list[np.ndarray], ...], i: int, epoch: int, order: np.ndarray
+    ) -> tuple[Any, list[np.ndarray], list[np.ndarray]]:
+        """Wait for ``pipe``'s batch: a copy of its images (float32 ``[B, H, W, 3]``, NumPy or a
+        CUDA tensor; DALI reuses its buffers at the next run), and its boxes and labels, which
+        the pipeline passes through from the plan fed to it (``columns``)."""
+        try:
+            images = pipe.outputs()[0]
+        except RuntimeError as err:  # DALI's message names the operator, not the samples
+            ids = [self.source.samples[j].image_id for j in self._indices(i, order)]
+            raise RuntimeError(f"batch {i} of epoch {epoch} (image_ids {ids}) failed in the DALI pipeline: {err}") from err
         if not images.is_dense_tensor():
             shapes = sorted({tuple(images[k].shape()) for k in range(len(images))})
             raise ValueError(
                 f"the batch's images have different shapes {shapes}; a Keras batch is one "
                 "[B, H, W, 3] array: end the recipe with Resize((h, w)), LetterBox or RandomResizedCrop"
             )
-        return (
-            _device_float32(images, self.device_id) if self.images_on_device else _host_float32(images, self.device_id),
-            [np.array(boxes[k], dtype=np.float32).reshape(-1, 4) for k in range(len(boxes))],
-            [np.array(labels[k]).reshape(-1).astype(np.int32) for k in range(len(labels))],
-        )
-
-    def _drop_pending(self) -> None:
-        if self._pending is None:
-            return
-        self.prefetch_wasted += 1
-        try:
-            self._collect()
-        except Exception:  # noqa: BLE001, S110 - that batch was not asked for; it raises again if it is
-            pass
-
-    def _batch_outputs(self, i: int) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
-        if self._pending == (self.epoch, i):
-            self.prefetch_hits += 1
-        else:
-            self._drop_pending()
-            self._schedule(i)
-        try:
-            return self._collect()
-        except RuntimeError as err:  # DALI's message names the operator, not the samples
-            ids = [self.source.samples[j].image_id for j in self.batch_indices(i)]
-            raise RuntimeError(f"batch {i} of epoch {self.epoch} (image_ids {ids}) failed in the DALI pipeline: {err}") from err
+        boxes_out, labels_out = columns[FEED_COLUMNS.index("boxes")], columns[FEED_COLUMNS.index("labels")]
+        if self.device_id is None:
+            return np.array(images.as_tensor(), dtype=np.float32), boxes_out, labels_out
+        return _gpu_float32(images, self.device_id, self._streams, on_host=not self.images_on_device), boxes_out, labels_out
 
     # -- Keras targets ----------------------------------------------------------------------------
 
-    def _to_keras(self, i: int, outputs: tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def _to_keras(
+        self, i: int, epoch: int, order: np.ndarray, outputs: tuple[Any, list[np.ndarray], list[np.ndarray]]
+    ) -> tuple[Any, dict[str, np.ndarray]]:
+        """Pad the batch's boxes (xyxy ``[N_k, 4]`` per sample) and labels to ``max_boxes`` rows,
+        boxes in ``bounding_box_format``: whole-batch array operations, no per-sample ones."""
         images, boxes, labels = outputs
         count = len(images)
         height, width = images.shape[1:3]
         out_boxes = np.full((count, self.max_boxes, 4), PAD_VALUE, dtype=np.float32)
         out_labels = np.full((count, self.max_boxes), PAD_VALUE, dtype=np.int32)
-        over = [k for k in range(count) if len(boxes[k]) > self.max_boxes]
+        counts = np.fromiter(map(len, boxes), dtype=np.int64, count=count)
+        over = np.flatnonzero(counts > self.max_boxes).tolist()
         if over:
-            self._overflow(i, over, boxes)
-        for k in range(count):
-            n = min(len(boxes[k]), self.max_boxes)
-            out_boxes[k, :n] = to_keras_boxes(boxes[k][:n], self.bounding_box_format, (height, width))
-            out_labels[k, :n] = labels[k][:n]
+            self._overflow(i, epoch, self._indices(i, order), over, boxes)
+            boxes = [b[: self.max_boxes] for b in boxes]
+            labels = [lab[: self.max_boxes] for lab in labels]
+            counts = np.minimum(counts, self.max_boxes)
+        if counts.sum():
+            rows = np.repeat(np.arange(count), counts)
+            slots = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+            every = np.concatenate(boxes).reshape(-1, 4).astype(np.float32, copy=False)
+            out_boxes[rows, slots] = to_keras_boxes(every, self.bounding_box_format, (height, width))
+            out_labels[rows, slots] = np.concatenate(labels).reshape(-1)
         return images, {"boxes": out_boxes, "labels": out_labels}
 
-    def _overflow(self, i: int, over: list[int], boxes: list[np.ndarray]) -> None:
-        indices = self.batch_indices(i)
+    def _overflow(self, i: int, epoch: int, indices: np.ndarray, over: list[int], boxes: list[np.ndarray]) -> None:
         detail = ", ".join(
             f"image_id {self.source.samples[indices[k]].image_id}: {len(boxes[k])}" for k in over[:5]
         ) + (", ..." if len(over) > 5 else "")
         if self.overflow == "raise":
             raise ValueError(
-                f"batch {i} (epoch {self.epoch}): {len(over)} sample(s) have more than max_boxes={self.max_boxes} "
+                f"batch {i} (epoch {epoch}): {len(over)} sample(s) have more than max_boxes={self.max_boxes} "
                 f"boxes ({detail}); raise max_boxes (the largest source sample has {self.most_source_boxes}, "
                 "max_boxes=None uses that) or pass overflow='warn' or 'truncate' to keep the first max_boxes"
             )
         cut = sum(len(boxes[k]) - self.max_boxes for k in over)
-        self.boxes_truncated += cut
-        self.samples_truncated += len(over)
+        with self._lock:
+            self.boxes_truncated += cut
+            self.samples_truncated += len(over)
+            so_far = self.boxes_truncated
         if self.overflow == "warn":
             warnings.warn(
-                f"batch {i} (epoch {self.epoch}): cut {cut} box(es) beyond max_boxes={self.max_boxes} "
-                f"from {len(over)} sample(s) ({detail}); {self.boxes_truncated} cut so far",
+                f"batch {i} (epoch {epoch}): cut {cut} box(es) beyond max_boxes={self.max_boxes} "
+                f"from {len(over)} sample(s) ({detail}); {so_far} cut so far",
                 BoxOverflowWarning,
                 stacklevel=4,  # the caller of seq[i]
             )
 
 
-def _device_float32(images: Any, device_id: int | None) -> Any:
-    """A dense DALI GPU ``TensorList`` as a new float32 ``torch`` tensor on its GPU."""
+def _drain(pipe: Any) -> bool:
+    """Wait for ``pipe``'s scheduled batch and drop it; ``False`` when the run failed (the
+    pipeline is then unusable)."""
+    try:
+        pipe.outputs()
+    except Exception:  # noqa: BLE001 - a batch nobody asked for: it raises again if it is
+        return False
+    return True
+
+
+def _gpu_float32(images: Any, device_id: int, streams: threading.local, *, on_host: bool) -> Any:
+    """A dense DALI GPU ``TensorList`` copied as float32 ``[B, H, W, 3]``: a NumPy array on the
+    host (``on_host``), else a ``torch`` tensor on its GPU, ready to use on the default stream.
+
+    Each calling thread copies on a CUDA stream of its own, so one thread's ~200 MB host copy
+    (64 float images of 512x512) does not hold up another's device copy. The host copy goes
+    into page-locked memory, several times faster than a pageable one."""
     import torch
 
     from detaug.torch import dali_images_to_torch
 
-    return dali_images_to_torch(images, torch.device("cuda", device_id or 0)).float()
-
-
-def _host_float32(images: Any, device_id: int | None) -> np.ndarray:
-    """A dense DALI ``TensorList`` as a new float32 NumPy array on the host (Keras takes host
-    arrays). From the GPU it goes through PyTorch into page-locked memory, several times faster
-    than a pageable copy for the ~200 MB of a batch of 64 float images of 512x512."""
-    from nvidia.dali.backend import TensorListGPU
-
-    if not isinstance(images, TensorListGPU):
-        return np.array(images.as_tensor(), dtype=np.float32)
-    import torch
-
-    on_gpu = _device_float32(images, device_id)
-    host = torch.empty(on_gpu.shape, dtype=torch.float32, pin_memory=True)
-    host.copy_(on_gpu)  # synchronous: the array is complete when returned
-    return host.numpy()
+    device = torch.device("cuda", device_id)
+    stream = getattr(streams, "stream", None)
+    if stream is None:
+        stream = streams.stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):
+        on_gpu = dali_images_to_torch(images, device).float()
+        if on_host:
+            host = torch.empty(on_gpu.shape, dtype=torch.float32, pin_memory=True)
+            host.copy_(on_gpu, non_blocking=True)
+    stream.synchronize()  # complete when returned
+    if on_host:
+        return host.numpy()
+    on_gpu.record_stream(torch.cuda.default_stream(device))  # not reused while the caller's work runs
+    return on_gpu
 
 
 def _stop_pool(pool: ProcessPoolExecutor, payload_file: Any, *, wait: bool) -> None:
@@ -603,8 +750,8 @@ class _Planner:
             self.cursor = (epoch, 0, self.num_batches)
 
     def take(self, i: int, epoch: int) -> tuple[list[np.ndarray], ...] | None:
-        """Batch ``i``'s plan in ``epoch`` (params, out boxes, out labels, image ids), ``None`` when
-        the caller must plan it; raises the error of its job (an unreadable image, ...)."""
+        """Batch ``i``'s plan in ``epoch`` (:func:`~detaug.feeding.plan_job`'s columns), ``None``
+        when the caller must plan it; raises the error of its job (an unreadable image, ...)."""
         if self.disabled:
             return None
         self.set_epoch(epoch)
@@ -618,6 +765,14 @@ class _Planner:
             self._give_up(f"the planning workers stopped ({err})")
             return None
         return future.result()
+
+    def start(self, epoch: int) -> list[Future]:
+        """Submit ``epoch``'s plans (starting the workers); the jobs in flight."""
+        if self.disabled:
+            return []
+        self.set_epoch(epoch)
+        self._top_up()
+        return list(self.in_flight)
 
     def close(self) -> None:
         """Stop the workers (and wait for them); the next :meth:`take` starts new ones."""

@@ -44,6 +44,7 @@ def build_pipeline(
     feed: Callable[[Any], tuple[list[Any], ...]] | None = None,
     num_workers: int = 0,
     prefetch_queue_depth: int = 2,
+    targets: bool = True,
 ) -> Any:
     """Build (not yet run) the DALI pipeline of ``transforms`` over ``source``.
 
@@ -60,6 +61,9 @@ def build_pipeline(
         num_workers: worker processes that run ``feed`` ahead of the pipeline (DALI's parallel
             external source, started with ``spawn``); 0 runs it in this process.
         layout: ``"CHW"`` (PyTorch) or ``"HWC"`` (Keras) for the images.
+        targets: pass the planned boxes, labels and image ids through to the outputs; ``False``:
+            the images are the only output, and with ``feed=None`` only ``"data"`` and
+            ``"params"`` are fed (for a caller that holds the plan).
     """
     from nvidia.dali import fn, pipeline_def, types
 
@@ -90,10 +94,11 @@ def build_pipeline(
                 layout=["HWC" if decoded_input else None, None, None, None, None], **queue,
             )
         else:
-            data, params, out_boxes, out_labels, image_ids = (
+            data, params, *passed = (
                 fn.external_source(name=name, layout="HWC" if (name == "data" and decoded_input) else None)
-                for name in FEED_COLUMNS
+                for name in (FEED_COLUMNS if targets else FEED_COLUMNS[:2])
             )
+            out_boxes, out_labels, image_ids = passed if targets else (None, None, None)
         layout_of = transforms.param_slices()
         roi_anchor, roi_shape = params[0:2], params[2:4]
 
@@ -130,6 +135,8 @@ def build_pipeline(
             )
         elif layout == "CHW":
             images = fn.transpose(images, perm=[2, 0, 1])
+        if not targets:
+            return images
         return images, out_boxes, out_labels, image_ids
 
     return detection_pipeline()

@@ -45,6 +45,7 @@ from tests.detaug.consistency import (
 )
 
 DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")
+DEFAULT_WORKERS = 1 if DEVICE == "cpu" else 4  # workers=None
 FILL = 114
 NUM_IMAGES, BATCH = 11, 4  # batches of 4, 4 and 3
 OUT_HW = (64, 80)
@@ -55,7 +56,8 @@ def recipe() -> T.Compose:
 
 
 def make_sequence(source, **kwargs) -> DetectionSequence:
-    kwargs = {"shuffle": True, "seed": 0, "device": DEVICE, "num_threads": 2, **kwargs}
+    """A test sequence: NumPy images unless asked otherwise (the GPU default is torch tensors)."""
+    kwargs = {"shuffle": True, "seed": 0, "device": DEVICE, "num_threads": 2, "images_on_device": False, **kwargs}
     return DetectionSequence(source, kwargs.pop("transforms", recipe()), kwargs.pop("batch_size", BATCH), **kwargs)
 
 
@@ -92,7 +94,7 @@ def epoch0(seq):
 class TestProtocol:
     def test_is_a_keras_pydataset_with_the_classic_protocol(self, seq):
         assert isinstance(seq, keras.utils.PyDataset)
-        assert seq.workers == 1 and not seq.use_multiprocessing
+        assert seq.workers == DEFAULT_WORKERS and not seq.use_multiprocessing
         for name in ("__len__", "__getitem__", "on_epoch_end"):
             assert callable(getattr(seq, name))
 
@@ -149,6 +151,51 @@ class TestIndexing:
             batches = list(pool.map(seq.__getitem__, [2, 1, 0, 2, 1, 0]))
         for i, batch in zip([2, 1, 0, 2, 1, 0], batches):
             assert_batches_equal(batch, epoch0[i])
+
+
+class TestConcurrency:
+    """Up to ``workers`` pipelines run batches side by side; results never depend on which."""
+
+    def test_a_busy_pipeline_makes_another_call_build_a_second_one(self, source, epoch0):
+        two = make_sequence(source, workers=2, prefetch=False)
+        held = two._acquire()  # as a call in progress would hold it
+        assert two._pipelines == 1
+        assert_batches_equal(two[2], epoch0[2])
+        assert two._pipelines == 2
+        two._release(held)
+        with ThreadPoolExecutor(4) as pool:
+            batches = list(pool.map(two.__getitem__, [1, 0, 2, 1, 2, 0]))
+        for i, batch in zip([1, 0, 2, 1, 2, 0], batches):
+            assert_batches_equal(batch, epoch0[i])
+        assert two._pipelines == 2  # never more than workers
+
+    def test_with_one_worker_a_call_waits_for_the_pipeline(self, seq, epoch0):
+        assert seq.workers == 1 or DEVICE != "cpu"
+        seq.set_epoch(0)
+        limit = seq.workers
+        held = [seq._acquire() for _ in range(limit - seq._pipelines + len(seq._idle))]
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                waiting = pool.submit(seq.__getitem__, 1)
+                time.sleep(0.5)
+                assert not waiting.done()  # no pipeline free, none may be built
+                seq._release(held.pop())
+                assert_batches_equal(waiting.result(timeout=60), epoch0[1])
+        finally:
+            for pipe in held:
+                seq._release(pipe)
+
+    def test_a_prefetch_nobody_asks_for_gives_its_pipeline_to_the_next_call(self, source, epoch0):
+        one = make_sequence(source, workers=1)
+        one[0], one[1]  # noqa: B018 - sequential: batch 2 is prefetched
+        assert list(one._prefetched) == [(0, 2)] and one._pipelines == 1
+        assert_batches_equal(one[0], epoch0[0])  # takes the prefetching pipeline over
+        assert (one.prefetch_wasted, one._pipelines, one._prefetched) == (1, 1, {})
+
+    def test_workers_must_be_a_positive_integer(self, source):
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(ValueError, match="workers must be an integer >= 1 or None"):
+                make_sequence(source, workers=bad)
 
 
 class TestEpochs:
@@ -249,11 +296,12 @@ class TestPrefetch:
         seq.set_epoch(0)
         hits, wasted = seq.prefetch_hits, seq.prefetch_wasted
         assert_batches_equal(seq[0], epoch0[0])  # looks sequential: batch 1 is prefetched ...
-        assert_batches_equal(seq[2], epoch0[2])  # ... and dropped
+        assert_batches_equal(seq[2], epoch0[2])  # ... and dropped when its pipeline is the only one
         assert_batches_equal(seq[1], epoch0[1])
-        assert (seq.prefetch_hits - hits, seq.prefetch_wasted - wasted) == (0, 1)
+        one = seq.workers == 1  # else batch 2 runs in a second pipeline and batch 1 is still there
+        assert (seq.prefetch_hits - hits, seq.prefetch_wasted - wasted) == ((0, 1) if one else (1, 0))
         seq.on_epoch_end()  # nothing pending: nothing wasted
-        assert seq.prefetch_wasted - wasted == 1
+        assert seq.prefetch_wasted - wasted == (1 if one else 0)
         seq.set_epoch(0)
 
 
@@ -363,8 +411,8 @@ class RecordingSequence(DetectionSequence):
 @pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning")
 def test_model_fit_two_epochs(source):
     keras.utils.set_random_seed(0)
-    train = RecordingSequence(source, recipe(), BATCH, shuffle=True, seed=0, device=DEVICE, num_threads=2)
-    assert train.workers == 1 and not train.use_multiprocessing  # PyDataset defaults: no Keras workers
+    # workers=1: Keras calls seq[i] from its own loop, one at a time (threads: `threaded` below)
+    train = RecordingSequence(source, recipe(), BATCH, shuffle=True, seed=0, device=DEVICE, num_threads=2, workers=1)
     model = TinyDetector(train.max_boxes)
     model.compile(optimizer=keras.optimizers.Adam(1e-2))
     # fit shuffles the batch order (random access); the callback numbers the epochs as Keras does
@@ -380,6 +428,11 @@ def test_model_fit_two_epochs(source):
     model.fit(train, epochs=1, verbose=0, shuffle=False)  # in order: every batch after the first is prefetched
     assert train.prefetch_hits - hits == len(train) - 1
     assert [i for _, i in train.calls[-len(train) :]] == list(range(len(train)))
+
+    threaded = RecordingSequence(source, recipe(), BATCH, shuffle=True, seed=0, device=DEVICE, num_threads=2, workers=2)
+    history = model.fit(threaded, epochs=1, verbose=0)  # Keras' ordered enqueuer: 2 threads, random order
+    assert np.isfinite(history.history["loss"]).all()
+    assert sorted(i for _, i in threaded.calls) == list(range(len(threaded)))
 
 
 def test_errors_belong_to_the_batch_that_has_them():
@@ -491,17 +544,23 @@ class TestPlanningWorkers:
 
         ahead.set_epoch(0)
         inline.set_epoch(0)
+        assert not inline.start_workers() and ahead._planner.pool is None  # plan_workers=0: nothing to start
+        assert ahead.start_workers(timeout=60)  # started again, before any seq[i], with a plan done
+        assert any(f.done() for f in ahead._planner.plans.values())
         good = (bad_batch(ahead) + 1) % n
+        wait_for_plans(ahead)
+        before = ahead.planned_ahead
         assert_batches_equal(ahead[good], inline[good])
-        processes = list(ahead._planner.pool._processes.values())  # started again
+        assert ahead.planned_ahead == before + 1
+        processes = list(ahead._planner.pool._processes.values())
         assert processes
         del ahead
         gc.collect()
         assert all_ended(processes, timeout=30)  # stopped in the background
 
     def test_workers_plan_what_plan_samples_plans(self):
-        """The workers' job, run here: plan_samples less the image data, also for decoded arrays
-        (sent to the workers as shapes only, grayscale included)."""
+        """The workers' job, run here: plan_samples, image bytes included; for decoded arrays (sent
+        to the workers as shapes only, grayscale included) less the image data."""
         samples, _ = scene_samples(4, seed=3)
         encoded = SampleListSource(samples)
         decoded = SampleListSource(
@@ -520,7 +579,11 @@ class TestPlanningWorkers:
                     planned = feeding.plan_job(indices, 7, 1)
                 finally:
                     feeding._PLANNING = None
-            expected = plan_samples(source, transforms, indices, seeds)[1:]
+            expected = plan_samples(source, transforms, indices, seeds)
+            if source.decoded:  # the workers have the shapes, not the pixels
+                assert planned[0] is None
+                planned, expected = planned[1:], expected[1:]
+            assert len(planned) == len(expected)
             for got, want in zip(planned, expected):
                 assert len(got) == len(want) == 4
                 for a, b in zip(got, want):
@@ -557,6 +620,7 @@ def _decode(data: bytes, gray: bool) -> np.ndarray:
 def test_images_on_device_needs_a_gpu(source):
     with pytest.raises(ValueError, match="images_on_device=True needs device='gpu'"):
         DetectionSequence(source, recipe(), batch_size=2, device="cpu", images_on_device=True)
+    assert not DetectionSequence(source, recipe(), batch_size=2, device="cpu", num_threads=1).images_on_device
 
 
 @pytest.mark.skipif(DEVICE != "gpu", reason="needs DETAUG_TEST_DEVICE=gpu and a GPU")
@@ -564,7 +628,8 @@ def test_images_on_device_equal_the_host_arrays(source):
     import torch
 
     on_host = make_sequence(source, shuffle=True)
-    on_device = make_sequence(source, shuffle=True, images_on_device=True)
+    on_device = make_sequence(source, shuffle=True, images_on_device=None)
+    assert on_device.images_on_device  # the default on a GPU with Keras' torch backend
     for i in (2, 0, 1):
         (a, a_targets), (b, b_targets) = on_host[i], on_device[i]
         assert isinstance(b, torch.Tensor) and b.is_cuda and b.dtype == torch.float32
