@@ -4,8 +4,12 @@ Variants (``--only`` names):
 
 * ``detaug``: ``detaug.torch.DetectionLoader`` (the PyTorch iterator) on a ``CocoSource``;
 * ``detaug-list``: the same loader on the same JSON as a sample list (planning in workers);
-* ``sequence``: ``detaug.keras.DetectionSequence``, items in a random order;
-* ``sequence-gpu``: the same with ``images_on_device=True`` (GPU only);
+* ``sequence``: ``detaug.keras.DetectionSequence`` as ``model.fit(seq)`` reads it: Keras'
+  ``PyDatasetAdapter``, batches in a random order from the sequence's default ``workers`` threads
+  (on a GPU with Keras' torch backend its images are torch tensors on the GPU);
+* ``sequence-numpy``: the same requests with NumPy images on the host (Keras' own conversion of
+  NumPy batches left out);
+* ``sequence-serial``: ``seq[i]`` called one at a time in a random order (``workers=1``);
 * ``raw-dali``: the same recipe hand-written in plain DALI (:mod:`detaug.bench.raw_dali`);
 * ``torchvision``, ``albumentations``: the CPU peers in DataLoaders (:mod:`detaug.bench.peers`).
 
@@ -99,17 +103,24 @@ VARIANTS: tuple[Variant, ...] = (
     ),
     Variant(
         "sequence",
-        "detaug Keras Sequence",
+        "detaug Keras Sequence in fit",
         "detaug",
         "detaug.bench.detaug_variants:iter_sequence",
-        note="random-order items, NumPy images (copied to the host)",
+        note="Keras' fit(shuffle=True) data path, random order, 4 threads; images on the GPU",
     ),
     Variant(
-        "sequence-gpu",
-        "detaug Keras Sequence, GPU",
+        "sequence-numpy",
+        "detaug Keras Sequence, NumPy",
         "detaug",
-        "detaug.bench.detaug_variants:iter_sequence_on_device",
-        note="random-order items, images_on_device=True (torch tensors)",
+        "detaug.bench.detaug_variants:iter_sequence_numpy",
+        note="same requests, images_on_device=False: host arrays (Keras' NumPy-to-GPU copy not counted)",
+    ),
+    Variant(
+        "sequence-serial",
+        "detaug Keras Sequence, serial",
+        "detaug",
+        "detaug.bench.detaug_variants:iter_sequence_serial",
+        note="seq[i] one at a time, random order (workers=1): latency-bound, no target",
     ),
     Variant("raw-dali", "raw DALI", "reference", "detaug.bench.raw_dali:iter_raw_dali"),
     Variant("torchvision", "torchvision.transforms.v2", "cpu-peer", "detaug.bench.peers:iter_torchvision"),
@@ -122,7 +133,16 @@ VARIANTS: tuple[Variant, ...] = (
     ),
 )
 VARIANT_NAMES = tuple(v.name for v in VARIANTS)
-RUN_ORDER = ("torchvision", "albumentations", "raw-dali", "detaug", "detaug-list", "sequence", "sequence-gpu")
+RUN_ORDER = (
+    "torchvision",
+    "albumentations",
+    "raw-dali",
+    "detaug",
+    "detaug-list",
+    "sequence",
+    "sequence-numpy",
+    "sequence-serial",
+)
 
 
 @dataclass
@@ -176,8 +196,10 @@ CHECKS: tuple[Check, ...] = (
     Check("detaug (sample list) / raw DALI", "detaug-list", "raw-dali", 0.9),
     Check("detaug (COCO reader) / best CPU peer", "detaug", "cpu-peer", 20.0),
     Check("detaug (sample list) / best CPU peer", "detaug-list", "cpu-peer", 20.0),
-    Check("Sequence (NumPy) / iterator (sample list)", "sequence", "detaug-list", 0.5),
-    Check("Sequence (GPU tensors) / iterator (sample list)", "sequence-gpu", "detaug-list", 0.5),
+    Check("Sequence in fit / iterator (COCO reader)", "sequence", "detaug", 0.5),
+    Check("Sequence in fit / iterator (sample list)", "sequence", "detaug-list", 0.5),
+    Check("Sequence, NumPy / iterator (COCO reader)", "sequence-numpy", "detaug", 0.5),
+    Check("Sequence, NumPy / iterator (sample list)", "sequence-numpy", "detaug-list", 0.5),
 )
 
 

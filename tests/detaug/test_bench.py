@@ -232,14 +232,21 @@ def test_detaug_iterator_cpu(dataset):
         batches.close()
 
 
-@pytest.mark.skipif(not _installed("detaug.keras", "keras"), reason="detaug.keras is not there yet")
-def test_sequence_cpu(dataset):
+@pytest.mark.skipif(not _installed("detaug.keras", "keras"), reason="Keras is not installed")
+@pytest.mark.parametrize("mode", ["fit", "numpy", "serial"])
+def test_sequence_cpu(dataset, mode):
+    """Every Sequence variant crosses an epoch's end (4 batches) with whole batches; through
+    Keras' adapter (``fit``) the batches arrive as tensors, as fit receives them."""
+    import torch
+
     from detaug.bench.detaug_variants import iter_sequence
 
-    batches = iter_sequence(dataset, _settings())
+    batches = iter_sequence(dataset, _settings(), mode=mode)
     try:
-        for batch in islice(batches, 2):
-            assert count_images(batch) == BATCH
+        for images, targets in islice(batches, 5):
+            assert count_images((images, targets)) == BATCH
+            assert isinstance(images, torch.Tensor if mode == "fit" else np.ndarray)
+            assert targets["boxes"].shape[:2] == targets["labels"].shape and targets["boxes"].shape[0] == BATCH
     finally:
         batches.close()
 
@@ -323,7 +330,7 @@ def test_main_writes_json(dataset, tmp_path, capsys):
     )
     assert status == 0
     printed = capsys.readouterr().out
-    assert "detaug (sample list) / raw DALI" in printed and "Sequence (NumPy) / iterator" in printed
+    assert "detaug (sample list) / raw DALI" in printed and "Sequence in fit / iterator (COCO reader)" in printed
     results = json.loads(out.read_text())
     assert results["settings"]["batch_size"] == 4
     assert [r["variant"] for r in results["results"]] == ["raw-dali"]
