@@ -109,19 +109,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seq[0]: images {images.dtype} {images.shape}, boxes {targets['boxes'].dtype} "
               f"{targets['boxes'].shape}, labels {targets['labels'].dtype} {targets['labels'].shape}")
 
+        seq.start_workers()  # the planning processes, up before the first step (no-op on the CPU)
         keras.utils.set_random_seed(args.seed)
         model = BoxRegressor(seq.max_boxes)
         model.compile(optimizer=keras.optimizers.Adam(1e-3))
         start = time.perf_counter()
-        # shuffle=False: Keras asks for the batches in order, so each next batch is prefetched
-        # (the sequence already shuffles its samples); epoch_callback numbers the sequence's
-        # epochs as Keras does (fit(initial_epoch=...) then resumes the same augmentations).
-        history = model.fit(seq, epochs=args.epochs, shuffle=False, callbacks=[seq.epoch_callback()], verbose=2)
+        # fit asks for the batches in a random order, from seq.workers threads (4 on a GPU: up to
+        # 4 batches run side by side); epoch_callback numbers the sequence's epochs as Keras
+        # does (fit(initial_epoch=...) then resumes the same augmentations).
+        history = model.fit(seq, epochs=args.epochs, callbacks=[seq.epoch_callback()], verbose=2)
         elapsed = time.perf_counter() - start
         seen = args.epochs * (seq.end - seq.begin)
         print(f"fit: {args.epochs} epochs, {seen} images in {elapsed:.1f} s on {device} "
               f"({seen / elapsed:.0f} images/s); loss {[round(v, 4) for v in history.history['loss']]}")
-        print(f"prefetched batches used {seq.prefetch_hits}, wasted {seq.prefetch_wasted}; "
+        print(f"batches planned ahead {seq.planned_ahead}, in the calling thread {seq.planned_inline}; "
+              f"prefetched batches used {seq.prefetch_hits}, wasted {seq.prefetch_wasted}; "
               f"boxes cut by max_boxes {seq.boxes_truncated}")
         seq.close()
     return 0
