@@ -49,7 +49,13 @@ import threading
 import warnings
 import weakref
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Future, ProcessPoolExecutor, wait
+from concurrent.futures import (
+    FIRST_COMPLETED,
+    BrokenExecutor,
+    Future,
+    ProcessPoolExecutor,
+    wait,
+)
 from typing import Any
 
 import numpy as np
@@ -372,9 +378,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             except BaseException:
                 self._discard(pipe)  # DALI: "Current pipeline object is no longer valid"
                 raise
-            if self.prefetch and sequential and i + 1 < len(self) and self._prefetch_next(pipe, i + 1, epoch, order):
-                pass  # the pipeline now holds batch i + 1
-            else:
+            holds_next = self.prefetch and sequential and i + 1 < len(self) and self._prefetch_next(pipe, i + 1, epoch, order)
+            if not holds_next:
                 self._release(pipe)
             return self._to_keras(i, epoch, order, outputs)
         finally:
@@ -477,7 +482,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
 
     def _columns(self, i: int, epoch: int, order: np.ndarray) -> tuple[list[np.ndarray], ...]:
         """The pipeline's input columns (:data:`~detaug.feeding.FEED_COLUMNS`) for batch ``i`` of
-        ``epoch``: a worker's plan with the images' data read here, or planned here."""
+        ``epoch``: a worker's plan (with the image bytes it read; decoded arrays are taken
+        here), or, when none is ready, planned here."""
         indices = self._indices(i, order)
         with self._lock:
             current = epoch == self.epoch  # a call that began before set_epoch plans its own batch
@@ -559,14 +565,14 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         (the epoch changed, or planning it failed: batch ``i`` raises that when asked for)."""
         try:
             columns = self._columns(i, epoch, order)
-        except Exception:  # noqa: BLE001 - not this batch's error
+        except Exception:
             return False
         with self._lock:
             if epoch != self.epoch:
                 return False
             try:
                 self._schedule(pipe, columns)
-            except Exception:  # noqa: BLE001 - the pipeline is discarded; batch i raises it when asked for
+            except Exception:
                 return True  # not released: _schedule discarded it
             self._prefetched[epoch, i] = (pipe, columns)
             return True
@@ -660,7 +666,7 @@ def _drain(pipe: Any) -> bool:
     pipeline is then unusable)."""
     try:
         pipe.outputs()
-    except Exception:  # noqa: BLE001 - a batch nobody asked for: it raises again if it is
+    except Exception:
         return False
     return True
 
@@ -810,7 +816,7 @@ class _Planner:
         source = DecodedShapes(self.source) if self.source.decoded else self.source
         try:
             payload = PAYLOAD_MAGIC + pickle.dumps((source, self.transforms), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as err:  # noqa: BLE001 - e.g. a recipe holding a lambda
+        except Exception as err:
             self._give_up(f"the source and recipe cannot be pickled for the planning workers ({err})")
             return False
         # Not the payload itself as the initializer's argument: spawning writes a process's
@@ -821,7 +827,7 @@ class _Planner:
         initarg: bytes | str = payload
         if os.path.isdir(f"/proc/{os.getpid()}/fd"):
             try:
-                self._payload_file = tempfile.TemporaryFile(prefix="detaug-keras-plan-")  # noqa: SIM115 - open while the pool lives
+                self._payload_file = tempfile.TemporaryFile(prefix="detaug-keras-plan-")
                 self._payload_file.write(payload)
                 self._payload_file.flush()
                 initarg = f"/proc/{os.getpid()}/fd/{self._payload_file.fileno()}"

@@ -84,7 +84,7 @@ def iter_sequence(dataset: BenchDataset, settings: BenchSettings, *, mode: str =
     """
     os.environ.setdefault("KERAS_BACKEND", "torch")
     try:
-        import keras  # noqa: F401
+        import keras
     except ImportError as exc:
         raise VariantUnavailable(f"not installed (pip install keras): {exc}") from exc
     try:
@@ -96,7 +96,9 @@ def iter_sequence(dataset: BenchDataset, settings: BenchSettings, *, mode: str =
     adapter_class = None
     if mode == "fit":
         try:
-            from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter as adapter_class
+            from keras.src.trainers.data_adapters.py_dataset_adapter import (
+                PyDatasetAdapter as adapter_class,
+            )
         except ImportError as exc:
             raise VariantUnavailable(f"Keras' PyDatasetAdapter is not importable (Keras 3 needed): {exc}") from exc
     recipe = T.default_detection_recipe(size=settings.size)

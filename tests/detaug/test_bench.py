@@ -17,7 +17,13 @@ import torch
 
 from detaug.bench import runner
 from detaug.bench.dataset import BenchDataset, load_records, prepare_dataset
-from detaug.bench.harness import BenchSettings, Measurement, VariantUnavailable, count_images, measure
+from detaug.bench.harness import (
+    BenchSettings,
+    Measurement,
+    VariantUnavailable,
+    count_images,
+    measure,
+)
 from detaug.bench.recipe import RecipeSpec
 from detaug.bench.runner import CHECKS, VARIANTS, Variant, _run_variant, main, run_bench
 from detaug.synthetic import write_coco_dataset

@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from multiprocessing.connection import wait as wait_sentinels
 
 import numpy as np
+import pytest
 
 import detaug.feeding as feeding
-import pytest
 
 keras = pytest.importorskip("keras", reason="Keras 3 is not installed (pip install detaug[keras])")
 
@@ -187,7 +187,7 @@ class TestConcurrency:
 
     def test_a_prefetch_nobody_asks_for_gives_its_pipeline_to_the_next_call(self, source, epoch0):
         one = make_sequence(source, workers=1)
-        one[0], one[1]  # noqa: B018 - sequential: batch 2 is prefetched
+        one[0], one[1]
         assert list(one._prefetched) == [(0, 2)] and one._pipelines == 1
         assert_batches_equal(one[0], epoch0[0])  # takes the prefetching pipeline over
         assert (one.prefetch_wasted, one._pipelines, one._prefetched) == (1, 1, {})
