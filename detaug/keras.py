@@ -378,8 +378,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             except BaseException:
                 self._discard(pipe)  # DALI: "Current pipeline object is no longer valid"
                 raise
-            holds_next = self.prefetch and sequential and i + 1 < len(self) and self._prefetch_next(pipe, i + 1, epoch, order)
-            if not holds_next:
+            handed_over = self.prefetch and sequential and i + 1 < len(self) and self._prefetch_next(pipe, i + 1, epoch, order)
+            if not handed_over:
                 self._release(pipe)
             return self._to_keras(i, epoch, order, outputs)
         finally:
@@ -526,10 +526,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
                     break
                 if self._prefetched:
                     pipe, _ = self._prefetched.pop(next(iter(self._prefetched)))
-                    self.prefetch_wasted += 1
-                    if _drain(pipe):
+                    if self._reclaim(pipe):
                         return pipe
-                    self._pipelines -= 1
                     continue
                 self._lock.wait()
         try:
@@ -561,30 +559,38 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             raise
 
     def _prefetch_next(self, pipe: Any, i: int, epoch: int, order: np.ndarray) -> bool:
-        """Schedule batch ``i`` on ``pipe`` for the next call; ``False`` when it could not be
-        (the epoch changed, or planning it failed: batch ``i`` raises that when asked for)."""
+        """Schedule batch ``i`` on ``pipe`` for the next call. ``True`` when ``pipe`` is no longer
+        the caller's: it holds batch ``i``, or feeding it failed and it was discarded. ``False``
+        when nothing was fed (the epoch changed, or planning failed): the caller releases it.
+        Errors are not this call's: batch ``i`` raises them when it is asked for."""
         try:
             columns = self._columns(i, epoch, order)
-        except Exception:
+        except Exception:  # noqa: BLE001 - batch i's error, raised again when batch i is asked for
             return False
         with self._lock:
             if epoch != self.epoch:
                 return False
             try:
                 self._schedule(pipe, columns)
-            except Exception:
-                return True  # not released: _schedule discarded it
+            except Exception:  # noqa: BLE001 - _schedule discarded the pipeline; batch i raises it when asked for
+                return True
             self._prefetched[epoch, i] = (pipe, columns)
             return True
+
+    def _reclaim(self, pipe: Any) -> bool:
+        """Wait for and drop the unwanted prefetched batch of ``pipe`` (counted as wasted);
+        ``True`` when the pipeline is usable again, else it is forgotten (caller holds the lock)."""
+        self.prefetch_wasted += 1
+        if _drain(pipe):
+            return True
+        self._pipelines -= 1
+        return False
 
     def _drop_prefetched(self) -> None:
         """Wait for and drop the prefetched batches (caller holds the lock)."""
         for pipe, _ in self._prefetched.values():
-            self.prefetch_wasted += 1
-            if _drain(pipe):
+            if self._reclaim(pipe):
                 self._idle.append(pipe)
-            else:
-                self._pipelines -= 1
         self._prefetched = {}
         self._lock.notify_all()
 
@@ -593,7 +599,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     ) -> tuple[Any, list[np.ndarray], list[np.ndarray]]:
         """Wait for ``pipe``'s batch: a copy of its images (float32 ``[B, H, W, 3]``, NumPy or a
         CUDA tensor; DALI reuses its buffers at the next run), and its boxes and labels, which
-        the pipeline passes through from the plan fed to it (``columns``)."""
+        are the plan's (``columns``: the pipeline only moves pixels)."""
         try:
             images = pipe.outputs()[0]
         except RuntimeError as err:  # DALI's message names the operator, not the samples
@@ -666,7 +672,7 @@ def _drain(pipe: Any) -> bool:
     pipeline is then unusable)."""
     try:
         pipe.outputs()
-    except Exception:
+    except Exception:  # noqa: BLE001 - a batch nobody asked for: it raises again if it is
         return False
     return True
 
@@ -816,7 +822,7 @@ class _Planner:
         source = DecodedShapes(self.source) if self.source.decoded else self.source
         try:
             payload = PAYLOAD_MAGIC + pickle.dumps((source, self.transforms), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - e.g. a recipe holding a lambda
             self._give_up(f"the source and recipe cannot be pickled for the planning workers ({err})")
             return False
         # Not the payload itself as the initializer's argument: spawning writes a process's
@@ -827,7 +833,7 @@ class _Planner:
         initarg: bytes | str = payload
         if os.path.isdir(f"/proc/{os.getpid()}/fd"):
             try:
-                self._payload_file = tempfile.TemporaryFile(prefix="detaug-keras-plan-")
+                self._payload_file = tempfile.TemporaryFile(prefix="detaug-keras-plan-")  # noqa: SIM115 - open while the pool lives
                 self._payload_file.write(payload)
                 self._payload_file.flush()
                 initarg = f"/proc/{os.getpid()}/fd/{self._payload_file.fileno()}"

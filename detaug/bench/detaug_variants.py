@@ -84,7 +84,7 @@ def iter_sequence(dataset: BenchDataset, settings: BenchSettings, *, mode: str =
     """
     os.environ.setdefault("KERAS_BACKEND", "torch")
     try:
-        import keras
+        import keras  # noqa: F401
     except ImportError as exc:
         raise VariantUnavailable(f"not installed (pip install keras): {exc}") from exc
     try:

@@ -172,8 +172,8 @@ class TestConcurrency:
     def test_with_one_worker_a_call_waits_for_the_pipeline(self, seq, epoch0):
         assert seq.workers == 1 or DEVICE != "cpu"
         seq.set_epoch(0)
-        limit = seq.workers
-        held = [seq._acquire() for _ in range(limit - seq._pipelines + len(seq._idle))]
+        # hold every pipeline: the idle ones, and those still allowed to be built
+        held = [seq._acquire() for _ in range(len(seq._idle) + seq.workers - seq._pipelines)]
         try:
             with ThreadPoolExecutor(1) as pool:
                 waiting = pool.submit(seq.__getitem__, 1)
@@ -187,7 +187,7 @@ class TestConcurrency:
 
     def test_a_prefetch_nobody_asks_for_gives_its_pipeline_to_the_next_call(self, source, epoch0):
         one = make_sequence(source, workers=1)
-        one[0], one[1]
+        one[0], one[1]  # sequential: batch 2 is prefetched
         assert list(one._prefetched) == [(0, 2)] and one._pipelines == 1
         assert_batches_equal(one[0], epoch0[0])  # takes the prefetching pipeline over
         assert (one.prefetch_wasted, one._pipelines, one._prefetched) == (1, 1, {})
