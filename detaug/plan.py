@@ -3,16 +3,20 @@
 A :class:`detaug.transforms.Compose` is executed in two parts:
 
 1. **Planning (this module, NumPy on the host).** Once per batch, before the batch enters the
-   DALI pipeline (in worker processes: see :mod:`detaug.feeding`), the planner draws every
-   random parameter of every transform for every sample from one seeded generator, composes
-   the geometric transforms into one forward matrix per *warp segment*, and computes the exact
+   DALI pipeline (in worker processes), the planner draws every random parameter of every
+   transform for every sample from that sample's own random stream
+   (:class:`detaug.seeds.SampleRandom`, keyed by ``(seed, epoch, image_id)``), composes the
+   geometric transforms into one forward matrix per *warp segment*, and computes the exact
    output boxes.
 2. **Pixels (DALI, GPU or CPU).** The image is decoded (only the region the first warp reads),
    warped once per segment with ``fn.warp_affine(inverse_map=False)``, colour-adjusted and
    normalised, all from the planner's per-sample outputs.
 
 Because the boxes come from the same NumPy code on both devices, ``device="gpu"`` and
-``device="cpu"`` give the same boxes and labels for one seed.
+``device="cpu"`` give the same boxes and labels for one seed. Every step is computed per sample
+(the random draws, the choice between the rectangle and the half-plane clipping, the area
+sums), so a sample's plan is bit for bit the same whatever its batch-mates
+(see :mod:`detaug.seeds`).
 
 Box processing order (all boxes absolute ``xyxy``, float64 while planning):
 
@@ -45,13 +49,9 @@ from detaug.boxes import (
     transform_points,
 )
 
-__all__ = ["PlanState", "BoxResult", "seed_generator"]
+from detaug.seeds import SampleRandom
 
-
-def seed_generator(seeds: list[np.ndarray] | np.ndarray) -> np.random.Generator:
-    """One NumPy generator for a batch, seeded from every sample's seed words."""
-    words = np.concatenate([np.asarray(s, dtype=np.int64).ravel() for s in seeds]) if len(seeds) else []
-    return np.random.default_rng([int(w) & 0xFFFFFFFF for w in words])
+__all__ = ["PlanState", "BoxResult"]
 
 
 @dataclass
@@ -68,7 +68,8 @@ class PlanState:
     """Geometry of a batch while its transforms are planned.
 
     Attributes:
-        rng: the batch's random generator (every draw comes from it, in transform order).
+        rand: the samples' random streams (every draw comes from it, in transform order; row
+            ``k`` of a draw depends only on sample ``k``'s key).
         source_hw: float64 ``[B, 2]`` source image ``(height, width)``.
         canvas_hw: float64 ``[B, 2]`` current canvas ``(height, width)`` (whole pixels).
         to_canvas: float64 ``[B, 3, 3]`` forward map from source to current canvas coordinates.
@@ -77,7 +78,7 @@ class PlanState:
         alive: bool ``[N]`` boxes not dropped by a transform so far.
     """
 
-    rng: np.random.Generator
+    rand: SampleRandom
     source_hw: np.ndarray
     boxes_src: np.ndarray
     sample: np.ndarray
@@ -86,6 +87,7 @@ class PlanState:
     alive: np.ndarray = field(init=False)
     _clip_rect: np.ndarray = field(init=False)
     _planes: list[np.ndarray] = field(init=False)
+    _rotated: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         b = len(self.source_hw)
@@ -94,10 +96,12 @@ class PlanState:
         self.alive = np.ones(len(self.boxes_src), dtype=bool)
         # Canvas constraints in source coordinates: while the geometry is axis-aligned they are
         # rectangles, intersected into one ``[B, 4]`` xyxy rectangle (cheap min/max); after a
-        # rotation or shear, each cropping canvas adds four general half-planes.
+        # rotation or shear, each cropping canvas adds four general half-planes for that sample
+        # (``_rotated``), and "no constraint" for the others.
         zeros = np.zeros(b)
         self._clip_rect = np.stack([zeros, zeros, self.canvas_hw[:, 1], self.canvas_hw[:, 0]], axis=1)
         self._planes = []
+        self._rotated = np.zeros(b, dtype=bool)
 
     @property
     def batch_size(self) -> int:
@@ -114,17 +118,23 @@ class PlanState:
         if not crops:
             return
         m = self.to_canvas
-        if np.all(m[:, 0, 1] == 0) and np.all(m[:, 1, 0] == 0):
-            # axis-aligned: the canvas is the source rectangle between the preimages of its corners
+        aligned = (m[:, 0, 1] == 0) & (m[:, 1, 0] == 0)  # decided per sample, never per batch
+        if aligned.any():
+            # the canvas is the source rectangle between the preimages of its corners
             sx, sy, tx, ty = m[:, 0, 0], m[:, 1, 1], m[:, 0, 2], m[:, 1, 2]
-            xa, xb = -tx / sx, (self.canvas_hw[:, 1] - tx) / sx
-            ya, yb = -ty / sy, (self.canvas_hw[:, 0] - ty) / sy
+            with np.errstate(divide="ignore", invalid="ignore"):  # rows that are not aligned
+                xa, xb = -tx / sx, (self.canvas_hw[:, 1] - tx) / sx
+                ya, yb = -ty / sy, (self.canvas_hw[:, 0] - ty) / sy
             rect = np.stack([np.minimum(xa, xb), np.minimum(ya, yb), np.maximum(xa, xb), np.maximum(ya, yb)], axis=1)
-            self._clip_rect = np.concatenate(
+            rect = np.concatenate(
                 [np.maximum(self._clip_rect[:, :2], rect[:, :2]), np.minimum(self._clip_rect[:, 2:], rect[:, 2:])], axis=1
             )
-        else:
-            self._planes.append(canvas_halfplanes(self.to_canvas, self.canvas_hw))
+            self._clip_rect = np.where(aligned[:, None], rect, self._clip_rect)
+        if not aligned.all():
+            planes = canvas_halfplanes(self.to_canvas, self.canvas_hw)
+            planes[aligned] = (0.0, 0.0, np.inf)  # 0 <= inf: no constraint (kept in the rectangle)
+            self._planes.append(planes)
+            self._rotated |= ~aligned
 
     def boxes(self) -> BoxResult:
         """Exact boxes on the current canvas (see the module docstring, steps 4-5 without the
@@ -135,16 +145,27 @@ class PlanState:
         full_area = box_area(b)
         poly, count = boxes_to_polygons(clipped)
         count[(clipped[:, 2:] <= clipped[:, :2]).any(axis=1)] = 0
+        visible = np.where(count > 0, box_area(clipped), 0.0)
         if self._planes:
             for planes in self._planes:
                 for k in range(4):
                     poly, count = clip_polygons(poly, count, planes[self.sample, k])
-            visible = polygon_area(poly, count)
-        else:
-            visible = np.where(count > 0, box_area(clipped), 0.0)
+            rotated = self._rotated[self.sample]
+            visible[rotated] = _polygon_areas(poly[rotated], count[rotated])
         out = polygon_bounds(transform_points(self.to_canvas[self.sample], poly), count)
         wh = self.canvas_hw[self.sample, ::-1]
         out = np.clip(out, 0.0, np.concatenate([wh, wh], axis=1))  # float rounding only: 1e-13 px
         visibility = np.where(full_area > 0, visible / np.where(full_area > 0, full_area, 1), 0.0)
         keep = self.alive & (count > 0) & (visible > 0)
         return BoxResult(out, keep, visibility)
+
+
+def _polygon_areas(poly: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """:func:`detaug.boxes.polygon_area` with each polygon summed over exactly its own vertices:
+    the padding width of ``poly`` (the batch's largest vertex count) changes the order of
+    NumPy's summation, hence the last bits, so it is cut away per vertex count."""
+    out = np.zeros(len(count))
+    for c in np.unique(count[count > 0]):
+        rows = np.flatnonzero(count == c)
+        out[rows] = polygon_area(poly[rows, :c], count[rows])
+    return out

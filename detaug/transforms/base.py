@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from detaug.plan import PlanState
+from detaug.seeds import SampleRandom
 
 __all__ = ["Transform", "GeometricTransform", "PhotometricTransform", "TRANSFORMS", "register"]
 
@@ -73,7 +74,11 @@ class GeometricTransform(Transform):
     fill: float = 0
 
     def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
-        """Sample this transform's parameters for a batch.
+        """Sample this transform's parameters for a batch, drawing from ``state.rand`` only.
+
+        Every call must consume the same number of draws for every sample, whatever the
+        others' data (see :mod:`detaug.seeds`): draw for all rows and select, or reserve a
+        fixed block of positions.
 
         Returns ``(step [B, 3, 3] float64, canvas_hw [B, 2])``: the forward matrix from the
         current canvas to the new one, and the new canvas' ``(height, width)`` in pixels.
@@ -87,8 +92,9 @@ class PhotometricTransform(Transform):
     #: Names of the per-sample float32 parameters ``plan`` returns, in order.
     param_names: ClassVar[tuple[str, ...]] = ()
 
-    def plan(self, rng: np.random.Generator, batch_size: int) -> list[np.ndarray]:
-        """Per-sample parameters: one float32 ``[B]`` array per name in ``param_names``."""
+    def plan(self, rand: SampleRandom) -> list[np.ndarray]:
+        """Per-sample parameters: one float32 ``[B]`` array per name in ``param_names``, drawn
+        from ``rand`` (``B = rand.batch_size``) the same way for every sample."""
         return []
 
     def dali(self, images: Any, params: list[Any]) -> Any:

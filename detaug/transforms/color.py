@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from detaug.seeds import SampleRandom
 from detaug.transforms.base import PhotometricTransform, register, validate_probability, validate_range
 
 __all__ = ["ColorJitter", "Normalize", "IMAGENET_MEAN", "IMAGENET_STD"]
@@ -49,11 +50,11 @@ class ColorJitter(PhotometricTransform):
             raise ValueError(f"hue values must be between -0.5 and 0.5, got {hue!r}")
         self.p = validate_probability(p)
 
-    def plan(self, rng: np.random.Generator, batch_size: int) -> list[np.ndarray]:
-        apply = rng.random(batch_size) < self.p
+    def plan(self, rand: SampleRandom) -> list[np.ndarray]:
+        apply = rand.random() < self.p
         out = []
         for (lo, hi), neutral in ((self.brightness, 1.0), (self.contrast, 1.0), (self.saturation, 1.0), (self.hue, 0.0)):
-            out.append(np.where(apply, rng.uniform(lo, hi, size=batch_size), neutral).astype(np.float32))
+            out.append(np.where(apply, rand.uniform(lo, hi), neutral).astype(np.float32))
         out[3] *= 360.0  # DALI takes hue in degrees
         return out
 

@@ -8,7 +8,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from detaug.plan import PlanState, seed_generator
+from detaug.plan import PlanState
+from detaug.seeds import SampleRandom, as_keys
 from detaug.transforms.base import TRANSFORMS, GeometricTransform, PhotometricTransform, Transform
 from detaug.transforms.color import ColorJitter, Normalize
 from detaug.transforms.geometry import (
@@ -36,8 +37,9 @@ class Compose:
 
     Processing order, per batch (see :mod:`detaug.plan` for the box steps):
 
-    1. the random parameters of every transform are drawn, in list order, from one generator
-       seeded per batch;
+    1. the random parameters of every transform are drawn, in list order, from each sample's own
+       random stream, keyed by ``(seed, epoch, image_id)`` (:mod:`detaug.seeds`): a sample's
+       plan does not depend on its batch-mates or on the batch size;
     2. consecutive geometric transforms are fused into one affine warp per *segment*; a new
        segment starts where a transform that may reveal area outside its input (zoom-out,
        rotation, padding) follows one that cropped, or where the fill value changes;
@@ -107,15 +109,18 @@ class Compose:
         shapes: list[np.ndarray],
         boxes: list[np.ndarray],
         labels: list[np.ndarray],
-        seeds: list[np.ndarray],
+        keys: np.ndarray | list[np.ndarray],
     ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-        """Plan one batch (called by the feeders of :mod:`detaug.feeding`, before DALI).
+        """Plan one batch (called by :mod:`detaug.planning`, before DALI).
 
         Args:
             shapes: per sample, the decoded image shape ``(H, W, C)`` (int).
             boxes: per sample, float32 ``[N, 4]`` absolute xyxy boxes on the source image.
             labels: per sample, int ``[N]`` (or ``[N, 1]``) category ids.
-            seeds: per sample, int seed words; the batch generator is seeded from all of them.
+            keys: int64 ``[B, 3]`` sample keys ``(seed, epoch, image_id)`` from
+                :func:`detaug.seeds.sample_keys` (or a list of ``B`` such rows). Sample ``k``'s
+                outputs are a pure function of ``keys[k]``, ``shapes[k]``, ``boxes[k]`` and
+                ``labels[k]``: planning it alone or in any batch gives the same arrays.
 
         Returns:
             Three per-sample lists: the parameter vectors (float32 ``[num_params]``: decode ROI
@@ -125,6 +130,7 @@ class Compose:
             (int32 ``[M]``).
         """
         n = len(shapes)
+        keys = as_keys(keys, batch_size=n)
         hw = np.array([np.asarray(s).ravel()[:2] for s in shapes], dtype=np.float64).reshape(n, 2)
         box_arrays = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes]
         label_arrays = [np.asarray(lab).reshape(-1).astype(np.int32) for lab in labels]
@@ -133,7 +139,7 @@ class Compose:
             if len(b) != len(lab):
                 raise ValueError(f"sample {i} of the batch has {len(b)} boxes but {len(lab)} labels")
         state = PlanState(
-            rng=seed_generator(seeds),
+            rand=SampleRandom(keys),
             source_hw=hw,
             boxes_src=np.concatenate(box_arrays) if n else np.zeros((0, 4)),
             sample=np.repeat(np.arange(n), counts),
@@ -157,7 +163,7 @@ class Compose:
         columns = [roi]
         for m, canvas in segment_out:
             columns += [m[:, :2, :].reshape(n, 6), canvas]
-        columns += [np.stack(t.plan(state.rng, n), axis=1) for t in self.photometric]
+        columns += [np.stack(t.plan(state.rand), axis=1) for t in self.photometric]
         params = np.concatenate(columns, axis=1).astype(np.float32)
 
         result = state.boxes()

@@ -18,6 +18,7 @@ from detaug.boxes import (
     translation_matrix,
 )
 from detaug.plan import PlanState
+from detaug.seeds import SampleRandom
 from detaug.transforms.base import (
     GeometricTransform,
     register,
@@ -57,7 +58,7 @@ class RandomHorizontalFlip(GeometricTransform):
         self.p = validate_probability(p)
 
     def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
-        apply = state.rng.random(state.batch_size) < self.p
+        apply = state.rand.random() < self.p
         w = state.canvas_hw[:, 1]
         step = translation_matrix(w, 0) @ scale_matrix(-1.0, 1.0)
         return _where_applied(apply, step), state.canvas_hw
@@ -71,7 +72,7 @@ class RandomVerticalFlip(GeometricTransform):
         self.p = validate_probability(p)
 
     def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
-        apply = state.rng.random(state.batch_size) < self.p
+        apply = state.rand.random() < self.p
         h = state.canvas_hw[:, 0]
         step = translation_matrix(0, h) @ scale_matrix(1.0, -1.0)
         return _where_applied(apply, step), state.canvas_hw
@@ -125,23 +126,23 @@ class RandomAffine(GeometricTransform):
         self.center = None if center is None else tuple(float(c) for c in center)
         self.p = validate_probability(p)
 
-    def _linear(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        m = rotation_matrix(rng.uniform(*self.degrees, size=n))
+    def _linear(self, rand: SampleRandom) -> np.ndarray:
+        m = rotation_matrix(rand.uniform(*self.degrees))
         if self.shear is not None:
-            m = m @ shear_matrix(rng.uniform(*self.shear[:2], size=n), rng.uniform(*self.shear[2:], size=n))
+            m = m @ shear_matrix(rand.uniform(*self.shear[:2]), rand.uniform(*self.shear[2:]))
         if self.scale is not None:
-            s = rng.uniform(*self.scale, size=n)
+            s = rand.uniform(*self.scale)
             m = m @ scale_matrix(s, s)
         return m
 
     def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
-        n, rng = state.batch_size, state.rng
+        n, rand = state.batch_size, state.rand
         h, w = state.canvas_hw[:, 0], state.canvas_hw[:, 1]
-        apply = rng.random(n) < self.p
-        m = self._linear(rng, n)
+        apply = rand.random() < self.p
+        m = self._linear(rand)
         if self.translate is not None:
-            tx = rng.uniform(-1, 1, size=n) * self.translate[0] * w
-            ty = rng.uniform(-1, 1, size=n) * self.translate[1] * h
+            tx = rand.uniform(-1, 1) * self.translate[0] * w
+            ty = rand.uniform(-1, 1) * self.translate[1] * h
             m = translation_matrix(tx, ty) @ m
         c = np.stack([w / 2, h / 2], -1) if self.center is None else np.tile(self.center, (n, 1))
         return _where_applied(apply, _about_center(c, m)), state.canvas_hw
@@ -172,10 +173,10 @@ class RandomRotation(GeometricTransform):
         self.crops = not self.expand  # type: ignore[misc]
 
     def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
-        n, rng = state.batch_size, state.rng
+        n, rand = state.batch_size, state.rand
         h, w = state.canvas_hw[:, 0], state.canvas_hw[:, 1]
-        apply = rng.random(n) < self.p
-        angle = np.where(apply, rng.uniform(*self.degrees, size=n), 0.0)
+        apply = rand.random() < self.p
+        angle = np.where(apply, rand.uniform(*self.degrees), 0.0)
         c = np.stack([w / 2, h / 2], -1) if self.center is None else np.tile(self.center, (n, 1))
         step = _about_center(c, rotation_matrix(angle))
         if not self.expand:
@@ -205,12 +206,11 @@ class RandomZoomOut(GeometricTransform):
         self.p = validate_probability(p)
 
     def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
-        n, rng = state.batch_size, state.rng
-        hw = state.canvas_hw
-        apply = rng.random(n) < self.p
-        r = np.where(apply, rng.uniform(*self.side_range, size=n), 1.0)
+        rand, hw = state.rand, state.canvas_hw
+        apply = rand.random() < self.p
+        r = np.where(apply, rand.uniform(*self.side_range), 1.0)
         canvas = np.floor(hw * r[:, None])
-        offset = np.floor((canvas - hw) * rng.random((n, 2)))  # (top, left)
+        offset = np.floor((canvas - hw) * rand.random(2))  # (top, left)
         return translation_matrix(offset[:, 1], offset[:, 0]), canvas
 
 
@@ -251,7 +251,7 @@ class RandomIoUCrop(GeometricTransform):
         self.trials = int(trials)
 
     def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
-        n, rng, t = state.batch_size, state.rng, self.trials
+        n, rand, t = state.batch_size, state.rand, self.trials
         hw = state.canvas_hw
         current = state.boxes()
         ok = current.keep
@@ -261,18 +261,22 @@ class RandomIoUCrop(GeometricTransform):
         todo = np.bincount(sample, minlength=n) > 0
         options = np.asarray(self.sampler_options)
         active = np.zeros(n, dtype=bool)
-        for _ in range(10):  # torchvision's outer loop over thresholds, bounded
+        # Each round owns a fixed block of draw positions (1 threshold, 2t scales, 2t positions),
+        # drawn only for the samples still searching: a sample's draws never depend on the others.
+        start, per_round, rounds = rand.counter, 1 + 4 * t, 10
+        for round_ in range(rounds):  # torchvision's outer loop over thresholds, bounded
+            rand.advance_to(start + round_ * per_round)
             act = np.flatnonzero(todo)
             if len(act) == 0:
                 break
-            thr = options[rng.integers(len(options), size=len(act))]
+            thr = options[rand.integers(len(options), rows=act)]
             todo[act[thr >= 1.0]] = False  # drew "no crop"
             act, thr = act[thr < 1.0], thr[thr < 1.0]
             a = len(act)
             if a == 0:
                 continue
-            r = self.min_scale + (self.max_scale - self.min_scale) * rng.random((a, t, 2))
-            pos = rng.random((a, t, 2))
+            r = self.min_scale + (self.max_scale - self.min_scale) * rand.random((t, 2), rows=act)
+            pos = rand.random((t, 2), rows=act)
             size_w = np.floor(hw[act, None, 1] * r[..., 0])
             size_h = np.floor(hw[act, None, 0] * r[..., 1])
             left = np.floor((hw[act, None, 1] - size_w) * pos[..., 0])
@@ -292,6 +296,7 @@ class RandomIoUCrop(GeometricTransform):
             k = valid.argmax(axis=1)
             crop[act[found]] = cand[:, found, k[found]].T
             todo[act[found]] = False
+        rand.advance_to(start + rounds * per_round)
         centre_x = (boxes[:, 0] + boxes[:, 2]) / 2
         centre_y = (boxes[:, 1] + boxes[:, 3]) / 2
         cs = crop[sample]
@@ -338,13 +343,13 @@ class RandomResizedCrop(GeometricTransform):
         self.ratio = validate_range("ratio", ratio, low=1e-6)
 
     def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
-        n, rng, tries = state.batch_size, state.rng, 10
+        n, rand, tries = state.batch_size, state.rand, 10
         h, w = state.canvas_hw[:, 0:1], state.canvas_hw[:, 1:2]
-        area = h * w * rng.uniform(*self.scale, size=(n, tries))
-        log_r = rng.uniform(math.log(self.ratio[0]), math.log(self.ratio[1]), size=(n, tries))
+        area = h * w * rand.uniform(*self.scale, tries)
+        log_r = rand.uniform(math.log(self.ratio[0]), math.log(self.ratio[1]), tries)
         cw = np.round(np.sqrt(area * np.exp(log_r)))
         ch = np.round(np.sqrt(area / np.exp(log_r)))
-        pos = rng.random((n, tries, 2))
+        pos = rand.random((tries, 2))
         valid = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
         found = valid.any(axis=1)
         k = valid.argmax(axis=1)

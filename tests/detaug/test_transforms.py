@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 
 import detaug.transforms as T
+from detaug.seeds import sample_keys
 from detaug.transforms import Compose
 
 
 def plan(recipe: Compose, boxes, hw=(100, 200), seed=0, labels=None):
     boxes = np.asarray(boxes, np.float32).reshape(-1, 4)
     labels = np.arange(1, len(boxes) + 1, dtype=np.int32) if labels is None else labels
-    out = recipe.plan_batch([np.array([hw[0], hw[1], 3])], [boxes], [labels], [np.array([seed])])
-    return out
+    keys = sample_keys(seed, 0, [7])
+    return recipe.plan_batch([np.array([hw[0], hw[1], 3])], [boxes], [labels], keys)
 
 
 def out_boxes(out):
