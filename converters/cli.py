@@ -1,7 +1,9 @@
 """``voc2coco``: the command line of :mod:`converters.voc2coco`.
 
-Exit status: 0 done; 1 ``--strict`` and something was skipped (nothing written); 2 bad arguments
-or a dataset that cannot be converted at all; 130 interrupted (nothing half-written).
+Exit status: 0 done; 1 ``--strict`` and something was skipped (nothing written); 2 bad arguments,
+a dataset that cannot be converted at all, or an output that cannot be written (disk full,
+permission: the message names the path); 130 interrupted by Ctrl-C (nothing half-written). A
+SIGTERM while writing removes the temporary file, then ends the process by SIGTERM.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from converters.boxes import COORDS
-from converters.voc2coco import DIFFICULT_MODES, ConversionError, convert_splits
+from converters.coco import _package_version, remove_stale_temp_files
+from converters.voc2coco import DIFFICULT_MODES, ORIENTATIONS, ConversionError, convert_splits
 
 DESCRIPTION = """\
 Convert a Pascal VOC dataset (VOCdevkit layout: Annotations/, JPEGImages/, ImageSets/Main/) into
@@ -37,14 +40,23 @@ conventions:
                The size comes from the image header when the image exists (a missing or
                wrong <size> is reported), else from <size>. Without an images folder the
                conversion is annotation-only (file_name = <id> + extension of <filename>).
+               --verify-images skips what the loader skips (empty, truncated JPEG/PNG,
+               GIF and other formats DALI does not decode, width*height >= 30000*30000);
+               without it, those whose header gives a size are kept, with a warning.
+  orientation  EXIF orientation: --orientation auto (default): boxes are in the frame
+               <size> names, stored pixels or displayed (rotated) image; undecidable
+               (square, no <size>, neither): stored. apply: displayed; ignore: stored.
+               width/height are that frame's; "exif_orientation": k is added.
   categories   --labels voc: the 20 VOC classes in the devkit's order; FILE: one name a
                line (CVAT/Datumaro labelmap.txt understood); discover (default): every
                name in Annotations/, sorted. Objects with other names are skipped.
   difficult    keep (default): kept, attributes.difficult = 1; crowd: also iscrowd = 1
                (COCOeval ignores them); drop: skipped (counted). truncated, occluded and
                pose are kept in attributes; <part> elements are not objects.
-  output       written atomically (temp file + rename), same input -> same bytes.
-               -o FILE.json for one output, else a folder: <split>.json, all.json.
+  output       written atomically (temp file .<name>.tmp-<pid>-<hex> + rename; removed on
+               errors, Ctrl-C and SIGTERM; one left by a killed run is removed by the
+               next), same input -> same bytes. -o FILE.json for one output, else a
+               folder: <split>.json, all.json.
 
 examples:
   voc2coco VOCdevkit/VOC2007 --split trainval --split test -o coco/ --labels voc
@@ -52,7 +64,7 @@ examples:
   voc2coco --annotations labels/ --images photos/ -o out.json --coords raw
 
 exit status: 0 done, 1 --strict and something was skipped (nothing written),
-             2 bad arguments or dataset, 130 interrupted.
+             2 bad arguments or dataset, or output not writable, 130 interrupted.
 """
 
 
@@ -82,7 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--difficult", choices=DIFFICULT_MODES, default="keep",
                         help="what to do with difficult objects (default: keep)")
     parser.add_argument("--verify-images", action="store_true",
-                        help="decode every image; skip (and report) those that fail")
+                        help="skip (and report) the images the loader would skip (header and "
+                             "end-marker checks)")
+    parser.add_argument("--orientation", choices=ORIENTATIONS, default="auto",
+                        help="frame of the boxes of EXIF-oriented images (default: auto)")
     parser.add_argument("--strict", action="store_true",
                         help="exit with status 1, writing nothing, if anything is skipped")
     parser.add_argument("--workers", type=_positive_int, metavar="N",
@@ -93,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="print nothing but errors")
     verbosity.add_argument("-v", "--verbose", action="store_true",
                            help="list every message (default: 5 per reason)")
+    parser.add_argument("--version", action="version",
+                        version=f"voc2coco (detaug {_package_version()})")
     return parser
 
 
@@ -112,9 +129,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = convert_splits(args.voc_root, splits, annotations_dir=args.annotations,
                                  images_dir=args.images, labels=args.labels, coords=args.coords,
                                  difficult=args.difficult, verify_images=args.verify_images,
-                                 workers=args.workers, progress=progress)
+                                 orientation=args.orientation, workers=args.workers,
+                                 progress=progress)
     except ConversionError as err:
         print(f"voc2coco: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a folder that cannot be listed, say
+        print(f"voc2coco: error: {_os_error(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("voc2coco: interrupted; nothing written", file=sys.stderr)
@@ -136,19 +157,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                   for n, what in ((skipped_images, "image"), (skipped_objects, "object")) if n]
         print(f"voc2coco: --strict: {' and '.join(counts)}; nothing written", file=sys.stderr)
         return 1
+    target = None
     try:
         for split, target in targets.items():
+            for stale in remove_stale_temp_files(target):
+                if not args.quiet:
+                    print(f"voc2coco: removed {stale}, left by a killed run", file=sys.stderr)
             results[split].write_json(target)
             if not args.quiet:
                 print(f"wrote {target}", file=sys.stderr)
     except KeyboardInterrupt:
-        print("voc2coco: interrupted; files not yet written were left as they were",
-              file=sys.stderr)
+        print(f"voc2coco: interrupted while writing {target}; it and the files not yet "
+              "written were left as they were", file=sys.stderr)
         return 130
     except OSError as err:
-        print(f"voc2coco: error: cannot write {err.filename}: {err.strerror}", file=sys.stderr)
+        print(f"voc2coco: error: cannot write {target}: {err.strerror or err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _os_error(err: OSError) -> str:
+    """``path: reason`` in one line."""
+    where = f"{err.filename}: " if err.filename is not None else ""
+    return f"{where}{err.strerror or err}"
 
 
 def _output_paths(output: Path, splits: list[str | None]) -> dict[str | None, Path]:

@@ -11,10 +11,17 @@ Order of the checks for one file:
 1. read and parse the XML (``malformed XML`` with line and column, ``not a VOC annotation``);
 2. find the image by id, then by ``<filename>`` (:mod:`converters.images`); without an images
    folder, ``file_name = <id> + extension of <filename>``;
-3. size: from the image header when the image exists (``<size>`` missing or different is
-   reported), else from ``<size>``; ``verify`` decodes the whole image;
-4. each ``<object>``: name, box, label in the list, difficult mode, then
-   :func:`converters.boxes.voc_box_to_coco` (convention, zero size, clip, outside).
+3. the image is probed (:func:`detaug.formats.images.probe_file`: header and end marker, the
+   loader's rules): a file whose header gives no size is skipped with its problem as the
+   reason; another problem (truncated, GIF, too large, ...) skips the image with ``verify``
+   (``--verify-images``), else it is kept with a warning (the loader will skip it);
+4. the annotation frame: :func:`detaug.formats.images.explain_frame` from ``<size>``, the
+   image's stored and displayed (EXIF-oriented) sizes and the ``orientation`` option; the COCO
+   ``width``/``height`` are that frame's (``<size>`` missing or different is reported), and an
+   image with an EXIF orientation gets ``"exif_orientation": k`` and an EXIF note; without an
+   images folder the size is ``<size>``;
+5. each ``<object>``: name, box, label in the list, difficult mode, then
+   :func:`converters.boxes.voc_box_to_coco` (convention, zero size, clip to the frame, outside).
 """
 
 from __future__ import annotations
@@ -25,10 +32,17 @@ from typing import Any, NamedTuple
 from converters import report as R
 from converters.boxes import Coords, voc_box_to_coco
 from converters.coco import encode_json
-from converters.images import ImageIndex, filename_base, probe_image
+from converters.images import ImageIndex, filename_base
 from converters.voc import VocParseError, parse_voc_xml
+from detaug.formats.images import (
+    ImageInfo,
+    describe_orientation,
+    explain_frame,
+    probe_file,
+)
 
-#: ``(kind, reason, detail)``, kind being ``"object"`` (a skipped object) or ``"warning"``.
+#: ``(kind, reason, detail)``, kind being ``"object"`` (a skipped object), ``"warning"`` or
+#: ``"exif"`` (an image with an EXIF orientation: reason = frame and why).
 Event = tuple[str, str, str]
 #: The head of every annotation's JSON: its ids are filled in by the main process, which alone
 #: knows them (``template % (id, image_id, category_id, id, image_id, ...)``).
@@ -48,6 +62,8 @@ class FileOptions(NamedTuple):
 
     ``labels`` is the set of accepted names, or ``None`` when every name is accepted
     (``labels="discover"``). ``index`` is ``None`` when there is no images folder.
+    ``verify``: skip images the loader would skip. ``orientation``: ``"auto"``, ``"apply"``
+    or ``"ignore"`` (:data:`detaug.formats.images.ORIENTATIONS`).
     """
 
     annotations_dir: str
@@ -57,13 +73,15 @@ class FileOptions(NamedTuple):
     difficult: str
     verify: bool
     labels: frozenset[str] | None
+    orientation: str = "auto"
 
 
 class FileResult(NamedTuple):
     """Outcome for one XML file.
 
     ``error``: ``(reason, detail)`` when the image is skipped (then ``image`` is ``None``).
-    ``image``: ``(file_name, width, height, JSON of the image after its id)``. ``n_objects``:
+    ``image``: ``(file_name, width, height, JSON of the image after its id)``, the size being
+    the annotation frame's. ``n_objects``:
     the ``<object>`` elements in the file (0 when it did not parse). ``annotations``: the
     converted objects (:data:`PendingAnnotations`). ``events``: skipped objects and warnings,
     in file order. ``found_by``: ``"id"``, ``"filename"`` or ``None`` (no image file).
@@ -119,35 +137,65 @@ def convert_file(xml_name: str, options: FileOptions) -> FileResult:
         if candidates > 1:
             events.append(("warning", R.SEVERAL_IMAGE_FILES,
                            f"{', '.join(index.by_stem[voc_id])}; using {file_name}"))
-        probe = probe_image(os.path.join(options.images_dir, file_name), options.verify)
-        if probe.error is not None:
-            error = (probe.error[0],
-                     f"{os.path.join(options.images_dir, file_name)}: {probe.error[1]}")
-            return FileResult(error, None, n_objects, _NONE, events, found_by, names)
-        assert probe.size is not None
-        width, height = probe.size
-        if ann.width is None or ann.height is None:
-            events.append(("warning", R.SIZE_FROM_IMAGE,
-                           f"{ann.size_problem}; image is {width}x{height}"))
-        elif (ann.width, ann.height) != (width, height):
-            events.append(("warning", R.SIZE_MISMATCH, f"<size> {ann.width}x{ann.height}, image "
-                           f"{file_name} is {width}x{height}; using the image's"))
-        if (ann.depth is not None and probe.bands is not None and probe.mode != "P"
-                and ann.depth != probe.bands):
-            plural = "s" if probe.bands > 1 else ""
-            events.append(("warning", R.DEPTH_MISMATCH, f"<depth> {ann.depth}, image {file_name} "
-                           f"is {probe.mode} ({probe.bands} channel{plural})"))
+        path = os.path.join(options.images_dir, file_name)
+        info = probe_file(path)
+        if info.problem is not None:
+            if not info.size_known or options.verify:
+                error = (info.problem, path)
+                return FileResult(error, None, n_objects, _NONE, events, found_by, names)
+            events.append(("warning", R.IMAGE_PROBLEM_KEPT, f"{path}: {info.problem}"))
+        width, height = _frame_size(ann, info, file_name, options.orientation, events)
     if base is not None and base.lower() not in (file_name.lower(),
                                                  os.path.splitext(file_name)[0].lower()):
         what = "image is" if index is not None else "no images folder: file_name is"
         events.append(("warning", R.FILENAME_MISMATCH, f"<filename> is {base!r}, {what} "
                        f"{file_name!r} (images are identified by the XML's name)"))
 
-    # 4. objects
+    # 5. objects
     annotations = _convert_objects(objects, options, width, height, events)
-    image_json = f'"file_name":{encode_json(file_name)},"width":{width},"height":{height}}}'
+    image_json = f'"file_name":{encode_json(file_name)},"width":{width},"height":{height}'
+    if index is not None and info.orientation != 1:
+        image_json += f',"exif_orientation":{info.orientation}'
+    image_json += "}"
     return FileResult(None, (file_name, width, height, image_json), n_objects, annotations,
                       events, found_by, names)
+
+
+def _frame_size(ann: Any, info: ImageInfo, file_name: str, orientation: str,
+                events: list[Event]) -> tuple[int, int]:
+    """``(width, height)`` of the frame the boxes are in (step 4), with its warnings and
+    EXIF note."""
+    declared = (ann.height, ann.width) if ann.width is not None and ann.height is not None \
+        else None
+    frame, why = explain_frame(declared, info, orientation)
+    height, width = info.stored_hw if frame == "stored" else info.displayed_hw
+    k = info.orientation
+    in_frame = f" ({frame} frame)" if k != 1 else ""
+    if declared is None:
+        events.append(("warning", R.SIZE_FROM_IMAGE,
+                       f"{ann.size_problem}; image is {width}x{height}{in_frame}"))
+    elif declared != (height, width):
+        events.append(("warning", R.SIZE_MISMATCH, f"<size> {ann.width}x{ann.height}, image "
+                       f"{file_name} is {width}x{height}{in_frame}; using the image's"))
+    bands = _BANDS.get(info.mode or "")
+    if ann.depth is not None and bands is not None and info.mode != "P" and ann.depth != bands:
+        plural = "s" if bands > 1 else ""
+        events.append(("warning", R.DEPTH_MISMATCH, f"<depth> {ann.depth}, image {file_name} "
+                       f"is {info.mode} ({bands} channel{plural})"))
+    if k != 1:
+        sh, sw = info.stored_hw
+        dh, dw = info.displayed_hw
+        size = f"<size> {ann.width}x{ann.height}" if declared is not None else "no <size>"
+        events.append(("exif", f"{frame} frame: {why}",
+                       f"{file_name}: EXIF orientation {k} ({describe_orientation(k)}); stored "
+                       f"{sw}x{sh}, displayed {dw}x{dh}, {size}; boxes taken in the {frame} "
+                       f"frame, COCO width x height {width}x{height}"))
+    return width, height
+
+
+#: Channels of the Pillow modes an image can have (``P``, a palette, is not compared).
+_BANDS = {"1": 1, "L": 1, "I": 1, "I;16": 1, "F": 1, "LA": 2, "RGB": 3, "YCbCr": 3,
+          "LAB": 3, "HSV": 3, "RGBA": 4, "RGBX": 4, "CMYK": 4}
 
 
 def read_bytes(path: str) -> bytes:

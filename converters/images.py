@@ -1,4 +1,5 @@
-"""Finding the image of a VOC id, and reading its size (and, on request, decoding it) with Pillow.
+"""Finding the image of a VOC id. (What the image file is, its size, EXIF orientation and
+problems: :mod:`detaug.formats.images`, shared with the loader.)
 
 An image is identified by its VOC id, the stem of its XML file, as in the VOC devkit
 (``JPEGImages/<id>.jpg``). The file is looked up by that id with any common extension
@@ -11,9 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, NamedTuple
-
-from converters import report as R
+from typing import Literal
 
 #: Extensions recognised as images, in the order preferred when one id has several files.
 IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp",
@@ -77,38 +76,3 @@ def filename_base(filename: str | None) -> str | None:
         return None
     base = filename.replace("\\", "/").rsplit("/", 1)[-1].strip()
     return base or None
-
-
-class ImageProbe(NamedTuple):
-    """Size and mode from the header (``None`` on failure) and ``(reason, detail)`` of a failure."""
-
-    size: tuple[int, int] | None
-    mode: str | None
-    bands: int | None
-    error: tuple[str, str] | None
-
-
-def probe_image(path: str | Path, verify: bool) -> ImageProbe:
-    """Read the image header with Pillow: ``(width, height)``, mode and band count.
-
-    With ``verify`` the whole image is decoded as well; a file that does not decode (a JPEG cut
-    short: "image file is truncated") gives ``error = ("image does not decode", ...)``. A header
-    Pillow cannot read gives ``("image header unreadable", ...)``.
-    """
-    from PIL import Image  # imported here: the annotation-only path never needs Pillow
-
-    try:
-        image = Image.open(path)
-    except Exception as err:  # noqa: BLE001 - Pillow raises many types; all mean "unreadable"
-        return ImageProbe(None, None, None, (R.IMAGE_UNREADABLE, f"{type(err).__name__}: {err}"))
-    with image:
-        size = image.size
-        mode = image.mode
-        bands = len(image.getbands())
-        if verify:
-            try:
-                image.load()
-            except Exception as err:  # noqa: BLE001
-                return ImageProbe(size, mode, bands,
-                                  (R.IMAGE_BROKEN, f"{type(err).__name__}: {err}"))
-    return ImageProbe(size, mode, bands, None)

@@ -1,11 +1,13 @@
 """What a conversion did: counts by reason, one message per event, and the closing summary.
 
-Three kinds of event, each counted by reason and each with a message naming the file:
+Four kinds of event, each counted by reason and each with a message naming the file:
 
 * a **skipped image** (an XML file, or a split entry, that gives no COCO image);
 * a **skipped object** (an ``<object>`` that gives no COCO annotation);
 * a **warning**: the data was used, but something was changed or looked wrong
-  (a box clipped to the image, a ``<filename>`` that disagrees, a size read from the image).
+  (a box clipped to the image, a ``<filename>`` that disagrees, a size read from the image);
+* an **EXIF** note: a converted image with an EXIF orientation other than 1, counted by the
+  frame its boxes were taken in and why (:func:`detaug.formats.images.explain_frame`).
 
 Files in ``Annotations/`` that are not ``.xml`` are counted as *ignored*, apart from the XML files.
 
@@ -31,9 +33,11 @@ NO_XML_FOR_SPLIT_ENTRY = "listed in split, no XML"
 DUPLICATE_ID = "duplicate image id"
 IMAGE_NOT_FOUND = "image file not found"
 IMAGE_SIZE_UNKNOWN = "image size unknown"
-IMAGE_UNREADABLE = "image header unreadable"
-IMAGE_BROKEN = "image does not decode"
 IMAGE_FILE_TAKEN = "image file belongs to another id"
+# An image file with a problem is skipped with the problem as its reason, the text the loader
+# uses too (detaug.formats.images: "empty file", "truncated JPEG (no end-of-image marker)",
+# "GIF: not a format DALI decodes", "too large (...)", "cannot read: ...", ...): always when
+# the header gives no size, else with --verify-images (without it: IMAGE_PROBLEM_KEPT).
 
 # Reasons for skipping an object.
 OBJECT_OF_SKIPPED_IMAGE = "image skipped"
@@ -56,11 +60,15 @@ BAD_ATTRIBUTE = "unreadable attribute value"
 SPLIT_DUPLICATE_ENTRY = "id listed twice in split"
 ANNOTATION_ONLY = "no images folder: sizes from <size>"
 SEVERAL_IMAGE_FILES = "several image files for one id"
+IMAGE_PROBLEM_KEPT = "image the loader will skip (kept: no --verify-images)"
 
 # Files in Annotations/ that are not XML files.
 NOT_XML_FILE = "not an .xml file"
 
-Kind = Literal["image", "object", "warning", "ignored"]
+Kind = Literal["image", "object", "warning", "ignored", "exif"]
+
+_LABELS = {"image": "skipped image", "object": "skipped object", "warning": "warning",
+           "ignored": "ignored", "exif": "EXIF orientation"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +81,7 @@ class Message:
     detail: str
 
     def __str__(self) -> str:
-        label = {"image": "skipped image", "object": "skipped object", "warning": "warning",
-                 "ignored": "ignored"}[self.kind]
+        label = _LABELS[self.kind]
         return f"{self.path}: {label}: {self.reason}" + (f" ({self.detail})" if self.detail else "")
 
 
@@ -91,6 +98,7 @@ class Report:
     objects_skipped: Counter[str] = field(default_factory=Counter)
     warnings: Counter[str] = field(default_factory=Counter)
     ignored: Counter[str] = field(default_factory=Counter)
+    exif: Counter[str] = field(default_factory=Counter)
     messages: list[Message] = field(default_factory=list)
 
     # -- recording -------------------------------------------------------------------------
@@ -121,7 +129,18 @@ class Report:
         self.ignored[reason] += 1
         self.messages.append(Message("ignored", reason, path, detail))
 
+    def note_exif(self, reason: str, path: str, detail: str = "") -> None:
+        """Record a converted image with an EXIF orientation; ``reason`` names the frame its
+        boxes were taken in and why."""
+        self.exif[reason] += 1
+        self.messages.append(Message("exif", reason, path, detail))
+
     # -- reading ---------------------------------------------------------------------------
+    @property
+    def exif_total(self) -> int:
+        """Converted images with an EXIF orientation other than 1."""
+        return sum(self.exif.values())
+
     @property
     def skipped_total(self) -> int:
         """Skipped images plus skipped objects (objects of skipped images included)."""
@@ -133,7 +152,8 @@ class Report:
                 if (kind is None or m.kind == kind) and (reason is None or m.reason == reason)]
 
     def summary(self) -> str:
-        """A few lines: images, annotations, categories, and every skip and warning by reason."""
+        """A few lines: images, annotations, categories, EXIF-oriented images, and every skip,
+        warning and EXIF frame by reason."""
         lines = [
             f"images:      {self.images_converted} converted, "
             f"{sum(self.images_skipped.values())} skipped, of {self.images_total}",
@@ -141,7 +161,13 @@ class Report:
             f"{sum(self.objects_skipped.values())} skipped, of {self.objects_total} objects",
             f"categories:  {self.categories}",
         ]
-        for title, counter in (("skipped images", self.images_skipped),
+        if self.exif:
+            n = self.exif_total
+            lines.append(f"EXIF:        {n} image{'s' if n != 1 else ''} with an EXIF "
+                         "orientation")
+        for title, counter in (("EXIF-oriented images: frame of the boxes and of the COCO "
+                                "width/height", self.exif),
+                               ("skipped images", self.images_skipped),
                                ("skipped objects", self.objects_skipped),
                                ("warnings", self.warnings),
                                ("ignored files", self.ignored)):

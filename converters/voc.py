@@ -8,6 +8,10 @@ spans ``[i - 1, i)``); :mod:`converters.boxes` turns them into COCO boxes.
 What counts as an object: the ``<object>`` children of ``<annotation>`` only. ``<part>`` elements
 (inside an ``<object>``) are parts of that object, not objects. ``<bndbox>`` children may come in
 any order. Empty elements (``<difficult/>``) count as absent.
+
+Numbers must be finite and plausible: a coordinate, width or height that is NaN, infinite, or
+at or beyond :data:`ABSURD` in absolute value (``1e200``), and a ``<size>`` whose width * height
+reaches :data:`detaug.formats.images.MAX_PIXELS`, are reported, never used.
 """
 
 from __future__ import annotations
@@ -18,6 +22,11 @@ from typing import NamedTuple
 from lxml import etree
 
 from converters import report as R
+from detaug.formats.images import MAX_PIXELS
+
+#: A coordinate or a side at or beyond this (in absolute value) is absurd: no image that the
+#: loader accepts has a side that long (its width * height would reach MAX_PIXELS).
+ABSURD = float(MAX_PIXELS)
 
 #: The attributes carried over to COCO as integers (VOC flags) and as strings.
 FLAG_ATTRIBUTES = ("difficult", "truncated", "occluded")
@@ -120,6 +129,10 @@ def parse_voc_xml(data: bytes) -> VocAnnotation:
         height, problem_h = _positive_int(fields, "height")
         depth, _ = _positive_int(fields, "depth")
         size_problem = problem_w or problem_h
+        if width is not None and height is not None and width * height >= MAX_PIXELS:
+            size_problem = (f"<size> {width}x{height} is absurd "
+                            "(width * height >= 30000 * 30000)")
+            width = height = None
     return VocAnnotation(filename, width, height, depth, objects, size_problem)
 
 
@@ -152,7 +165,7 @@ def _positive_int(fields: dict[str, str | None], tag: str) -> tuple[int | None, 
         value = float(text)
     except ValueError:
         return None, f"<{tag}> is {text!r}"
-    if not math.isfinite(value) or value <= 0 or not value.is_integer():
+    if not 0 < value < ABSURD or not value.is_integer():  # NaN fails the comparison too
         return None, f"<{tag}> is {text!r}"
     return int(value), None
 
@@ -202,23 +215,30 @@ def _parse_object(element: etree._Element) -> VocObject:
     try:
         box = (float(texts["xmin"]), float(texts["ymin"]), float(texts["xmax"]),
                float(texts["ymax"]))
-        if math.isfinite(box[0] + box[1] + box[2] + box[3]):
+        # each in (-ABSURD, ABSURD): NaN fails the comparisons, infinities and 1e200 the bound
+        if (-ABSURD < box[0] < ABSURD and -ABSURD < box[1] < ABSURD
+                and -ABSURD < box[2] < ABSURD and -ABSURD < box[3] < ABSURD):
             return VocObject(name, box, None, attributes, attribute_problems)
     except (KeyError, TypeError, ValueError):
         pass
-    # Say which coordinate is bad.
+    return VocObject(name, None, (R.BAD_COORDINATE, f"'{name}': {_bad_coordinate(texts)}"),
+                     attributes, attribute_problems)
+
+
+def _bad_coordinate(texts: dict[str, str | None]) -> str:
+    """What is wrong with the first bad coordinate of a ``<bndbox>``."""
     for tag in _COORDS:
         text = texts.get(tag)
         text = text.strip() if text is not None else ""
         try:
-            ok = math.isfinite(float(text))
+            value = float(text)
         except ValueError:
-            ok = False
-        if not ok:
+            value = math.nan
+        if not -ABSURD < value < ABSURD:
             what = repr(text) if text else ("empty" if tag in texts else "missing")
-            return VocObject(name, None, (R.BAD_COORDINATE, f"'{name}': <{tag}> is {what}"),
-                             attributes, attribute_problems)
-    raise AssertionError("unreachable: a coordinate failed above")
+            absurd = f" (absurd: |value| >= {MAX_PIXELS})" if math.isfinite(value) else ""
+            return f"<{tag}> is {what}{absurd}"
+    return "unreadable <bndbox>"  # not reached: one coordinate failed the check above
 
 
 def _flag(text: str) -> int | None:

@@ -17,6 +17,15 @@ Conventions (see also :mod:`converters.boxes`):
 * the image size is read from the image header whenever the image file exists (a ``<size>``
   that is missing, empty or disagrees is reported); ``<depth>`` is checked against the image;
   the per-file steps are in :mod:`converters.convert_file`;
+* EXIF orientation (``orientation="auto"``, default): the boxes of an image are taken in the
+  frame its ``<size>`` names, the stored pixels or the displayed (EXIF-rotated) image
+  (undecidable: stored), and ``width``/``height`` are that frame's; ``"apply"``: always the
+  displayed frame; ``"ignore"``: always the stored one. Such images get
+  ``"exif_orientation": k`` and are counted in the report by frame
+  (:func:`detaug.formats.images.explain_frame`);
+* ``verify_images``: images the loader would skip (:func:`detaug.formats.images.probe_file`:
+  empty, truncated, GIF, too large, ...) are skipped, by reason; without it they are kept with
+  a warning (images whose header gives no size are always skipped);
 * ``difficult="keep"`` keeps difficult objects (``attributes["difficult"] = 1``), ``"crowd"``
   also sets ``iscrowd = 1`` (COCOeval ignores them; DALI's reader drops them with
   ``include_iscrowd=False``), ``"drop"`` skips them (counted);
@@ -55,11 +64,13 @@ from converters.convert_file import FileOptions, FileResult, convert_file
 from converters.images import ImageIndex
 from converters.labels import LabelsSpec, resolve_labels
 from converters.report import Report
+from detaug.formats.images import ORIENTATIONS
 
 __all__ = ["ConversionError", "ConversionResult", "convert", "convert_splits", "write_coco_json",
-           "DIFFICULT_MODES"]
+           "DIFFICULT_MODES", "ORIENTATIONS"]
 
 Difficult = Literal["keep", "crowd", "drop"]
+Orientation = Literal["auto", "apply", "ignore"]
 DIFFICULT_MODES: tuple[str, ...] = ("keep", "crowd", "drop")
 
 #: Below this many XML files the parsing runs in the calling process (workers=None).
@@ -125,6 +136,7 @@ def convert(voc_root: str | PathLike | None = None, *,
             coords: Coords = "voc",
             difficult: Difficult = "keep",
             verify_images: bool = False,
+            orientation: Orientation = "auto",
             workers: int | None = None,
             progress: bool | None = None) -> ConversionResult:
     """Convert one split (``split=None``: every XML in the annotations folder) to a COCO dict.
@@ -140,7 +152,13 @@ def convert(voc_root: str | PathLike | None = None, *,
     the list are skipped and counted.
     ``coords``: ``"voc"`` (1-based inclusive, default) or ``"raw"`` (continuous, as written).
     ``difficult``: ``"keep"``, ``"crowd"`` (``iscrowd = 1``) or ``"drop"``.
-    ``verify_images``: decode every image; images that fail are skipped and counted.
+    ``verify_images``: skip (and count, by reason) every image the loader would skip:
+    :func:`detaug.formats.images.probe_file` (header and end marker, no decoding) finds a
+    problem (empty, truncated JPEG or PNG, GIF or another format DALI does not decode, too
+    large); without it those images are kept with a warning.
+    ``orientation``: the frame of the boxes of EXIF-oriented images: ``"auto"`` (the one
+    ``<size>`` names; undecidable: the stored pixels), ``"apply"`` (the displayed image),
+    ``"ignore"`` (the stored pixels); COCO ``width``/``height`` are that frame's.
     ``workers``: processes that parse XMLs (``None``: one per CPU for large datasets, else 1).
     ``progress``: a progress bar on stderr (``None``: when large and stderr is a terminal).
 
@@ -149,8 +167,8 @@ def convert(voc_root: str | PathLike | None = None, *,
     """
     return convert_splits(voc_root, [split], annotations_dir=annotations_dir,
                           images_dir=images_dir, labels=labels, coords=coords,
-                          difficult=difficult, verify_images=verify_images, workers=workers,
-                          progress=progress)[split]
+                          difficult=difficult, verify_images=verify_images,
+                          orientation=orientation, workers=workers, progress=progress)[split]
 
 
 def convert_splits(voc_root: str | PathLike | None, splits: Sequence[str | None], *,
@@ -160,12 +178,13 @@ def convert_splits(voc_root: str | PathLike | None, splits: Sequence[str | None]
                    coords: Coords = "voc",
                    difficult: Difficult = "keep",
                    verify_images: bool = False,
+                   orientation: Orientation = "auto",
                    workers: int | None = None,
                    progress: bool | None = None) -> dict[str | None, ConversionResult]:
     """Convert several splits in one pass: each XML is parsed once, and every split gets the same
     categories. Arguments as for :func:`convert`; ``None`` in ``splits`` means every XML.
     Returns ``{split: result}`` in the order given."""
-    _check_options(coords, difficult, workers, splits)
+    _check_options(coords, difficult, orientation, workers, splits)
     layout = _Layout.resolve(voc_root, annotations_dir, images_dir)
     xml_names, duplicates, not_xml = _scan_annotations(layout.annotations)
     split_ids = {split: _read_split(layout, split) for split in splits if split is not None}
@@ -183,7 +202,7 @@ def convert_splits(voc_root: str | PathLike | None, splits: Sequence[str | None]
     options = FileOptions(str(layout.annotations), str(layout.images),
                           ImageIndex.scan(layout.images) if layout.images_exist else None,
                           coords, difficult, verify_images,
-                          frozenset(names) if names is not None else None)
+                          frozenset(names) if names is not None else None, orientation)
     with _gc_paused():
         files = _convert_files(sorted(wanted), xml_names, options, workers, progress)
         if names is None:
@@ -386,7 +405,7 @@ def _assemble(layout: _Layout, entries: list[str], split_file: str | None,
                          f"{image[0]} is the image of {claimed_by}")
         if error is not None or result.events:  # messages name the file
             path = os.path.join(annotations_dir, xml_names[voc_id])
-        if error is not None:
+        if error is not None:  # its warnings still tell; its objects and EXIF frame do not
             for kind, reason, detail in result.events:
                 if kind == "warning":
                     report.warn(reason, path, detail)
@@ -400,6 +419,8 @@ def _assemble(layout: _Layout, entries: list[str], split_file: str | None,
         for kind, reason, detail in result.events:
             if kind == "object":
                 report.skip_object(reason, path, detail)
+            elif kind == "exif":
+                report.note_exif(reason, path, detail)
             else:
                 report.warn(reason, path, detail)
         names_in_file, template = result.annotations
@@ -413,13 +434,16 @@ def _assemble(layout: _Layout, entries: list[str], split_file: str | None,
     return images, annotations
 
 
-def _check_options(coords: str, difficult: str, workers: int | None,
+def _check_options(coords: str, difficult: str, orientation: str, workers: int | None,
                    splits: Sequence[str | None]) -> None:
     if coords not in COORDS:
         raise ConversionError(f"coords must be one of {', '.join(COORDS)}, got {coords!r}")
     if difficult not in DIFFICULT_MODES:
         raise ConversionError(
             f"difficult must be one of {', '.join(DIFFICULT_MODES)}, got {difficult!r}")
+    if orientation not in ORIENTATIONS:
+        raise ConversionError(
+            f"orientation must be one of {', '.join(ORIENTATIONS)}, got {orientation!r}")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ConversionError(f"workers must be a positive integer or None, got {workers!r}")
     if not splits:

@@ -349,11 +349,15 @@ def test_split_entry_without_xml(realdata: Path) -> None:
 
 
 def test_truncated_jpeg(realdata: Path, converted) -> None:
-    unchecked, _ = converted("damse-truncated-jpeg")  # header is fine
+    unchecked, _ = converted("damse-truncated-jpeg")  # header is fine: kept, with a warning
     assert [(i["width"], i["height"]) for i in unchecked.coco["images"]] == [(353, 500)]
-    verified, _ = converted("damse-truncated-jpeg", verify=True)
-    assert verified.report.images_skipped == {R.IMAGE_BROKEN: 1}
-    assert "truncated" in verified.report.messages_of("image")[0].detail
+    assert unchecked.report.warnings == {R.IMAGE_PROBLEM_KEPT: 1}
+    warning = unchecked.report.messages_of("warning")[0]
+    assert warning.path.endswith("000001.xml")
+    assert warning.detail.endswith("000001.jpg: truncated JPEG (no end-of-image marker)")
+    verified, _ = converted("damse-truncated-jpeg", verify=True)  # what the loader skips
+    assert verified.report.images_skipped == {"truncated JPEG (no end-of-image marker)": 1}
+    assert verified.report.messages_of("image")[0].detail.endswith("JPEGImages/000001.jpg")
 
 
 def test_malformed_xml_reported_with_line_and_skipped(copy_realdata) -> None:
