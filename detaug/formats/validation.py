@@ -1,0 +1,415 @@
+"""The checks every source runs once, when it is built, and the :class:`Report` of what they found.
+
+One module for every source (:class:`~detaug.sources.SampleListSource`,
+:class:`~detaug.sources.CocoSource`, :class:`~detaug.sources.VocSource` through the converter's
+output) so that one dataset gives the same samples whichever way it is read. Each finding is
+either an **error** (nothing is built: :class:`~detaug.errors.DatasetError`, whose message names
+the file and the image or annotation id, and lists every problem by reason), a **repair** (the
+box is changed or dropped, counted in ``source.report`` and said once with a
+:class:`~detaug.errors.DataWarning`) or a **note** (an option or a documented default did
+something; counted, no warning). Nothing is changed silently.
+
+Boxes are absolute ``xyxy`` in continuous pixel coordinates (pixel ``i`` spans ``[i, i + 1)``),
+checked in float32, the dtype they are kept in. "The image" is the declared size (COCO
+``width``/``height``, VOC ``<size>``, ``Sample.size``; for a decoded array, its shape): the frame
+the boxes are annotated in. Encoded samples without a declared size are not checked against an
+image size here (planning clips to the decoded image).
+
+=====================================  ======  ===========================================================
+reason                                 kind    what is checked, and what happens
+=====================================  ======  ===========================================================
+not valid JSON                         error   the annotation file does not parse (message: line, column)
+not a COCO detection file              error   top level not an object; ``images`` missing or not a list;
+                                               ``annotations``/``categories`` not lists; annotations
+                                               without ``categories``
+no images                              error   nothing to read (empty list, or all left out)
+malformed image entry                  error   not an object; ``file_name`` missing, empty or not a
+                                               string; ``exif_orientation`` not 1..8; a sample whose
+                                               image is an array that is not uint8 ``[H, W, 3]``/``[H, W]``
+                                               (or 1-D uint8 encoded bytes); decoded and encoded mixed
+image id not an int64 integer          error   missing, a string, a bool, fractional, or beyond int64
+invalid image size                     error   declared width/height not a positive integer <= 2**31-1
+                                               (zero, negative, NaN, inf, string, only one of the two), or
+                                               a declared size that differs from a decoded array's shape
+duplicate image id                     error   two images with one id
+duplicate file name                    error   two images with one file (``file_name``, or sample path,
+                                               compared after ``os.path.normpath``)
+malformed category                     error   not an object; ``id`` not an integer; ``name`` not a string
+duplicate category id                  error   two categories with one id
+malformed annotation                   error   not an object; ``id`` / ``image_id`` / ``category_id`` not
+                                               integers; ``iscrowd`` not 0/1/true/false
+annotation of an unknown image         error   ``image_id`` names no image
+annotation without a box               error   no ``bbox`` (or ``null``)
+malformed box                          error   ``bbox`` not 4 numbers; sample boxes not ``[N, 4]``
+                                               numbers; as many boxes as labels
+non-finite coordinate                  error   NaN, +-inf, or beyond float32 (also ``x + w``)
+unknown category id                    error   a category id / label not among the categories (when the
+                                               source has categories)
+label does not fit int32               error   category id or label > 2**31 - 1 (Keras targets are int32)
+negative label                         error   category id or label < 0 (Keras targets pad with -1)
+malformed label                        error   labels not integers (strings, bools, fractions, NaN)
+empty box dropped                      repair  width or height <= 0 (COCO ``w``/``h`` <= 0, or
+                                               ``x2 <= x1``/``y2 <= y1``): the box and its label dropped
+box clipped to the image               repair  part of the box outside ``[0, w] x [0, h]``: clipped
+box outside the image dropped          repair  no area inside the image: the box and its label dropped
+image size not declared                note    COCO image without ``width``/``height``: its boxes are not
+                                               checked against the image here
+crowd box left out                     note    ``iscrowd=1`` with ``include_iscrowd=False``
+image without boxes left out           note    with ``skip_empty=True``
+image ids assigned 1..n                note    every sample's ``image_id`` was 0: ids are positions + 1
+=====================================  ======  ===========================================================
+
+Python objects of the wrong kind handed to a source's constructor (a sample that is neither a
+:class:`~detaug.sources.Sample` nor a mapping, unknown sample keys, an image that is not a path,
+bytes-like or array) raise ``TypeError``; everything about the values raises ``DatasetError``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from detaug.errors import DatasetError, DataWarning
+
+__all__ = [
+    "INT32_MAX",
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_EXAMPLES",
+    "RULES",
+    "Finding",
+    "Report",
+    "as_coordinate",
+    "as_int",
+    "check_boxes",
+    "check_size",
+    "file_key",
+    "label_problem",
+]
+
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Examples kept per reason (the counts are complete).
+MAX_EXAMPLES = 3
+
+Kind = Literal["error", "repair", "note"]
+
+NOT_JSON = "not valid JSON"
+NOT_COCO = "not a COCO detection file"
+NO_IMAGES = "no images"
+MALFORMED_IMAGE = "malformed image entry"
+BAD_IMAGE_ID = "image id not an int64 integer"
+BAD_SIZE = "invalid image size"
+DUPLICATE_IMAGE_ID = "duplicate image id"
+DUPLICATE_FILE = "duplicate file name"
+MALFORMED_CATEGORY = "malformed category"
+DUPLICATE_CATEGORY = "duplicate category id"
+MALFORMED_ANNOTATION = "malformed annotation"
+UNKNOWN_IMAGE = "annotation of an unknown image"
+NO_BOX = "annotation without a box"
+MALFORMED_BOX = "malformed box"
+NON_FINITE = "non-finite coordinate"
+UNKNOWN_CATEGORY = "unknown category id"
+LABEL_RANGE = "label does not fit int32"
+NEGATIVE_LABEL = "negative label"
+MALFORMED_LABEL = "malformed label"
+EMPTY_BOX = "empty box dropped"
+BOX_CLIPPED = "box clipped to the image"
+BOX_OUTSIDE = "box outside the image dropped"
+SIZE_NOT_DECLARED = "image size not declared"
+CROWD_LEFT_OUT = "crowd box left out"
+EMPTY_IMAGE_LEFT_OUT = "image without boxes left out"
+IDS_ASSIGNED = "image ids assigned 1..n"
+
+#: Every reason and its kind (the module docstring's table, in its order).
+RULES: dict[str, Kind] = {
+    **dict.fromkeys([NOT_JSON, NOT_COCO, NO_IMAGES, MALFORMED_IMAGE, BAD_IMAGE_ID, BAD_SIZE,
+                     DUPLICATE_IMAGE_ID, DUPLICATE_FILE, MALFORMED_CATEGORY, DUPLICATE_CATEGORY,
+                     MALFORMED_ANNOTATION, UNKNOWN_IMAGE, NO_BOX, MALFORMED_BOX, NON_FINITE,
+                     UNKNOWN_CATEGORY, LABEL_RANGE, NEGATIVE_LABEL, MALFORMED_LABEL], "error"),
+    **dict.fromkeys([EMPTY_BOX, BOX_CLIPPED, BOX_OUTSIDE], "repair"),
+    **dict.fromkeys([SIZE_NOT_DECLARED, CROWD_LEFT_OUT, EMPTY_IMAGE_LEFT_OUT, IDS_ASSIGNED], "note"),
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One finding: its reason, the file and the image / annotation it concerns, and what exactly.
+
+    ``annotation`` is an annotation id (int, shown as ``annotation_id N``) or a position such as
+    ``"annotations[5]"`` or ``"box 2"`` (shown as is).
+    """
+
+    reason: str
+    file: str
+    image_id: int | None = None
+    annotation: int | str | None = None
+    detail: str = ""
+
+    @property
+    def location(self) -> str:
+        """``FILE (image_id I, annotation_id A)``."""
+        ids = []
+        if self.image_id is not None:
+            ids.append(f"image_id {self.image_id}")
+        if isinstance(self.annotation, int):
+            ids.append(f"annotation_id {self.annotation}")
+        elif self.annotation is not None:
+            ids.append(str(self.annotation))
+        return f"{self.file} ({', '.join(ids)})" if ids else self.file
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.reason}" + (f": {self.detail}" if self.detail else "")
+
+    def brief(self) -> str:
+        """Without the reason (listed under it)."""
+        return self.location + (f": {self.detail}" if self.detail else "")
+
+
+class Report:
+    """What the checks of one source found: counts by reason, a few examples of each.
+
+    Attributes:
+        source: what was checked (the annotation file, or ``"sample list"``).
+        images, boxes: images and boxes kept.
+        counts: findings by reason (kinds in :data:`RULES`).
+        examples: up to :data:`MAX_EXAMPLES` :class:`Finding` per reason.
+        conversion: the converter's report when the data came through ``voc2coco`` (VocSource).
+    """
+
+    def __init__(self, source: str = "") -> None:
+        self.source = source
+        self.images = 0
+        self.boxes = 0
+        self.counts: Counter[str] = Counter()
+        self.examples: dict[str, list[Finding]] = {}
+        self.conversion: Any = None
+        self._first_error: Finding | None = None
+
+    # -- recording -------------------------------------------------------------------------
+    def add(self, reason: str, file: str, *, image_id: int | None = None,
+            annotation: int | str | None = None, detail: str = "") -> None:
+        """Count one finding of ``reason`` (a key of :data:`RULES`)."""
+        if reason not in RULES:
+            raise KeyError(f"unknown reason {reason!r}")
+        self.counts[reason] += 1
+        shown = self.examples.setdefault(reason, [])
+        if len(shown) < MAX_EXAMPLES or (RULES[reason] == "error" and self._first_error is None):
+            finding = Finding(reason, file, image_id, annotation, detail)
+            if len(shown) < MAX_EXAMPLES:
+                shown.append(finding)
+            if RULES[reason] == "error" and self._first_error is None:
+                self._first_error = finding
+
+    # -- reading ---------------------------------------------------------------------------
+    def _of(self, kind: Kind) -> dict[str, int]:
+        return {r: n for r, n in self.counts.items() if RULES[r] == kind}
+
+    @property
+    def errors(self) -> dict[str, int]:
+        """Error counts by reason (a built source has none)."""
+        return self._of("error")
+
+    @property
+    def repairs(self) -> dict[str, int]:
+        """Repair counts by reason."""
+        return self._of("repair")
+
+    @property
+    def notes(self) -> dict[str, int]:
+        """Note counts by reason."""
+        return self._of("note")
+
+    @property
+    def total(self) -> int:
+        """All findings: errors, repairs and notes."""
+        return sum(self.counts.values())
+
+    def summary(self) -> str:
+        """A few lines: what was kept, then each kind's counts by reason with examples."""
+        lines = []
+        if self.conversion is not None:
+            lines.append("conversion:")
+            lines.extend("  " + line for line in self.conversion.summary().splitlines())
+        lines.append(f"{self.source or 'source'}: {self.images} images, {self.boxes} boxes kept")
+        if not self.counts:
+            lines.append("checks: nothing to repair")
+        for kind, title in (("error", "errors"), ("repair", "repaired"), ("note", "notes")):
+            counts = self._of(kind)  # type: ignore[arg-type]
+            if not counts:
+                continue
+            lines.append(f"{title}:")
+            for reason, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+                lines.append(f"  {n:>6}  {reason}")
+                lines.extend(f"          e.g. {f.brief()}" for f in self.examples.get(reason, []))
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``source``, ``images``, ``boxes``, ``total``, ``errors``/``repairs``/``notes``
+        (counts by reason), ``examples`` (strings by reason) and ``conversion`` (the converter's
+        counts, or ``None``)."""
+        conversion = None
+        if self.conversion is not None:
+            c = self.conversion
+            conversion = {key: (dict(value) if isinstance(value, Counter) else value)
+                          for key, value in vars(c).items() if key != "messages"}
+        return {
+            "source": self.source, "images": self.images, "boxes": self.boxes, "total": self.total,
+            "errors": self.errors, "repairs": self.repairs, "notes": self.notes,
+            "examples": {r: [str(f) for f in fs] for r, fs in self.examples.items()},
+            "conversion": conversion,
+        }
+
+    def __repr__(self) -> str:
+        return (f"Report(source={self.source!r}, images={self.images}, boxes={self.boxes}, "
+                f"counts={dict(self.counts)})")
+
+    # -- closing ---------------------------------------------------------------------------
+    def raise_errors(self) -> None:
+        """Raise :class:`DatasetError` if anything was an error: the first error on the first
+        line, then every error reason with its count and examples (``err.report`` is this)."""
+        errors = self.errors
+        if not errors:
+            return
+        n = sum(errors.values())
+        lines = [str(self._first_error)]
+        if n > 1:
+            lines.append(f"{n} problems in {self.source or 'the source'} that detaug does not repair:")
+            for reason, count in sorted(errors.items(), key=lambda item: (-item[1], item[0])):
+                lines.append(f"  {count:>6}  {reason}")
+                lines.extend(f"          e.g. {f.brief()}" for f in self.examples.get(reason, []))
+        err = DatasetError("\n".join(lines))
+        err.report = self  # type: ignore[attr-defined]
+        raise err
+
+    def finish(self) -> None:
+        """:meth:`raise_errors`, then one :class:`DataWarning` if anything was repaired."""
+        self.raise_errors()
+        repairs = self.repairs
+        if repairs:
+            what = ", ".join(f"{n} {r}" for r, n in sorted(repairs.items()))
+            warnings.warn(f"{self.source or 'source'}: {what} (source.report.summary() has examples)",
+                          DataWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """``stacklevel`` of the first frame outside detaug (the user's call that built the source)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+# -- value rules (one place each) ------------------------------------------------------------------
+
+def as_int(value: Any) -> int | None:
+    """The integer ``value`` stands for (a Python or NumPy integer, or an integral finite float),
+    or ``None`` (bools, strings, fractions, NaN, anything else)."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    return None
+
+
+def as_coordinate(value: Any) -> float | None:
+    """A box coordinate as a float (``inf`` for integers beyond float range), or ``None`` when
+    ``value`` is not a real number (bools and strings are not)."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, (int, np.integer)):
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    if isinstance(value, (float, np.floating)):
+        return float(value)
+    return None
+
+
+def check_size(height: Any, width: Any) -> tuple[tuple[int, int] | None, str]:
+    """``((h, w), "")`` for a valid declared size (positive integers <= 2**31 - 1), else
+    ``(None, why)``."""
+    h, w = as_int(height), as_int(width)
+    if h is None or w is None or not (0 < h <= INT32_MAX and 0 < w <= INT32_MAX):
+        return None, f"height {height!r:.40}, width {width!r:.40}: not positive integers <= 2**31-1"
+    return (h, w), ""
+
+
+def label_problem(label: int) -> str | None:
+    """The error reason for a category id / label that detaug cannot carry, or ``None``."""
+    if label < 0:
+        return NEGATIVE_LABEL
+    if label > INT32_MAX:
+        return LABEL_RANGE
+    return None
+
+
+def file_key(name: str) -> str:
+    """How file names are compared for duplicates."""
+    return os.path.normpath(name)
+
+
+def check_boxes(
+    boxes: np.ndarray,
+    sizes: np.ndarray,
+    report: Report,
+    where: Callable[[int], tuple[str, int | None, int | str | None]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Check and repair boxes (every source's boxes go through here).
+
+    Args:
+        boxes: float64 ``[N, 4]`` absolute ``xyxy``.
+        sizes: float64 ``[N, 2]``: each box's image ``(h, w)``, NaN where not known.
+        report: receives the findings.
+        where: box index -> ``(file, image_id, annotation)`` for the findings' messages.
+
+    Returns:
+        float32 ``[N, 4]`` boxes (clipped where they were partly outside) and bool ``[N]``: the
+        boxes kept (not empty, not outside). Non-finite boxes are errors and are not kept.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4).astype(np.float32)
+    finite = np.isfinite(b).all(axis=1)
+    for j in np.flatnonzero(~finite):
+        _add(report, NON_FINITE, where, j, f"xyxy {np.asarray(boxes)[j].tolist()} (float32)")
+    empty = finite & ((b[:, 2] <= b[:, 0]) | (b[:, 3] <= b[:, 1]))
+    for j in np.flatnonzero(empty):
+        _add(report, EMPTY_BOX, where, j, f"xyxy {b[j].tolist()}")
+    keep = finite & ~empty
+    sizes = np.asarray(sizes, dtype=np.float64).reshape(-1, 2)
+    known = keep & np.isfinite(sizes).all(axis=1)
+    if known.any():
+        hw = sizes[known].astype(np.float32)
+        limit = np.stack([hw[:, 1], hw[:, 0], hw[:, 1], hw[:, 0]], axis=1)
+        inside = np.clip(b[known], np.float32(0), limit)
+        outside = (inside[:, 2] <= inside[:, 0]) | (inside[:, 3] <= inside[:, 1])
+        clipped = ~outside & (inside != b[known]).any(axis=1)
+        rows = np.flatnonzero(known)
+        for j, (h, w) in zip(rows[outside], sizes[rows[outside]]):
+            _add(report, BOX_OUTSIDE, where, j, f"xyxy {b[j].tolist()}, image (h, w) ({int(h)}, {int(w)})")
+        for j, k in zip(rows[clipped], np.flatnonzero(clipped)):
+            _add(report, BOX_CLIPPED, where, j, f"xyxy {b[j].tolist()} -> {inside[k].tolist()}")
+        b[rows] = inside
+        keep[rows[outside]] = False
+    return b, keep
+
+
+def _add(report: Report, reason: str, where: Callable[[int], tuple[str, int | None, int | str | None]],
+         j: int, detail: str) -> None:
+    if report.counts[reason] >= MAX_EXAMPLES and RULES[reason] != "error":
+        report.counts[reason] += 1  # no example kept: skip formatting its message
+        return
+    file, image_id, annotation = where(int(j))
+    report.add(reason, file, image_id=image_id, annotation=annotation, detail=detail)
