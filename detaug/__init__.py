@@ -1,7 +1,17 @@
 """detaug: detection-aware data augmentation on the GPU with NVIDIA DALI."""
 
-from detaug.errors import DataWarning, DatasetError, ImageError
+import logging
+
+from detaug.errors import DatasetError, DataWarning, DeviceError, ImageError
 
 __version__ = "0.1.0"
 
-__all__ = ["DataWarning", "DatasetError", "ImageError", "__version__"]
+__all__ = ["DataWarning", "DatasetError", "DeviceError", "ImageError", "__version__"]
+
+_log = logging.getLogger("detaug")
+if not _log.handlers:  # one line on stderr for what detaug decided (device="auto"); configurable
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("detaug: %(message)s"))
+    _log.addHandler(_handler)
+    _log.setLevel(logging.INFO)
+    _log.propagate = False

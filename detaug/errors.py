@@ -5,11 +5,12 @@
 * :class:`ImageError` (a :class:`DatasetError`): one image cannot be read or decoded; raised with
   ``on_error="raise"``, otherwise the image is skipped and reported.
 * :class:`DataWarning`: a skipped image or a counted repair, said once.
+* :class:`DeviceError` (a ``RuntimeError``): ``device="gpu"`` where DALI finds no GPU.
 """
 
 from __future__ import annotations
 
-__all__ = ["DatasetError", "ImageError", "DataWarning"]
+__all__ = ["DatasetError", "ImageError", "DataWarning", "DeviceError"]
 
 
 class DatasetError(ValueError):
@@ -36,3 +37,7 @@ class ImageError(DatasetError):
 
 class DataWarning(UserWarning):
     """A skipped image or a counted repair of the input data."""
+
+
+class DeviceError(RuntimeError):
+    """``device="gpu"`` where DALI finds no CUDA device: the message says what was looked for."""

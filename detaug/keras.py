@@ -2,9 +2,10 @@
 
 A Keras ``Sequence`` is random access: ``seq[i]`` may be asked for any batch, in any order, and
 ``on_epoch_end()`` reshuffles. DALI pipelines are iterators. :class:`DetectionSequence` bridges
-the two: the epoch's sample order is a pure function of ``(seed, epoch)``, and ``seq[i]`` feeds
-batch ``i``'s samples, with their seed words ``(seed, epoch, index)``, to the pipeline's external
-sources and runs it once. The same ``i`` in the same epoch therefore always gives the same
+the two: batch ``i`` of an epoch is a pure function of the source, the recipe and
+``(seed, epoch)`` (the epoch and shard rules of :mod:`detaug.epochs`, each sample augmented from
+its key ``(seed, epoch, image_id)``, :mod:`detaug.planning`), and ``seq[i]`` feeds it to a
+pipeline's external sources and runs it once. The same ``i`` in the same epoch therefore always gives the same
 samples and the same augmentation; a new epoch gives a new order (``shuffle=True``) and new
 augmentations.
 
@@ -38,41 +39,23 @@ Targets are padded to ``max_boxes`` with ``-1`` as Keras 3 and KerasHub detector
 
 from __future__ import annotations
 
-import functools
 import importlib.util
-import multiprocessing
 import operator
 import os
-import pickle
-import tempfile
 import threading
 import warnings
-import weakref
 from collections.abc import Iterator
-from concurrent.futures import (
-    FIRST_COMPLETED,
-    BrokenExecutor,
-    Future,
-    ProcessPoolExecutor,
-    wait,
-)
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Future, wait
 from typing import Any
 
 import numpy as np
 
 from detaug.boxes import convert_format
-from detaug.feeding import (
-    FEED_COLUMNS,
-    PAYLOAD_MAGIC,
-    DecodedShapes,
-    epoch_order,
-    init_plan_worker,
-    plan_job,
-    plan_samples,
-    shard_range,
-)
-from detaug.pipeline import build_pipeline, resolve_device
-from detaug.sources import CocoSource, SampleListSource
+from detaug.epochs import check_shard
+from detaug.errors import DataWarning
+from detaug.pipeline import build_pipeline, feed, pick_device, resolve_device
+from detaug.plan_ahead import PlanPool
+from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, undecodable
 from detaug.transforms import Compose
 
 __all__ = ["KERAS_BOX_FORMATS", "BoxOverflowWarning", "DetectionSequence", "to_keras_boxes"]
@@ -156,11 +139,9 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     """Augmented detection batches by index, for ``model.fit(seq)`` (and ``fit_generator``).
 
     Args:
-        source: a :class:`~detaug.sources.SampleListSource` or
-            :class:`~detaug.sources.VocSource`; a :class:`~detaug.sources.CocoSource` is read into
-            one with :meth:`~detaug.sources.CocoSource.to_sample_list` (DALI's COCO reader is
-            sequential; its ``shuffle`` and ``initial_fill`` do not apply, ``shuffle=None`` takes
-            its flag, and its ``shard_id`` / ``num_shards`` are used when given).
+        source: a :class:`~detaug.sources.CocoSource`, :class:`~detaug.sources.VocSource` or
+            :class:`~detaug.sources.SampleListSource` (``shuffle=None`` takes the source's flag,
+            and its ``shard_id`` / ``num_shards`` are used when given).
         transforms: the :class:`~detaug.transforms.Compose` recipe. Its output size must be
             fixed (end it with ``Resize((h, w))``, ``LetterBox`` or ``RandomResizedCrop``) unless
             every source image has the same size: a batch is one ``[B, H, W, 3]`` array.
@@ -170,7 +151,9 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         shuffle: draw a new sample order every epoch from ``(seed, epoch)``; ``None``: the
             ``CocoSource``'s flag, else ``False``.
         seed: seeds the orders and the augmentations.
-        device: ``"gpu"`` (decode with nvJPEG, augment on the GPU) or ``"cpu"``.
+        device: ``"auto"`` (default: the GPU where DALI can use one, else the CPU), ``"gpu"``
+            (decode with nvJPEG, augment on the GPU; :class:`~detaug.DeviceError` without one)
+            or ``"cpu"``.
         bounding_box_format: a Keras format name (:data:`KERAS_BOX_FORMATS`, case-insensitive);
             ``rel_*`` formats divide by the output image's width and height.
         overflow: what a sample with more than ``max_boxes`` boxes does: ``"raise"`` a
@@ -180,7 +163,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         drop_last: leave out the last, smaller batch of an epoch.
         device_id: the GPU (``None``: 0).
         num_threads: DALI CPU threads.
-        shard_id, num_shards: serve one shard of every epoch's order (as DALI's readers split).
+        shard_id, num_shards: serve one shard of every epoch (the rules of
+            :mod:`detaug.epochs`, as the PyTorch loader's: equal shards, padded).
         prefetch: prepare batch ``i + 1`` while batch ``i`` is used, when access is sequential.
         plan_workers: processes that plan the batches of the current and the next epoch ahead of
             the ``seq[i]`` calls (read the image headers, run ``Compose.plan_batch``); ``None``: 0 with
@@ -200,6 +184,9 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             ``docs/keras.md``), 1 with ``device="cpu"`` (DALI's threads already use the cores).
         max_queue_size: Keras' ``PyDataset`` argument: batches Keras requests ahead with ``workers > 1``.
         use_multiprocessing: must stay ``False``: a DALI pipeline cannot be forked or pickled.
+        on_error: an image that cannot be read or decoded: ``"skip"`` replaces it by the next
+            readable sample of the shard's epoch order (named in a :class:`~detaug.DataWarning`
+            and listed in :attr:`skipped`), ``"raise"`` raises :class:`~detaug.ImageError`.
 
     ``seq[i]`` returns ``(images, targets)``:
 
@@ -222,13 +209,13 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
 
     def __init__(
         self,
-        source: CocoSource | SampleListSource,
+        source: Any,
         transforms: Compose,
         batch_size: int,
         max_boxes: int | None = None,
         shuffle: bool | None = None,
         seed: int = 0,
-        device: str = "gpu",
+        device: str = "auto",
         *,
         bounding_box_format: str = "xyxy",
         overflow: str = "raise",
@@ -243,8 +230,10 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         workers: int | None = None,
         max_queue_size: int = 10,
         use_multiprocessing: bool = False,
+        on_error: str = "skip",
     ) -> None:
         # 1. Arguments.
+        device = pick_device(device)
         if workers is None:
             workers = 1 if device == "cpu" else 4
         if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
@@ -276,23 +265,13 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             raise TypeError(f"transforms must be a detaug.transforms.Compose, got {type(transforms).__name__}")
         self.bounding_box_format = _check_box_format(bounding_box_format)
 
-        # 2. An indexable source, shard and shuffle flag.
-        if isinstance(source, CocoSource):
-            shuffle = source.shuffle if shuffle is None else shuffle
-            if source.shuffle and not shuffle:
-                raise ValueError("the CocoSource has shuffle=True but the sequence has shuffle=False; make them agree")
-            shard_id = source.shard_id if shard_id is None else shard_id
-            num_shards = source.num_shards if num_shards is None else num_shards
-            source = source.to_sample_list()
-        elif not isinstance(source, SampleListSource):
-            raise TypeError(f"source must be a SampleListSource, VocSource or CocoSource, got {type(source).__name__}")
-        shard_id = 0 if shard_id is None else int(shard_id)
-        num_shards = 1 if num_shards is None else int(num_shards)
-        if num_shards < 1 or not 0 <= shard_id < num_shards:
-            raise ValueError(f"shard_id must be in [0, num_shards), got shard_id={shard_id}, num_shards={num_shards}")
-        self.begin, self.end = shard_range(len(source), shard_id, num_shards)
-        if self.end == self.begin:
-            raise ValueError(f"shard {shard_id} of {num_shards} holds no samples ({len(source)} in the source)")
+        # 2. Source, shard and shuffle flag (the epoch rules of detaug.epochs, as the PyTorch loader's).
+        if not hasattr(source, "samples") or not hasattr(source, "load"):
+            raise TypeError(f"source must be a CocoSource, VocSource or SampleListSource, got {type(source).__name__}")
+        shuffle = bool(getattr(source, "shuffle", False)) if shuffle is None else bool(shuffle)
+        shard_id = getattr(source, "shard_id", None) if shard_id is None else shard_id
+        num_shards = getattr(source, "num_shards", None) if num_shards is None else num_shards
+        shard_id, num_shards = check_shard(0 if shard_id is None else shard_id, 1 if num_shards is None else num_shards)
 
         most = max(len(s.boxes) for s in source.samples)
         if max_boxes is None:
@@ -318,11 +297,19 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             plan_workers = 0 if self.device_id is None else min(8, os.cpu_count() or 1)
         self.plan_workers = int(plan_workers)
         self.shard_id, self.num_shards = shard_id, num_shards
+        self.spec = EpochSpec(n=len(source), batch_size=self.batch_size, shard_id=shard_id, num_shards=num_shards,
+                              shuffle=self.shuffle, drop_last=self.drop_last, seed=self.seed)
+        self.planner = BatchPlanner(source, transforms, self.spec, on_error)
+        self.on_error = on_error
         if len(self) == 0:
             raise ValueError(
-                f"no batches: the shard holds {self.end - self.begin} samples, fewer than "
-                f"batch_size={self.batch_size} with drop_last=True"
+                f"no batches: each of the {num_shards} shard(s) holds {self.spec.n // num_shards} samples, "
+                f"fewer than batch_size={self.batch_size} with drop_last=True"
             )
+        self.skipped: list[dict[str, Any]] = []
+        self.repaired: list[dict[str, Any]] = []
+        self._warned: set[tuple[str, str]] = set()
+        self._bad: dict[int, str] = {}  # positions whose image failed in DALI -> reason
 
         self.boxes_truncated = 0
         self.samples_truncated = 0
@@ -331,37 +318,28 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self.planned_ahead = 0
         self.planned_inline = 0
         self._lock = threading.Condition()  # guards the counters, the epoch and the pipelines below
-        self._planner = (
-            _Planner(
-                source, transforms, self.plan_workers, order_of=functools.partial(
-                    epoch_order, len(source), shuffle=self.shuffle, seed=self.seed, begin=self.begin, end=self.end
-                ), seed=self.seed, batch_size=self.batch_size, num_batches=len(self),
-            )
-            if self.plan_workers and len(self) > 1
-            else None
-        )
+        self._planner = _Planner(self.planner, self.plan_workers, num_batches=len(self)) if self.plan_workers and len(self) > 1 else None
         self._last = -1  # last index asked for in this epoch
         self._calls = 0  # seq[i] calls in progress
         self.epoch = 0
-        self._order = self._epoch_order(0)
         # Pipelines: each is idle, running a seq[i] call's batch, or holding a prefetched batch.
         self._idle: list[Any] = [self._build()]  # fail here, not in the first seq[i]
-        self._prefetched: dict[tuple[int, int], tuple[Any, tuple]] = {}  # (epoch, index) -> (pipeline, columns fed)
+        self._prefetched: dict[tuple[int, int], tuple[Any, PlannedBatch]] = {}  # (epoch, index) -> (pipeline, batch fed)
         self._pipelines = 1  # built or being built, in any of the three states
         self._streams = threading.local()  # a CUDA stream per calling thread, for the copies
 
     # -- the classic Sequence protocol ------------------------------------------------------------
 
     def __len__(self) -> int:
-        full, rest = divmod(self.end - self.begin, self.batch_size)
-        return full if (self.drop_last or rest == 0) else full + 1
+        """Batches per epoch (the same on every shard)."""
+        return len(self.spec)
 
     def __getitem__(self, index: int) -> tuple[Any, dict[str, np.ndarray]]:
         """Batch ``index`` of the current epoch (negative indexes count from the end); safe to
         call from several threads at once (up to ``workers`` batches then run side by side)."""
         i = self._check_index(index)
         with self._lock:
-            epoch, order = self.epoch, self._order
+            epoch = self.epoch
             sequential = i == self._last + 1 and self._calls == 0
             self._last = i
             self._calls += 1
@@ -370,18 +348,26 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
                 self.prefetch_hits += 1
         try:
             if pipe is None:
-                columns = self._columns(i, epoch, order)
+                columns = self._columns(i, epoch)
                 pipe = self._acquire()
                 self._schedule(pipe, columns)
-            try:
-                outputs = self._collect(pipe, columns, i, epoch, order)
-            except BaseException:
-                self._discard(pipe)  # DALI: "Current pipeline object is no longer valid"
-                raise
-            handed_over = self.prefetch and sequential and i + 1 < len(self) and self._prefetch_next(pipe, i + 1, epoch, order)
+            while True:
+                try:
+                    outputs = self._collect(pipe, columns, i, epoch)
+                    break
+                except DecodeFailure as failure:  # DALI failed on an image whose header was fine
+                    self._discard(pipe)  # DALI: "Current pipeline object is no longer valid"
+                    columns = self._without_undecodable(columns, failure)
+                    pipe = self._acquire()
+                    self._schedule(pipe, columns)
+                except BaseException:
+                    self._discard(pipe)
+                    raise
+            handed_over = self.prefetch and sequential and i + 1 < len(self) and self._prefetch_next(pipe, i + 1, epoch)
             if not handed_over:
                 self._release(pipe)
-            return self._to_keras(i, epoch, order, outputs)
+            self._record(columns)
+            return self._to_keras(i, epoch, columns, outputs)
         finally:
             with self._lock:
                 self._calls -= 1
@@ -402,7 +388,6 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             if self._planner is not None:
                 self._planner.set_epoch(int(epoch))  # keeps the plans of the next epoch, cancels others
             self.epoch = int(epoch)
-            self._order = self._epoch_order(self.epoch)
             self._last = -1
 
     def epoch_callback(self) -> Any:
@@ -430,8 +415,9 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         return any(not f.cancelled() and not isinstance(f.exception(), BrokenExecutor) for f in done)
 
     def batch_indices(self, index: int) -> np.ndarray:
-        """int64 ``[B]`` source positions of batch ``index`` in the current epoch."""
-        return self._indices(self._check_index(index), self._order)
+        """int64 ``[B]`` source positions of batch ``index`` in the current epoch (before any
+        replacement of an unreadable image)."""
+        return self.planner.positions(self.epoch, self._check_index(index)).copy()
 
     def close(self) -> None:
         """Release the DALI pipelines (and their GPU memory) and stop the planning workers; a
@@ -457,18 +443,9 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             self.source, self.transforms, batch_size=self.batch_size, device=self.device,
             device_id=self.device_id, num_threads=self.num_threads, seed=self.seed, layout="HWC",
             prefetch_queue_depth=1,  # one batch fed per run: random access feeds as it goes
-            targets=False,  # the boxes and labels are the plan's: only the images come from DALI
         )
         pipe.build()
         return pipe
-
-    def _epoch_order(self, epoch: int) -> np.ndarray:
-        """This shard's source positions in ``epoch``'s order (as the PyTorch loader's)."""
-        return epoch_order(len(self.source), epoch, shuffle=self.shuffle, seed=self.seed, begin=self.begin, end=self.end)
-
-    def _indices(self, i: int, order: np.ndarray) -> np.ndarray:
-        start = i * self.batch_size
-        return order[start : start + self.batch_size].copy()
 
     def _check_index(self, index: Any) -> int:
         try:
@@ -480,37 +457,52 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             raise IndexError(f"batch index {index} out of range for a sequence of {n} batches")
         return i + n if i < 0 else i
 
-    def _columns(self, i: int, epoch: int, order: np.ndarray) -> tuple[list[np.ndarray], ...]:
-        """The pipeline's input columns (:data:`~detaug.feeding.FEED_COLUMNS`) for batch ``i`` of
-        ``epoch``: a worker's plan (with the image bytes it read; decoded arrays are taken
-        here), or, when none is ready, planned here."""
-        indices = self._indices(i, order)
+    def _columns(self, i: int, epoch: int) -> PlannedBatch:
+        """Batch ``i`` of ``epoch``, planned: a worker's plan (with the image bytes it read;
+        decoded arrays are taken here), or, when none is ready, planned here."""
         with self._lock:
             current = epoch == self.epoch  # a call that began before set_epoch plans its own batch
             planned = None if self._planner is None or not current else self._planner.take(i, epoch)  # raises the job's error
+        ahead = planned is not None
         if planned is None:
-            seeds = [np.array([self.seed, epoch, j], dtype=np.int64) for j in indices]
-            columns = plan_samples(self.source, self.transforms, indices, seeds)  # reads and plans before feeding
-        elif planned[0] is None:  # decoded arrays: the workers planned on their shapes
-            columns = (self._load_data(indices), *planned[1:])
-        else:
-            columns = planned
+            with self._lock:
+                bad = dict(self._bad)
+            planned = self.planner.plan(epoch, i, bad=bad)  # reads and plans before feeding
         with self._lock:
-            if planned is None:
-                self.planned_inline += 1
-            else:
+            if ahead:
                 self.planned_ahead += 1
-        return columns
+            else:
+                self.planned_inline += 1
+        if planned.data is None:  # decoded arrays: the workers planned on their shapes
+            planned.data = self.planner.load_data(planned.positions)
+        return planned
 
-    def _load_data(self, indices: np.ndarray) -> list[np.ndarray]:
-        """The image data column of planned samples (their encoded bytes or decoded arrays)."""
-        data = []
-        for j in indices:
-            try:
-                data.append(self.source.load(int(j))[0])
-            except (OSError, ValueError) as err:  # as plan_samples says it
-                raise type(err)(f"{self.source.describe(int(j))}: {err}") from err
-        return data
+    def _without_undecodable(self, planned: PlannedBatch, failure: DecodeFailure) -> PlannedBatch:
+        """Batch ``planned`` planned again without the images DALI failed on (``on_error="skip"``),
+        or the error naming the culprit (``"raise"``, or no culprit found)."""
+        culprits = undecodable(planned.data)
+        if not culprits or self.on_error == "raise":
+            raise failure.error(self.source, culprits) from failure.__cause__
+        with self._lock:
+            for k, reason in culprits:
+                self._bad[int(planned.positions[k])] = reason
+            bad = dict(self._bad)
+        replanned = self.planner.plan(planned.epoch, planned.step, bad=bad)
+        if replanned.data is None:
+            replanned.data = self.planner.load_data(replanned.positions)
+        return replanned
+
+    def _record(self, planned: PlannedBatch) -> None:
+        """Keep the batch's skipped images and repaired boxes (:attr:`skipped`,
+        :attr:`repaired`); warn once per file and reason."""
+        if not planned.skipped and not planned.repaired:
+            return
+        with self._lock:
+            self.skipped.extend(planned.skipped)
+            self.repaired.extend(planned.repaired)
+            messages = planned.new_findings(self._warned)
+        for message in messages:
+            warnings.warn(message, DataWarning, stacklevel=3)
 
     # -- the pipelines ----------------------------------------------------------------------------
 
@@ -547,24 +539,21 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             self._pipelines -= 1
             self._lock.notify()
 
-    def _schedule(self, pipe: Any, columns: tuple[list[np.ndarray], ...]) -> None:
-        """Feed a batch's image data and parameter vectors (one ``[B, P]`` array: a single
-        object for DALI to take) and start ``pipe`` on it (returns at once)."""
+    def _schedule(self, pipe: Any, planned: PlannedBatch) -> None:
+        """Feed a batch's image data and parameter vectors and start ``pipe`` on it (returns at once)."""
         try:
-            pipe.feed_input("data", columns[0])
-            pipe.feed_input("params", np.stack(columns[1]))
-            pipe.schedule_run()
+            feed(pipe, planned.data, planned.params)
         except BaseException:
             self._discard(pipe)  # possibly half fed: start over with a fresh pipeline
             raise
 
-    def _prefetch_next(self, pipe: Any, i: int, epoch: int, order: np.ndarray) -> bool:
+    def _prefetch_next(self, pipe: Any, i: int, epoch: int) -> bool:
         """Schedule batch ``i`` on ``pipe`` for the next call. ``True`` when ``pipe`` is no longer
         the caller's: it holds batch ``i``, or feeding it failed and it was discarded. ``False``
         when nothing was fed (the epoch changed, or planning failed): the caller releases it.
         Errors are not this call's: batch ``i`` raises them when it is asked for."""
         try:
-            columns = self._columns(i, epoch, order)
+            columns = self._columns(i, epoch)
         except Exception:  # noqa: BLE001 - batch i's error, raised again when batch i is asked for
             return False
         with self._lock:
@@ -595,23 +584,22 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self._lock.notify_all()
 
     def _collect(
-        self, pipe: Any, columns: tuple[list[np.ndarray], ...], i: int, epoch: int, order: np.ndarray
+        self, pipe: Any, planned: PlannedBatch, i: int, epoch: int
     ) -> tuple[Any, list[np.ndarray], list[np.ndarray]]:
         """Wait for ``pipe``'s batch: a copy of its images (float32 ``[B, H, W, 3]``, NumPy or a
         CUDA tensor; DALI reuses its buffers at the next run), and its boxes and labels, which
-        are the plan's (``columns``: the pipeline only moves pixels)."""
+        are the plan's (the pipeline only moves pixels)."""
         try:
             images = pipe.outputs()[0]
-        except RuntimeError as err:  # DALI's message names the operator, not the samples
-            ids = [self.source.samples[j].image_id for j in self._indices(i, order)]
-            raise RuntimeError(f"batch {i} of epoch {epoch} (image_ids {ids}) failed in the DALI pipeline: {err}") from err
+        except (RuntimeError, IndexError) as err:  # DALI's message names the operator, not the samples
+            raise DecodeFailure(planned, err) from err
         if not images.is_dense_tensor():
             shapes = sorted({tuple(images[k].shape()) for k in range(len(images))})
             raise ValueError(
                 f"the batch's images have different shapes {shapes}; a Keras batch is one "
                 "[B, H, W, 3] array: end the recipe with Resize((h, w)), LetterBox or RandomResizedCrop"
             )
-        boxes_out, labels_out = columns[FEED_COLUMNS.index("boxes")], columns[FEED_COLUMNS.index("labels")]
+        boxes_out, labels_out = planned.boxes, planned.labels
         if self.device_id is None:
             return np.array(images.as_tensor(), dtype=np.float32), boxes_out, labels_out
         return _gpu_float32(images, self.device_id, self._streams, on_host=not self.images_on_device), boxes_out, labels_out
@@ -619,7 +607,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     # -- Keras targets ----------------------------------------------------------------------------
 
     def _to_keras(
-        self, i: int, epoch: int, order: np.ndarray, outputs: tuple[Any, list[np.ndarray], list[np.ndarray]]
+        self, i: int, epoch: int, planned: PlannedBatch, outputs: tuple[Any, list[np.ndarray], list[np.ndarray]]
     ) -> tuple[Any, dict[str, np.ndarray]]:
         """Pad the batch's boxes (xyxy ``[N_k, 4]`` per sample) and labels to ``max_boxes`` rows,
         boxes in ``bounding_box_format``: whole-batch array operations, no per-sample ones."""
@@ -631,7 +619,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         counts = np.fromiter(map(len, boxes), dtype=np.int64, count=count)
         over = np.flatnonzero(counts > self.max_boxes).tolist()
         if over:
-            self._overflow(i, epoch, self._indices(i, order), over, boxes)
+            self._overflow(i, epoch, planned.image_ids, over, boxes)
             boxes = [b[: self.max_boxes] for b in boxes]
             labels = [lab[: self.max_boxes] for lab in labels]
             counts = np.minimum(counts, self.max_boxes)
@@ -643,9 +631,9 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             out_labels[rows, slots] = np.concatenate(labels).reshape(-1)
         return images, {"boxes": out_boxes, "labels": out_labels}
 
-    def _overflow(self, i: int, epoch: int, indices: np.ndarray, over: list[int], boxes: list[np.ndarray]) -> None:
+    def _overflow(self, i: int, epoch: int, image_ids: np.ndarray, over: list[int], boxes: list[np.ndarray]) -> None:
         detail = ", ".join(
-            f"image_id {self.source.samples[indices[k]].image_id}: {len(boxes[k])}" for k in over[:5]
+            f"image_id {image_ids[k]}: {len(boxes[k])}" for k in over[:5]
         ) + (", ..." if len(over) > 5 else "")
         if self.overflow == "raise":
             raise ValueError(
@@ -704,13 +692,6 @@ def _gpu_float32(images: Any, device_id: int, streams: threading.local, *, on_ho
     return on_gpu
 
 
-def _stop_pool(pool: ProcessPoolExecutor, payload_file: Any, *, wait: bool) -> None:
-    """Shut a planning pool down (its queued jobs cancelled) and close its payload file."""
-    pool.shutdown(wait=wait, cancel_futures=True)
-    if payload_file is not None:
-        payload_file.close()
-
-
 class _Planner:
     """The planning workers of one sequence and the plans of its current and next epochs.
 
@@ -722,18 +703,17 @@ class _Planner:
     does not keep the sequence (and its DALI pipeline) alive.
     """
 
-    def __init__(
-        self, source: SampleListSource, transforms: Compose, workers: int, *, order_of: Any, seed: int, batch_size: int, num_batches: int
-    ) -> None:
-        self.source, self.transforms, self.workers, self.order_of = source, transforms, workers, order_of
-        self.seed, self.batch_size, self.num_batches = seed, batch_size, num_batches
+    def __init__(self, planner: BatchPlanner, workers: int, *, num_batches: int) -> None:
+        self.pool = PlanPool(planner, workers)
+        self.num_batches = num_batches
         self.window = max(64, 4 * workers)
-        self.pool: ProcessPoolExecutor | None = None
-        self.disabled = False  # the workers could not start or died: the caller plans everything
-        self._finalizer: weakref.finalize | None = None
-        self._payload_file: Any = None  # the pickled source and recipe the workers read
         self.plans: dict[tuple[int, int], Future] = {}  # (epoch, batch) -> job
         self.reset()
+
+    @property
+    def disabled(self) -> bool:
+        """The workers could not start or died: the caller plans everything."""
+        return self.pool.disabled
 
     def reset(self) -> None:
         """Forget every plan (jobs not started are cancelled)."""
@@ -743,7 +723,6 @@ class _Planner:
         self.in_flight: list[Future] = []
         self.taken: set[int] = set()  # batches of the current epoch taken (not to plan any more)
         self.epoch: int | None = None
-        self.orders: dict[int, np.ndarray] = {}
         self.cursor: tuple[int, int, int] | None = None  # (epoch, next batch to submit, batches left)
 
     def set_epoch(self, epoch: int) -> None:
@@ -756,14 +735,13 @@ class _Planner:
             for key in [k for k in self.plans if k[0] != epoch]:
                 self.plans.pop(key).cancel()
             self.taken = set()
-            self.orders.pop(self.epoch, None)
         self.epoch = epoch
         if self.cursor is None or self.cursor[0] != epoch:
             self.cursor = (epoch, 0, self.num_batches)
 
-    def take(self, i: int, epoch: int) -> tuple[list[np.ndarray], ...] | None:
-        """Batch ``i``'s plan in ``epoch`` (:func:`~detaug.feeding.plan_job`'s columns), ``None``
-        when the caller must plan it; raises the error of its job (an unreadable image, ...)."""
+    def take(self, i: int, epoch: int) -> PlannedBatch | None:
+        """Batch ``i``'s plan in ``epoch``, ``None`` when the caller must plan it; raises the
+        error of its job (an image that cannot be read, with ``on_error="raise"``)."""
         if self.disabled:
             return None
         self.set_epoch(epoch)
@@ -774,7 +752,7 @@ class _Planner:
             return None  # not submitted, queued or running: planning here is as soon as waiting
         err = future.exception()
         if isinstance(err, BrokenExecutor):
-            self._give_up(f"the planning workers stopped ({err})")
+            self.pool.give_up(f"the planning workers stopped ({err})")
             return None
         return future.result()
 
@@ -787,12 +765,9 @@ class _Planner:
         return list(self.in_flight)
 
     def close(self) -> None:
-        """Stop the workers (and wait for them); the next :meth:`take` starts new ones."""
+        """Stop the workers; the next :meth:`take` starts new ones."""
         self.reset()
-        if self.pool is not None:
-            self._finalizer.detach()
-            _stop_pool(self.pool, self._payload_file, wait=True)
-            self.pool = self._finalizer = self._payload_file = None
+        self.pool.close()
 
     def _top_up(self) -> None:
         self.in_flight = [f for f in self.in_flight if not f.done()]
@@ -805,47 +780,8 @@ class _Planner:
             self.cursor = (epoch, j + 1, left - 1)
             if epoch == self.epoch and j in self.taken:
                 continue
-            if self.pool is None and not self._start():
-                return
-            if epoch not in self.orders:
-                self.orders[epoch] = self.order_of(epoch)
-            indices = self.orders[epoch][j * self.batch_size : (j + 1) * self.batch_size]
-            try:
-                future = self.pool.submit(plan_job, indices, self.seed, epoch)
-            except (BrokenExecutor, RuntimeError) as err:
-                self._give_up(f"the planning workers stopped ({err})")
+            future = self.pool.submit(epoch, j)
+            if future is None:  # the pool is disabled (it said why)
                 return
             self.plans[epoch, j] = future
             self.in_flight.append(future)
-
-    def _start(self) -> bool:
-        source = DecodedShapes(self.source) if self.source.decoded else self.source
-        try:
-            payload = PAYLOAD_MAGIC + pickle.dumps((source, self.transforms), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as err:  # noqa: BLE001 - e.g. a recipe holding a lambda
-            self._give_up(f"the source and recipe cannot be pickled for the planning workers ({err})")
-            return False
-        # Not the payload itself as the initializer's argument: spawning writes a process's
-        # arguments down a pipe that the child reads only after importing the main module, so
-        # more than a pipe's buffer (64 KiB) would keep the caller waiting for each worker's start
-        # in turn (seconds each for a script that imports Keras). The workers read it from an
-        # unnamed temporary file instead, through /proc (nothing is left behind, even on a kill).
-        initarg: bytes | str = payload
-        if os.path.isdir(f"/proc/{os.getpid()}/fd"):
-            try:
-                self._payload_file = tempfile.TemporaryFile(prefix="detaug-keras-plan-")  # noqa: SIM115 - open while the pool lives
-                self._payload_file.write(payload)
-                self._payload_file.flush()
-                initarg = f"/proc/{os.getpid()}/fd/{self._payload_file.fileno()}"
-            except OSError:  # no writable temporary folder: through the pipe, then
-                if self._payload_file is not None:
-                    self._payload_file.close()
-                self._payload_file = None
-        self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=init_plan_worker, initargs=(initarg,))
-        self._finalizer = weakref.finalize(self, _stop_pool, self.pool, self._payload_file, wait=False)
-        return True
-
-    def _give_up(self, why: str) -> None:
-        warnings.warn(f"{why}; batches are planned in the calling thread from now on (plan_workers=0)", RuntimeWarning, stacklevel=2)
-        self.close()
-        self.disabled = True

@@ -1,28 +1,44 @@
-"""Data sources: where images, boxes and labels come from.
+"""Data sources: indexable lists of checked samples (image, boxes, labels, id, declared size).
 
-Every source yields, per sample, an image (encoded bytes, or a decoded ``uint8 [H, W, 3]`` RGB
-array), float32 ``[N, 4]`` absolute ``xyxy`` boxes in continuous pixel coordinates, int32 ``[N]``
-category ids, and an int image id.
+Every source is built once, checked once (:mod:`detaug.formats.validation`: errors raise
+:class:`~detaug.errors.DatasetError` naming the file and the image or annotation id, repairs are
+counted in ``source.report``), and then read by position:
 
-* :class:`CocoSource` reads a COCO JSON with DALI's own ``fn.readers.coco`` (its fast path).
-* :class:`SampleListSource` takes an in-memory list of samples (file paths, encoded bytes or
-  decoded arrays) and feeds them through ``fn.external_source``.
-* :class:`VocSource` reads a Pascal VOC folder through the ``voc2coco`` converter, in memory.
+* :class:`SampleListSource`: an in-memory list of samples (file paths, encoded bytes or decoded
+  arrays).
+* :class:`CocoSource`: a COCO detection JSON, parsed by :func:`detaug.formats.coco.load_coco`.
+* :class:`VocSource`: a Pascal VOC folder through the ``voc2coco`` converter, in memory.
+
+The interface the loaders use (every source has it)::
+
+    source.samples: list[Sample]; len(source); source.decoded; source.categories: dict[int, str]
+    source.orientation ("auto" | "apply" | "ignore"); source.report
+    source.describe(i) -> str; source.file_of(i) -> str
+    source.load(i) -> (data, boxes, labels, image_id)
+
+Boxes are float32 ``[N, 4]`` absolute ``xyxy`` in continuous pixel coordinates (pixel ``i`` spans
+``[i, i + 1)``), labels int64 ``[N]`` category ids in ``[0, 2**31 - 1]``, image ids ints that fit
+int64, unique within a source.
 """
 
 from __future__ import annotations
 
-import json
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-__all__ = ["Sample", "CocoSource", "SampleListSource", "VocSource"]
+from detaug.errors import DatasetError
+from detaug.formats import validation as v
+from detaug.formats.coco import NO_ANNOTATION_ID, CocoDataset, load_coco
+from detaug.formats.images import ORIENTATIONS
 
-READER_NAME = "Reader"
+__all__ = ["ORIENTATIONS", "CocoSource", "Sample", "SampleListSource", "VocSource", "coco_to_samples"]
+
+ImageLike = str | os.PathLike | bytes | bytearray | memoryview | np.ndarray
 
 
 @dataclass
@@ -30,37 +46,138 @@ class Sample:
     """One annotated image.
 
     Attributes:
-        image: a file path, encoded bytes (JPEG, PNG, ...), or a decoded ``uint8 [H, W, 3]`` RGB
-            array (``[H, W]`` grayscale is expanded to RGB).
-        boxes: float32 ``[N, 4]`` absolute ``xyxy`` boxes, pixel ``i`` spanning ``[i, i + 1)``.
-        labels: int ``[N]`` category ids.
+        image: a file path; encoded bytes (``bytes``, ``bytearray``, ``memoryview``, or a 1-D
+            uint8 array such as ``np.frombuffer(data, np.uint8)``: 1-D uint8 is always encoded);
+            or a decoded uint8 ``[H, W, 3]`` RGB or ``[H, W]`` grayscale array.
+        boxes: ``[N, 4]`` absolute ``xyxy`` boxes, pixel ``i`` spanning ``[i, i + 1)`` (kept as float32).
+        labels: ``[N]`` integer category ids in ``[0, 2**31 - 1]`` (kept as int64).
         image_id: an integer id returned with the sample's target.
+        size: the declared ``(height, width)`` the boxes were annotated on, or ``None``; it tells
+            the frame of an EXIF-rotated image's boxes (``orientation="auto"``), and boxes are
+            clipped to it.
     """
 
-    image: str | os.PathLike | bytes | np.ndarray
-    boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.float32))
-    labels: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    image: ImageLike
+    boxes: Any = field(default_factory=lambda: np.zeros((0, 4), np.float32))
+    labels: Any = field(default_factory=lambda: np.zeros(0, np.int64))
     image_id: int = 0
+    size: tuple[int, int] | None = None
 
 
-class CocoSource:
-    """A COCO detection dataset read by DALI's ``fn.readers.coco``.
+def check_orientation(orientation: str) -> str:
+    """``orientation`` if it is one of :data:`ORIENTATIONS`, else ``ValueError``."""
+    if not isinstance(orientation, str) or orientation not in ORIENTATIONS:
+        raise ValueError(f"orientation must be one of {', '.join(map(repr, ORIENTATIONS))}, got {orientation!r}")
+    return orientation
+
+
+class SampleListSource:
+    """An in-memory list of :class:`Sample` (or dicts with the same keys), checked once.
+
+    All images must be of one kind: encoded (paths, bytes; decoded by DALI) or decoded arrays.
 
     Args:
-        annotations_file: the COCO JSON (``bbox`` as ``[x, y, w, h]`` absolute pixels).
+        samples: the samples; ``image_id`` defaults to the 1-based position when all are 0.
+        categories: optional names by category id; when given, every label must be one of them.
+        orientation: the frame of the boxes of EXIF-rotated images (:data:`ORIENTATIONS`; see
+            :mod:`detaug.formats.images`).
+
+    Raises:
+        DatasetError: any error of the :mod:`detaug.formats.validation` table.
+        TypeError: a sample that is not a :class:`Sample` or mapping, an unknown key, an image
+            of another type.
+    """
+
+    samples: list[Sample]
+    decoded: bool
+    categories: dict[int, str]
+    orientation: str
+    report: v.Report
+
+    def __init__(self, samples: Iterable[Sample | Mapping[str, Any]], categories: Mapping[int, str] | None = None,
+                 *, orientation: str = "auto") -> None:
+        orientation = check_orientation(orientation)
+        report = v.Report("sample list")
+        names = _check_categories(categories, report)
+        checked = _check_samples(samples, names if categories is not None else None, report)
+        report.images = len(checked)
+        report.boxes = sum(len(s.boxes) for s in checked)
+        report.finish()
+        self._adopt(checked, names, report, orientation)
+
+    def _adopt(self, samples: list[Sample], categories: dict[int, str], report: v.Report, orientation: str) -> None:
+        """Take samples that went through the checks."""
+        self.samples = samples
+        self.categories = categories
+        self.report = report
+        self.orientation = orientation
+        self.decoded = _is_decoded(samples[0].image)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def file_of(self, index: int) -> str:
+        """The image file of sample ``index``, or ``"sample i (array (H, W, 3))"`` /
+        ``"sample i (N bytes)"`` for in-memory images."""
+        image = self.samples[index].image
+        if isinstance(image, str):
+            return image
+        if isinstance(image, np.ndarray) and image.ndim == 1:
+            return f"sample {index} ({image.size} bytes)"
+        if isinstance(image, np.ndarray):
+            return f"sample {index} (array {image.shape})"
+        return f"sample {index} ({len(image)} bytes)"
+
+    def describe(self, index: int) -> str:
+        """A short description of sample ``index`` for messages."""
+        return f"sample {index} ({self.file_of(index)}, image_id {self.samples[index].image_id})"
+
+    def load(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """``(data, boxes float32 [N, 4], labels int64 [N], image_id)`` of sample ``index``.
+
+        ``data`` is uint8 ``[L]`` encoded bytes (read from the file for a path; possibly empty:
+        the image probe tells) or a decoded uint8 ``[H, W, 3]`` array (grayscale repeated).
+        ``OSError`` naming the file when it cannot be read.
+        """
+        s = self.samples[index]
+        image = s.image
+        if isinstance(image, np.ndarray):
+            data = np.repeat(image[..., None], 3, axis=2) if image.ndim == 2 else image
+        elif isinstance(image, bytes):
+            data = np.frombuffer(image, dtype=np.uint8)
+        else:
+            try:
+                data = np.fromfile(image, dtype=np.uint8)
+            except OSError as err:
+                raise OSError(err.errno, f"{image}: cannot read the image file: {err.strerror or err}") from err
+        return data, s.boxes, s.labels, s.image_id
+
+    def to_sample_list(self) -> SampleListSource:
+        """This source (it is one)."""
+        return self
+
+
+class CocoSource(SampleListSource):
+    """A COCO detection dataset (``bbox`` as ``[x, y, w, h]`` absolute pixels), parsed and checked
+    by :func:`detaug.formats.coco.load_coco`; sample ``i`` is the ``i``-th kept image of the JSON,
+    its image ``images_dir / file_name``.
+
+    Args:
+        annotations_file: the COCO JSON (or its parsed dict).
         images_dir: folder the images' ``file_name`` are relative to.
-        shuffle: shuffle samples (DALI's shuffle buffer, ``initial_fill`` samples deep).
-        seed: the reader's shuffling seed (``None``: the pipeline's seed).
-        skip_empty: skip images without (non-crowd, when ``include_iscrowd=False``) boxes.
-        include_iscrowd: keep ``iscrowd=1`` annotations as boxes.
-        shard_id, num_shards: read one shard of the dataset (``None``: from the loader, which
-            takes them from ``torch.distributed`` / torchrun's ``RANK`` and ``WORLD_SIZE``).
-        initial_fill: size of the shuffle buffer.
+        shuffle, seed, shard_id, num_shards: kept as attributes for the loaders (which use them
+            when their own arguments are ``None``).
+        skip_empty: leave out images without boxes (after ``include_iscrowd``; counted).
+        include_iscrowd: keep ``iscrowd=1`` annotations as boxes (else left out, counted).
+        orientation: see :class:`SampleListSource`.
+
+    Attributes:
+        categories: names by category id. report: the checks' findings.
     """
 
     def __init__(
         self,
-        annotations_file: str | os.PathLike,
+        annotations_file: str | os.PathLike | Mapping[str, Any],
         images_dir: str | os.PathLike,
         *,
         shuffle: bool = False,
@@ -69,12 +186,16 @@ class CocoSource:
         include_iscrowd: bool = True,
         shard_id: int | None = None,
         num_shards: int | None = None,
-        initial_fill: int = 1024,
+        orientation: str = "auto",
     ) -> None:
-        self.annotations_file = Path(annotations_file)
+        orientation = check_orientation(orientation)
+        if isinstance(annotations_file, Mapping):
+            self.annotations_file: Path | None = None
+        else:
+            self.annotations_file = Path(annotations_file)
+            if not self.annotations_file.is_file():
+                raise FileNotFoundError(f"{self.annotations_file}: COCO annotations file not found")
         self.images_dir = Path(images_dir)
-        if not self.annotations_file.is_file():
-            raise FileNotFoundError(f"{self.annotations_file}: COCO annotations file not found")
         if not self.images_dir.is_dir():
             raise FileNotFoundError(f"{self.images_dir}: images folder not found")
         self.shuffle = shuffle
@@ -83,117 +204,20 @@ class CocoSource:
         self.include_iscrowd = include_iscrowd
         self.shard_id = shard_id
         self.num_shards = num_shards
-        self.initial_fill = initial_fill
-        self._categories: dict[int, str] | None = None
-
-    @property
-    def categories(self) -> dict[int, str]:
-        """Category names by id, from the JSON."""
-        if self._categories is None:
-            with open(self.annotations_file, encoding="utf-8") as f:
-                data = json.load(f)
-            self._categories = {int(c["id"]): str(c["name"]) for c in data.get("categories", [])}
-        return self._categories
-
-    def to_sample_list(self) -> "SampleListSource":
-        """The same dataset as an in-memory :class:`SampleListSource` (for random access), with
-        this source's ``skip_empty`` and ``include_iscrowd`` applied."""
-        with open(self.annotations_file, encoding="utf-8") as f:
-            coco = json.load(f)
-        samples = coco_to_samples(coco, self.images_dir, include_iscrowd=self.include_iscrowd)
-        if self.skip_empty:
-            samples = [s for s in samples if len(s.boxes)]
-        return SampleListSource(samples, self.categories)
-
-    def dali_read(self, shard_id: int, num_shards: int) -> tuple[Any, Any, Any, Any]:
-        """Inside a pipeline definition: ``(encoded, boxes xyxy, labels, image_ids)`` DataNodes."""
-        from nvidia.dali import fn
-
-        kwargs = {} if self.seed is None else {"seed": self.seed}
-        encoded, boxes, labels, image_ids = fn.readers.coco(
-            file_root=str(self.images_dir),
-            annotations_file=str(self.annotations_file),
-            ltrb=True,
-            ratio=False,
-            image_ids=True,
-            skip_empty=self.skip_empty,
-            include_iscrowd=self.include_iscrowd,
-            random_shuffle=self.shuffle,
-            initial_fill=self.initial_fill,
-            shard_id=shard_id,
-            num_shards=num_shards,
-            pad_last_batch=True,
-            stick_to_shard=True,
-            name=READER_NAME,
-            **kwargs,
-        )
-        return encoded, boxes, labels, image_ids
-
-
-class SampleListSource:
-    """An in-memory list of :class:`Sample` (or dicts with the same keys), fed through
-    ``fn.external_source``. All images must be of one kind: paths/bytes (decoded by DALI, on the
-    GPU with ``device="gpu"``) or decoded arrays.
-
-    Args:
-        samples: the samples; ``image_id`` defaults to the 1-based position when all are 0.
-        categories: optional names by category id (for previews).
-    """
-
-    def __init__(self, samples: Sequence[Sample | Mapping[str, Any]], categories: Mapping[int, str] | None = None) -> None:
-        items = [s if isinstance(s, Sample) else Sample(**s) for s in samples]
-        if not items:
-            raise ValueError("the sample list is empty")
-        decoded = [isinstance(s.image, np.ndarray) for s in items]
-        if any(decoded) and not all(decoded):
-            raise ValueError("samples mix decoded arrays with paths/bytes; use one kind")
-        self.decoded = all(decoded)
-        if all(s.image_id == 0 for s in items):
-            for i, s in enumerate(items):
-                s.image_id = i + 1
-        for i, s in enumerate(items):
-            s.boxes = np.asarray(s.boxes, dtype=np.float32).reshape(-1, 4)
-            s.labels = np.asarray(s.labels).reshape(-1).astype(np.int32)
-            if len(s.boxes) != len(s.labels):
-                raise ValueError(f"sample {i} ({_describe(s.image)}): {len(s.boxes)} boxes but {len(s.labels)} labels")
-        self.samples = items
-        self.categories: dict[int, str] = dict(categories or {})
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def describe(self, index: int) -> str:
-        """A short description of sample ``index`` for messages (its file, or its kind)."""
-        return f"sample {index} ({_describe(self.samples[index].image)})"
-
-    def load(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(image data, boxes float32 [N, 4], labels int32 [N], image_id int32 [1])`` of a sample;
-        image data is uint8 encoded bytes ``[L]`` or a decoded ``[H, W, 3]`` array."""
-        s = self.samples[index]
-        image = s.image
-        if isinstance(image, np.ndarray):
-            data = image if image.ndim == 3 else np.repeat(image[..., None], 3, axis=2)
-            if data.dtype != np.uint8 or data.shape[2] != 3:
-                raise ValueError(f"sample {index}: decoded images must be uint8 [H, W, 3], got {image.dtype} {image.shape}")
-        elif isinstance(image, (bytes, bytearray, memoryview)):
-            data = np.frombuffer(image, dtype=np.uint8)
-        else:
-            try:
-                data = np.fromfile(image, dtype=np.uint8)
-            except OSError as err:
-                raise OSError(f"{image}: cannot read image file: {err.strerror or err}") from err
-            if data.size == 0:
-                raise ValueError(f"{image}: image file is empty")
-        return data, s.boxes, s.labels, np.array([s.image_id], dtype=np.int32)
+        dataset = load_coco(annotations_file)
+        samples = coco_to_samples(dataset, self.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
+        self._adopt(samples, dataset.categories, dataset.report, orientation)
 
 
 class VocSource(SampleListSource):
     """A Pascal VOC folder (``Annotations/``, ``JPEGImages/``, ``ImageSets/Main/``) read with the
-    ``voc2coco`` converter in memory: the same conventions, checks and skip report, no JSON on disk.
+    ``voc2coco`` converter in memory (its conventions and skip report), then checked as a COCO
+    dict (:func:`~detaug.formats.coco.load_coco`).
 
     Arguments after ``root`` are those of :func:`converters.voc2coco.convert`; ``include_iscrowd``
     drops ``iscrowd=1`` boxes (e.g. ``difficult="crowd"``) when false. ``self.report`` holds the
-    converter's report of what was skipped and why.
+    checks' findings, ``self.report.conversion`` (also ``self.conversion_report``) the
+    converter's report of what was skipped and why; ``report.summary()`` shows both.
     """
 
     def __init__(
@@ -208,9 +232,11 @@ class VocSource(SampleListSource):
         images_dir: str | os.PathLike | None = None,
         include_iscrowd: bool = True,
         verify_images: bool = False,
+        orientation: str = "auto",
     ) -> None:
         from converters.voc2coco import convert
 
+        orientation = check_orientation(orientation)
         result = convert(
             root,
             annotations_dir=annotations_dir,
@@ -220,33 +246,268 @@ class VocSource(SampleListSource):
             coords=coords,
             difficult=difficult,
             verify_images=verify_images,
+            orientation=orientation,
         )
-        self.report = result.report
-        samples = coco_to_samples(result.coco, Path(result.image_root), include_iscrowd=include_iscrowd)
-        if not samples:
-            raise ValueError(f"{root}: no images to read (split={split!r})\n{self.report.summary()}")
-        super().__init__(samples, {int(c["id"]): c["name"] for c in result.coco["categories"]})
+        self.conversion_report = result.report
+        name = f"{root} (voc2coco" + (f", split {split})" if split else ")")
+        try:
+            dataset = load_coco(result.coco, name=name)
+        except DatasetError as err:
+            raise DatasetError(f"{err}\nconversion:\n{result.report.summary()}") from err
+        dataset.report.conversion = result.report
+        samples = coco_to_samples(dataset, Path(result.image_root), include_iscrowd=include_iscrowd)
+        self._adopt(samples, dataset.categories, dataset.report, orientation)
 
 
-def coco_to_samples(coco: Mapping[str, Any], image_root: Path, *, include_iscrowd: bool = True) -> list[Sample]:
-    """Samples (file paths, xyxy boxes) of a COCO detection dict, in its image order."""
-    by_image: dict[int, list[Mapping[str, Any]]] = {}
-    for ann in coco["annotations"]:
-        if include_iscrowd or not ann.get("iscrowd", 0):
-            by_image.setdefault(int(ann["image_id"]), []).append(ann)
+def coco_to_samples(
+    coco: CocoDataset | Mapping[str, Any],
+    image_root: str | os.PathLike,
+    *,
+    include_iscrowd: bool = True,
+    skip_empty: bool = False,
+) -> list[Sample]:
+    """Samples of a COCO dataset (a :class:`~detaug.formats.coco.CocoDataset`, or a dict checked
+    with :func:`~detaug.formats.coco.load_coco`), in its image order: path ``image_root /
+    file_name``, xyxy boxes, the declared size. Crowd boxes left out (``include_iscrowd=False``)
+    and images left out (``skip_empty``) are counted as notes in the dataset's report.
+
+    Raises:
+        DatasetError: the dataset's errors, or no image left.
+    """
+    dataset = coco if isinstance(coco, CocoDataset) else load_coco(coco)
+    report, root = dataset.report, Path(image_root)
     samples = []
-    for img in coco["images"]:
-        anns = by_image.get(int(img["id"]), [])
-        xywh = np.array([a["bbox"] for a in anns], dtype=np.float32).reshape(-1, 4)
-        boxes = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)
-        labels = np.array([a["category_id"] for a in anns], dtype=np.int32)
-        samples.append(Sample(str(image_root / img["file_name"]), boxes, labels, int(img["id"])))
+    for image in dataset.images:
+        boxes, labels = image.boxes, image.labels
+        file = f"{dataset.source}: {image.file_name}"
+        if not include_iscrowd and image.iscrowd.any():
+            for j in np.flatnonzero(image.iscrowd):
+                aid = int(image.annotation_ids[j])
+                report.add(v.CROWD_LEFT_OUT, file, image_id=image.id, annotation=None if aid == NO_ANNOTATION_ID else aid)
+            boxes, labels = boxes[~image.iscrowd], labels[~image.iscrowd]
+        if skip_empty and not len(boxes):
+            report.add(v.EMPTY_IMAGE_LEFT_OUT, file, image_id=image.id)
+            continue
+        samples.append(Sample(str(root / image.file_name), boxes, labels, image.id, image.size))
+    report.images = len(samples)
+    report.boxes = sum(len(s.boxes) for s in samples)
+    if not samples:
+        report.add(v.NO_IMAGES, dataset.source, detail=(
+            "every image was left out (skip_empty=True)" if dataset.images else "the dataset has no images"))
+        report.raise_errors()
     return samples
 
 
-def _describe(image: Any) -> str:
+# -- sample-list checks (the rules themselves live in detaug.formats.validation) -------------------
+
+def _is_decoded(image: Any) -> bool:
+    return isinstance(image, np.ndarray) and image.ndim >= 2
+
+
+def _check_categories(categories: Mapping[int, str] | None, report: v.Report) -> dict[int, str]:
+    if categories is None:
+        return {}
+    if not isinstance(categories, Mapping):
+        raise TypeError(f"categories must be a mapping of id to name, got {type(categories).__name__}")
+    names: dict[int, str] = {}
+    for key, name in categories.items():
+        cid = v.as_int(key)
+        if cid is None:
+            report.add(v.MALFORMED_CATEGORY, "categories", detail=f"id {key!r:.60} is not an integer")
+        elif problem := v.label_problem(cid):
+            report.add(problem, "categories", detail=f"category id {cid}")
+        else:
+            names[cid] = str(name)
+    return names
+
+
+def _check_image(image: Any, index: int, report: v.Report) -> tuple[Any, str]:
+    """The image as kept (path str, bytes, or a contiguous uint8 array) and how it is described;
+    ``None`` when it is unusable (the error is recorded)."""
+    file = f"sample {index}"
+    if isinstance(image, (str, os.PathLike)):
+        path = os.fspath(image)
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if not path:
+            report.add(v.MALFORMED_IMAGE, file, detail="empty path")
+            return None, file
+        return path, path
+    if isinstance(image, bytes):
+        return image, f"{file} ({len(image)} bytes)"
+    if isinstance(image, (bytearray, memoryview)):
+        data = bytes(image) if isinstance(image, bytearray) else image.tobytes()
+        return data, f"{file} ({len(data)} bytes)"
     if isinstance(image, np.ndarray):
-        return f"array {image.shape}"
-    if isinstance(image, (bytes, bytearray, memoryview)):
-        return f"{len(image)} bytes"
-    return str(image)
+        if image.dtype == np.uint8 and image.ndim == 1:
+            return np.ascontiguousarray(image), f"{file} ({image.size} bytes)"
+        if image.dtype == np.uint8 and (image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 3)) and image.size:
+            return image, f"{file} (array {image.shape})"
+        report.add(v.MALFORMED_IMAGE, file, detail=(
+            f"array {image.dtype} {image.shape}: decoded images are uint8 [H, W, 3] or [H, W], "
+            "encoded bytes a 1-D uint8 array"))
+        return None, file
+    raise TypeError(f"{file}: image must be a path, bytes-like or a NumPy array, got {type(image).__name__}")
+
+
+def _box_array(boxes: Any) -> tuple[np.ndarray | None, str]:
+    """float64 ``[N, 4]`` of ``boxes``, or ``(None, why)``."""
+    try:
+        raw = np.asarray(boxes)
+        if raw.dtype.kind not in "iufO" or (raw.dtype.kind == "O" and raw.size and
+                                             not all(v.as_coordinate(x) is not None for x in raw.reshape(-1))):
+            return None, f"boxes of dtype {raw.dtype} are not numbers"
+        with np.errstate(over="ignore", invalid="ignore"):
+            if raw.dtype.kind == "O":
+                table = np.array([v.as_coordinate(x) for x in raw.reshape(-1)], np.float64).reshape(raw.shape)
+            else:
+                table = raw.astype(np.float64)
+    except (ValueError, TypeError, OverflowError) as err:
+        return None, f"boxes are not an array of numbers ({err})"
+    if table.size == 0:
+        return np.zeros((0, 4), np.float64), ""
+    if table.ndim == 1 and table.shape[0] == 4:
+        return table.reshape(1, 4), ""
+    if table.ndim != 2 or table.shape[1] != 4:
+        return None, f"boxes of shape {table.shape} are not [N, 4]"
+    return table, ""
+
+
+def _label_array(labels: Any) -> tuple[np.ndarray | None, str, str]:
+    """int64 ``[N]`` of ``labels``, or ``(None, reason, why)``."""
+    try:
+        raw = np.asarray(labels)
+    except (ValueError, TypeError) as err:
+        return None, v.MALFORMED_LABEL, f"labels are not an array ({err})"
+    if raw.ndim > 1 and raw.size != max(raw.shape, default=0):
+        return None, v.MALFORMED_LABEL, f"labels of shape {raw.shape} are not [N]"
+    flat = raw.reshape(-1)
+    if raw.dtype.kind in "iu":
+        values = [int(flat.min()), int(flat.max())] if flat.size else []
+    elif raw.dtype.kind in "fO":
+        values = [v.as_int(x) for x in flat]
+        if None in values:
+            bad = next(x for x in flat if v.as_int(x) is None)
+            return None, v.MALFORMED_LABEL, f"label {bad!r:.40} is not an integer"
+    else:
+        return None, v.MALFORMED_LABEL, f"labels of dtype {raw.dtype} are not integers"
+    for value in values:
+        problem = v.label_problem(value)  # type: ignore[arg-type]
+        if problem:
+            return None, problem, f"label {value}"
+    return np.array([int(x) for x in flat] if raw.dtype.kind in "fO" else flat, dtype=np.int64), "", ""
+
+
+def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: dict[int, str] | None,
+                   report: v.Report) -> list[Sample]:
+    if isinstance(samples, (str, bytes, Mapping)) or not isinstance(samples, Iterable):
+        raise TypeError(f"samples must be a list of Sample or dicts, got {type(samples).__name__}")
+    items = []
+    for i, s in enumerate(samples):
+        if isinstance(s, Mapping):
+            s = Sample(**s)  # TypeError for unknown or missing keys
+        elif not isinstance(s, Sample):
+            raise TypeError(f"sample {i}: a Sample or a dict, got {type(s).__name__}")
+        items.append(s)
+    if not items:
+        report.add(v.NO_IMAGES, "sample list", detail="the sample list is empty")
+        report.raise_errors()
+
+    checked: list[Sample] = []
+    files: list[str] = []
+    all_boxes: list[np.ndarray] = []
+    clip: list[tuple[float, float]] = []
+    for i, s in enumerate(items):
+        errors = report.total
+        image, file = _check_image(s.image, i, report)
+        image_id = v.as_int(s.image_id)
+        if image_id is None or not v.INT64_MIN <= image_id <= v.INT64_MAX:
+            report.add(v.BAD_IMAGE_ID, file, annotation=f"sample {i}", detail=f"image_id {s.image_id!r:.60}")
+            image_id = None
+        size = None
+        if s.size is not None:
+            try:
+                h, w = s.size  # type: ignore[misc]
+                size, why = v.check_size(h, w)
+            except (TypeError, ValueError):
+                why = f"size {s.size!r:.60} is not (height, width)"
+            if size is None:
+                report.add(v.BAD_SIZE, file, image_id=image_id, detail=why)
+        clip_hw = size
+        if image is not None and _is_decoded(image):
+            shape = (int(image.shape[0]), int(image.shape[1]))
+            if size is not None and size != shape:
+                report.add(v.BAD_SIZE, file, image_id=image_id, detail=f"declared (h, w) {size} but the array is {shape}")
+            clip_hw = shape
+        boxes, why = _box_array(s.boxes)
+        if boxes is None:
+            report.add(v.MALFORMED_BOX, file, image_id=image_id, detail=why)
+        labels, reason, why = _label_array(s.labels)
+        if labels is None:
+            report.add(reason, file, image_id=image_id, detail=why)
+        elif categories is not None:
+            unknown = sorted(set(labels.tolist()) - set(categories))
+            if unknown:
+                report.add(v.UNKNOWN_CATEGORY, file, image_id=image_id, detail=f"labels {unknown[:5]}")
+        if boxes is not None and labels is not None and len(boxes) != len(labels):
+            report.add(v.MALFORMED_BOX, file, image_id=image_id, detail=f"{len(boxes)} boxes but {len(labels)} labels")
+        if report.total > errors:
+            continue
+        checked.append(Sample(image, boxes, labels, image_id, size))
+        files.append(file)
+        all_boxes.append(boxes)
+        clip.append(clip_hw or (np.nan, np.nan))
+
+    if checked and not report.errors:
+        kinds = {_is_decoded(s.image) for s in checked}
+        if len(kinds) > 1:
+            first = next(i for i, s in enumerate(checked) if _is_decoded(s.image) != _is_decoded(checked[0].image))
+            report.add(v.MALFORMED_IMAGE, files[first], image_id=checked[first].image_id,
+                       detail="samples mix decoded arrays with encoded images (paths/bytes); use one kind")
+        _check_ids(checked, files, report)
+        _check_files(checked, files, report)
+    report.raise_errors()
+
+    counts = [len(b) for b in all_boxes]
+    owner = np.repeat(np.arange(len(checked)), counts)
+    table = np.concatenate(all_boxes) if all_boxes else np.zeros((0, 4))
+    sizes = np.asarray(clip, dtype=np.float64).reshape(-1, 2)[owner]
+    starts = np.concatenate([[0], np.cumsum(counts)])
+
+    def where(j: int) -> tuple[str, int | None, int | str | None]:
+        k = int(owner[j])
+        return files[k], checked[k].image_id, f"box {j - starts[k]}"
+
+    boxes32, keep = v.check_boxes(table, sizes, report, where)
+    report.raise_errors()
+    for k, s in enumerate(checked):
+        part = slice(starts[k], starts[k + 1])
+        s.boxes, s.labels = boxes32[part][keep[part]], s.labels[keep[part]]
+    return checked
+
+
+def _check_ids(samples: list[Sample], files: list[str], report: v.Report) -> None:
+    if all(s.image_id == 0 for s in samples):
+        for i, s in enumerate(samples):
+            s.image_id = i + 1
+        report.add(v.IDS_ASSIGNED, "sample list", detail=f"1..{len(samples)}")
+        return
+    seen: dict[int, int] = {}
+    for i, s in enumerate(samples):
+        if s.image_id in seen:
+            report.add(v.DUPLICATE_IMAGE_ID, files[i], image_id=s.image_id,
+                       detail=f"samples {seen[s.image_id]} and {i}")
+        else:
+            seen[s.image_id] = i
+
+
+def _check_files(samples: list[Sample], files: list[str], report: v.Report) -> None:
+    seen: dict[str, int] = {}
+    for i, s in enumerate(samples):
+        if isinstance(s.image, str):
+            key = v.file_key(s.image)
+            if key in seen:
+                report.add(v.DUPLICATE_FILE, files[i], image_id=s.image_id,
+                           detail=f"also sample {seen[key]} (image_id {samples[seen[key]].image_id})")
+            else:
+                seen[key] = i

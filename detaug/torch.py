@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-import math
 import os
-import weakref
+import warnings
+from collections import deque
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
-from detaug.feeding import BatchFeeder, ReaderFeeder, shard_range
-from detaug.pipeline import build_pipeline, resolve_device
-from detaug.sources import CocoSource, SampleListSource
+from detaug.errors import DataWarning, ImageError
+from detaug.plan_ahead import PlanPool
+from detaug.pipeline import build_pipeline, feed, pick_device, resolve_device
+from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, undecodable
+from detaug.epochs import check_shard
 from detaug.transforms import Compose
 
-__all__ = ["DetectionLoader", "distributed_shard"]
+__all__ = ["DetectionLoader", "distributed_shard", "dali_images_to_torch"]
 
 Target = dict[str, Any]
+
+#: Keys of :meth:`DetectionLoader.state_dict` that must match when a state is loaded.
+_STATE_CHECKED = ("dataset_size", "batch_size", "shard_id", "num_shards", "shuffle", "drop_last", "seed")
 
 
 def distributed_shard() -> tuple[int, int]:
@@ -36,114 +41,317 @@ class DetectionLoader:
             :class:`~detaug.sources.SampleListSource`.
         transforms: the :class:`~detaug.transforms.Compose` recipe.
         batch_size: samples per batch.
-        device: ``"gpu"`` (decode with nvJPEG, augment on the GPU) or ``"cpu"``.
-        shuffle: reshuffle every epoch (sample-list sources; a ``CocoSource`` has its own flag).
-        drop_last: drop the last, smaller batch of an epoch instead of yielding it.
-        seed: seeds the pipeline and the augmentations; one seed gives the same boxes on both devices.
-        shard_id, num_shards: default to ``torch.distributed`` / torchrun's ``RANK``, ``WORLD_SIZE``.
-        num_workers: for sample-list sources, processes that load and plan batches ahead of
-            DALI (``None``: 0 on the CPU, where DALI needs the cores, else up to 8). A
-            ``CocoSource`` is read by DALI's COCO reader and planned in ``num_workers // 2``
-            processes (at least one).
+        device: ``"auto"`` (default: the GPU where DALI can use one, else the CPU, said once in
+            the ``detaug`` log), ``"gpu"`` (decode with nvJPEG, augment on the GPU; a
+            :class:`~detaug.DeviceError` where there is none) or ``"cpu"``.
+        shuffle: a new order every epoch, drawn from ``(seed, epoch)``; ``None``: the source's
+            ``shuffle`` flag (a ``CocoSource`` has one), else ``False``.
+        drop_last: every rank drops evenly: ``floor(n / W)`` samples per rank and epoch, and the
+            last, smaller batch is dropped (see :mod:`detaug.epochs`).
+        seed: seeds the orders and the augmentations: a sample's augmentation is a pure function
+            of ``(seed, epoch, image_id)`` (docs/reproducibility.md); one seed gives the same
+            boxes on both devices.
+        shard_id, num_shards: this rank and the number of ranks; default to the source's, then
+            to ``torch.distributed`` / torchrun's ``RANK``, ``WORLD_SIZE``.
+        num_workers: processes that read and plan batches ahead of DALI (``None``: 0 on the CPU,
+            where DALI needs the cores, else up to 8); 0 plans in the calling process.
+        on_error: an image that cannot be read or decoded (missing, empty, truncated, a format
+            DALI cannot decode, absurdly large): ``"skip"`` replaces it by the next readable
+            sample of the rank's epoch order, warns once per image (:class:`~detaug.DataWarning`)
+            and records it in :attr:`skipped`; ``"raise"`` raises :class:`~detaug.ImageError`
+            naming the file and the image id.
 
     Yields:
         ``images``: one tensor ``[B, 3, H, W]`` on the pipeline's device (float32 when the recipe
-        normalises, else uint8), or a list of ``[3, H, W]`` tensors when the recipe does not fix
-        the output size; ``targets``: a list of ``{"boxes": float32 [N, 4] xyxy output-image
+        normalises, else uint8) when the recipe fixes the output size (ends with ``Resize((h,
+        w))``, ``LetterBox`` or ``RandomResizedCrop``), else always a list of ``[3, H, W]``
+        tensors (also when a batch's images happen to share a size); ``targets``: a list of ``{"boxes": float32 [N, 4] xyxy output-image
         pixels, "labels": int64 [N], "image_id": int}``.
 
-    Every sample of the shard appears exactly once per epoch; ``len(loader)`` is the number of
-    batches per epoch; iterating again starts the next epoch.
+    Epochs (the rules of ``DistributedSampler``, :mod:`detaug.epochs`): every rank yields
+    ``len(loader)`` batches per epoch, the same number on every rank; with ``drop_last=False``
+    the union of the ranks' samples is the whole dataset in every epoch (padded with at most
+    ``W - 1`` repeats). Iterating again starts the next epoch; :meth:`set_epoch` chooses it;
+    :meth:`state_dict` / :meth:`load_state_dict` resume after any batch with exactly the
+    batches an unbroken run would have yielded.
+
+    Attributes:
+        skipped: ``{"image_id", "file", "reason"}`` of every image skipped so far (once per
+            time it was skipped: an image skipped in each of 3 epochs is listed 3 times).
+        repaired: ``{"image_id", "file", "reason", "count"}`` of boxes clipped to an image whose
+            size the annotation did not declare, found when it was read (likewise per reading);
+            the source's own repairs are in ``source.report``.
     """
 
     def __init__(
         self,
-        source: CocoSource | SampleListSource,
+        source: Any,
         transforms: Compose,
         batch_size: int,
         *,
-        device: str = "gpu",
+        device: str = "auto",
         device_id: int | None = None,
         num_threads: int = 4,
-        shuffle: bool = False,
+        shuffle: bool | None = None,
         drop_last: bool = False,
         seed: int = 0,
         shard_id: int | None = None,
         num_shards: int | None = None,
         prefetch_queue_depth: int = 2,
         num_workers: int | None = None,
+        on_error: str = "skip",
     ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if not isinstance(transforms, Compose):
+            raise TypeError(f"transforms must be a detaug.transforms.Compose, got {type(transforms).__name__}")
         rank, world = distributed_shard()
-        if isinstance(source, CocoSource):
-            shard_id = source.shard_id if shard_id is None else shard_id
-            num_shards = source.num_shards if num_shards is None else num_shards
-        shard_id = rank if shard_id is None else shard_id
-        num_shards = world if num_shards is None else num_shards
-        if not 0 <= shard_id < num_shards:
-            raise ValueError(f"shard_id must be in [0, {num_shards}), got {shard_id}")
-        if device in ("gpu", "cuda") and device_id is None:
+        shard_id = getattr(source, "shard_id", None) if shard_id is None else shard_id
+        num_shards = getattr(source, "num_shards", None) if num_shards is None else num_shards
+        shard_id, num_shards = check_shard(rank if shard_id is None else shard_id, world if num_shards is None else num_shards)
+        if shuffle is None:
+            shuffle = bool(getattr(source, "shuffle", False))
+        device = pick_device(device)
+        if device == "gpu" and device_id is None:
             device_id = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device() if torch.cuda.is_available() else 0))
         self.device_id = resolve_device(device, device_id)
         self.device = torch.device("cpu") if self.device_id is None else torch.device("cuda", self.device_id)
-        self.source, self.transforms, self.batch_size, self.drop_last = source, transforms, batch_size, drop_last
+        self.source, self.transforms, self.batch_size = source, transforms, int(batch_size)
+        self.shuffle, self.drop_last, self.seed = bool(shuffle), bool(drop_last), int(seed)
+        self.shard_id, self.num_shards = shard_id, num_shards
         self.categories = source.categories
+        self._stacked = transforms.output_size() is not None  # else a list, also for one image
+        self.spec = EpochSpec(n=len(source), batch_size=self.batch_size, shard_id=shard_id, num_shards=num_shards,
+                              shuffle=self.shuffle, drop_last=self.drop_last, seed=self.seed)
+        self.planner = BatchPlanner(source, transforms, self.spec, on_error)
+        self.on_error = on_error
         if num_workers is None:
             num_workers = 0 if self.device_id is None else min(8, os.cpu_count() or 1)
-        if isinstance(source, SampleListSource):
-            feed = BatchFeeder(source, transforms, batch_size, shuffle=shuffle, seed=seed, shard_id=shard_id, num_shards=num_shards)
-            self.shard_size = feed.end - feed.begin
-        else:
-            feed = ReaderFeeder(source, transforms, batch_size, seed=seed, shard_id=shard_id, num_shards=num_shards,
-                                num_workers=max(1, num_workers // 2))
-            begin, end = shard_range(feed.epoch_size, shard_id, num_shards)
-            self.shard_size = end - begin
-        self._feed = feed
-        self._finalizer = weakref.finalize(self, getattr(feed, "close", lambda: None))
-        self.pipeline = build_pipeline(
-            source, transforms, batch_size=batch_size, device=device, device_id=self.device_id,
-            num_threads=num_threads, seed=seed, shard_id=shard_id, num_shards=num_shards,
-            feed=feed, num_workers=num_workers, prefetch_queue_depth=prefetch_queue_depth,
-        )
-        self.pipeline.build()
-        if self.shard_size == 0:
-            raise ValueError(f"shard {shard_id} of {num_shards} holds no samples")
-        self._left_in_epoch = 0  # batches of an unfinished epoch still in the pipeline
+        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
+            raise ValueError(f"num_workers must be an integer >= 0 or None, got {num_workers!r}")
+        self.num_workers = int(num_workers)
+        self._pool = PlanPool(self.planner, self.num_workers) if self.num_workers else None
+        self._pipeline_args = dict(batch_size=self.batch_size, device=device, device_id=self.device_id,
+                                   num_threads=num_threads, seed=self.seed, prefetch_queue_depth=prefetch_queue_depth)
+        self._depth = max(1, int(prefetch_queue_depth))
+        self.pipeline = self._build()
+        self._broken = False  # the pipeline failed while batches nobody wanted were dropped
+        if len(self) == 0:
+            warnings.warn(
+                f"the loader yields no batches: {len(source)} samples on {num_shards} rank(s) give "
+                f"{self.spec.n // num_shards if drop_last else -(-self.spec.n // num_shards)} per rank, "
+                f"fewer than batch_size={batch_size} with drop_last=True", stacklevel=2,
+            )
+        self.skipped: list[dict[str, Any]] = []
+        self.repaired: list[dict[str, Any]] = []
+        self._warned: set[tuple[str, str]] = set()
+        self._bad: dict[int, str] = {}  # positions whose image failed in DALI -> reason
+        self._epoch, self._step = 0, 0  # where the next batch comes from
+        self._abandoned = False  # an iteration stopped early: the next one starts the next epoch
+        self._current: Iterator[Any] | None = None
 
-    def close(self) -> None:
-        """Stop background work (the COCO reader's processes). Also done when the loader is collected."""
-        self._finalizer()
+    # -- epochs and resume ---------------------------------------------------------------------
 
     def __len__(self) -> int:
-        full, rest = divmod(self.shard_size, self.batch_size)
-        return full if (self.drop_last or rest == 0) else full + 1
+        """Batches per epoch (the same on every rank)."""
+        return len(self.spec)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch in progress, or the next one to run."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Run ``epoch`` at the next iteration (``DistributedSampler.set_epoch``'s convention).
+        Setting the epoch already in progress (after :meth:`load_state_dict`, or an early
+        ``break``) keeps its position, so a resumed run may call it as usual."""
+        epoch = int(epoch)
+        self._close_current()
+        if epoch != self._epoch:
+            self._epoch, self._step = epoch, 0
+        self._abandoned = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the next batch comes from: ``{"epoch", "step", ...}`` (torchdata's
+        ``StatefulDataLoader`` convention; plain ints and bools, JSON-friendly)."""
+        return {
+            "epoch": self._epoch, "step": self._step, "dataset_size": self.spec.n, "batch_size": self.batch_size,
+            "shard_id": self.shard_id, "num_shards": self.num_shards, "shuffle": self.shuffle,
+            "drop_last": self.drop_last, "seed": self.seed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next iteration yields exactly the batches that
+        remained of that epoch (same samples, same augmentations), then the next epochs."""
+        mine = self.state_dict()
+        differ = [f"{k}: {state.get(k)!r} != {mine[k]!r}" for k in _STATE_CHECKED if k in state and state[k] != mine[k]]
+        if differ:
+            raise ValueError("the state was saved by a loader over other data or settings (" + "; ".join(differ) + ")")
+        step = int(state["step"])
+        if not 0 <= step <= len(self):
+            raise ValueError(f"state step {step} out of range for an epoch of {len(self)} batches")
+        self._close_current()
+        self._epoch, self._step = int(state["epoch"]), step
+        self._abandoned = False
+
+    # -- iteration -----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor | list[torch.Tensor], list[Target]]]:
-        for _ in range(self._left_in_epoch):  # a previous epoch was abandoned: skip its rest
-            self.pipeline.run()
-        steps = math.ceil(self.shard_size / self.batch_size)
-        self._left_in_epoch = steps
-        for step in range(steps):
-            outputs = self.pipeline.run()
-            self._left_in_epoch -= 1
-            count = min(self.batch_size, self.shard_size - step * self.batch_size)
-            if count < self.batch_size and self.drop_last:
-                continue
-            yield self._to_torch(outputs, count)
+        self._close_current()
+        if self._abandoned or self._step >= len(self):
+            self._epoch, self._step = self._epoch + 1, 0
+        self._abandoned = True  # until the epoch completes
+        self._current = self._batches(self._epoch, self._step)
+        return self._current
 
-    def _to_torch(self, outputs: Any, count: int) -> tuple[torch.Tensor | list[torch.Tensor], list[Target]]:
-        images, boxes, labels, image_ids = outputs
-        batch = dali_images_to_torch(images, self.device)[:count]
+    def _batches(self, epoch: int, start: int) -> Iterator[tuple[Any, list[Target]]]:
+        steps = len(self)
+        ahead = self._depth + (2 * self.num_workers if self._pool is not None else 0)
+        pending: deque[tuple[int, Any]] = deque()  # (step, future or None) submitted to the workers
+        inflight: deque[PlannedBatch | None] = deque()  # fed to the pipeline, outputs not taken (None: a filler)
+        next_step = start
+        if self._broken:
+            self.pipeline, self._broken = self._build(), False
+        try:
+            for step in range(start, steps):
+                while next_step < steps and len(pending) + len(inflight) < ahead:
+                    future = self._pool.submit(epoch, next_step, dict(self._bad)) if self._pool is not None else None
+                    pending.append((next_step, future))
+                    next_step += 1
+                batches = []
+                while pending and len(inflight) + len(batches) < self._depth:
+                    batches.append(self._result(epoch, *pending.popleft()))
+                self._feed(batches, inflight)
+                images, planned = self._outputs(inflight)
+                self._record(planned)
+                self._step = step + 1
+                yield self._to_torch(images, planned)
+            self._epoch, self._step, self._abandoned = epoch + 1, 0, False
+        except KeyboardInterrupt:  # a Ctrl-C inside a future's wait can leave the pool unusable
+            if self._pool is not None:
+                self._pool.close(wait=False)  # the next iteration starts new workers
+            raise
+        finally:
+            for _, future in pending:
+                if future is not None:
+                    future.cancel()
+            self._drain(len(inflight))
+
+    def _result(self, epoch: int, step: int, future: Any) -> PlannedBatch:
+        """A planned batch: the worker's, or planned here (no pool, or the pool broke)."""
+        planned = None
+        if future is not None:
+            try:
+                planned = future.result()
+            except RuntimeError as err:  # BrokenProcessPool: a worker died
+                if isinstance(err, ImageError) or self._pool is None:
+                    raise
+                self._pool.give_up(f"the planning workers stopped ({err})")
+        if planned is None:
+            planned = self.planner.plan(epoch, step, bad=self._bad)
+        if planned.data is None:
+            planned.data = self.planner.load_data(planned.positions)
+        return planned
+
+    def _feed(self, batches: list[PlannedBatch], inflight: deque[PlannedBatch | None]) -> None:
+        """Feed planned batches to the pipeline and schedule their runs. A fresh pipeline's
+        first run runs ``prefetch_queue_depth`` batches (DALI's prefetch): when fewer are left in
+        the epoch, the last is fed again as a filler (``None`` in ``inflight``) whose output is
+        dropped."""
+        if not batches:
+            return
+        if self._fresh:
+            fillers = self._depth - len(batches)
+            for planned in batches + batches[-1:] * fillers:
+                self.pipeline.feed_input("data", planned.data)
+                self.pipeline.feed_input("params", planned.params)
+            self.pipeline.schedule_run()
+            self._fresh = False
+            inflight.extend(batches)
+            inflight.extend([None] * fillers)
+            return
+        for planned in batches:
+            feed(self.pipeline, planned.data, planned.params)
+            inflight.append(planned)
+
+    def _outputs(self, inflight: deque[PlannedBatch | None]) -> tuple[Any, PlannedBatch]:
+        """The images of the oldest batch in flight. When DALI fails on an image whose header
+        was fine, the culprits are found (decoded one by one on the CPU) and skipped: the
+        batch is planned again without them, and the batches in flight are fed again to a
+        fresh pipeline (DALI's is unusable after an error)."""
+        while True:
+            try:
+                images = self.pipeline.outputs()[0]
+                return images, inflight.popleft()
+            except (RuntimeError, IndexError) as err:  # IndexError: DALI's "critical error"
+                failure = DecodeFailure(inflight[0], err)
+                culprits = undecodable(failure.planned.data)
+                if not culprits or self.on_error == "raise":
+                    inflight.clear()
+                    self._rebuild(inflight)
+                    raise failure.error(self.source, culprits) from err
+                for k, reason in culprits:
+                    self._bad[int(failure.planned.positions[k])] = reason
+                inflight[0] = self._result(failure.planned.epoch, failure.planned.step, None)
+                self._rebuild(inflight)
+
+    def _rebuild(self, inflight: deque[PlannedBatch | None]) -> None:
+        """A fresh pipeline, fed again with the batches in flight."""
+        self.pipeline = self._build()
+        batches = [b for b in inflight if b is not None]
+        inflight.clear()
+        self._feed(batches, inflight)
+
+    def _drain(self, count: int) -> None:
+        """Take and drop the outputs of ``count`` batches in flight (an iteration that stopped
+        early); a pipeline that fails meanwhile is replaced."""
+        for _ in range(count):
+            try:
+                self.pipeline.outputs()
+            except Exception:  # noqa: BLE001 - outputs nobody wants; the next epoch builds anew
+                self._broken = True
+                return
+
+    def _close_current(self) -> None:
+        if self._current is not None:
+            current, self._current = self._current, None
+            current.close()  # drains its batches in flight; keeps the position it reached
+
+    def _record(self, planned: PlannedBatch) -> None:
+        self.skipped.extend(planned.skipped)
+        self.repaired.extend(planned.repaired)
+        for message in planned.new_findings(self._warned):
+            warnings.warn(message, DataWarning, stacklevel=4)
+
+    def _build(self) -> Any:
+        pipe = build_pipeline(self.source, self.transforms, **self._pipeline_args)
+        pipe.build()
+        self._fresh = True  # its first schedule_run runs prefetch_queue_depth batches
+        return pipe
+
+    def _to_torch(self, images: Any, planned: PlannedBatch) -> tuple[torch.Tensor | list[torch.Tensor], list[Target]]:
+        batch = dali_images_to_torch(images, self.device)
+        if self._stacked != isinstance(batch, torch.Tensor):  # one batch type, whatever its size
+            batch = torch.stack(batch) if self._stacked else list(batch)
         targets = [
-            {
-                "boxes": torch.from_numpy(np.array(boxes[i], dtype=np.float32).reshape(-1, 4)),
-                "labels": torch.from_numpy(np.array(labels[i]).reshape(-1).astype(np.int64)),
-                "image_id": int(np.array(image_ids[i]).ravel()[0]),
-            }
-            for i in range(count)
+            {"boxes": torch.from_numpy(np.asarray(b, dtype=np.float32).reshape(-1, 4)),
+             "labels": torch.from_numpy(np.asarray(lab, dtype=np.int64).reshape(-1)),
+             "image_id": int(i)}
+            for b, lab, i in zip(planned.boxes, planned.labels, planned.image_ids)
         ]
         return batch, targets
+
+    def close(self) -> None:
+        """Stop the planning workers and release the pipeline (and its GPU memory); a later
+        iteration starts them again. Also done when the loader is collected."""
+        self._close_current()
+        if self._pool is not None:
+            self._pool.close()
+        self.pipeline, self._broken = None, True
+
+    def __repr__(self) -> str:
+        return (f"DetectionLoader({self.spec.n} samples, shard {self.shard_id}/{self.num_shards}, "
+                f"batch_size={self.batch_size}, {len(self)} batches, epoch={self._epoch}, step={self._step})")
 
 
 def dali_images_to_torch(images: Any, device: torch.device) -> torch.Tensor | list[torch.Tensor]:

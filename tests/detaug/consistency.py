@@ -90,6 +90,8 @@ def check_boxes_match_pixels(
         scene: the source scene.
         area_scale: output area per source area of this sample's geometry, to check that
             mostly visible objects keep their boxes; skipped when ``None``.
+        min_pixels: a box needs this many visible pixels of its object (a quarter of its area
+            for a sliver smaller than that).
         edge_tolerance: a box whose edges are all within this many pixels of the visible pixels'
             box also matches: slivers a few pixels wide cannot reach an IoU of 0.9 on a pixel grid,
             and the sharp corner of a rotated object covers less than half of the last pixel or
@@ -108,8 +110,14 @@ def check_boxes_match_pixels(
         box = by_label.get(k)
         x0, y0, x1, y1 = obj.box_xyxy
         if box is not None:
-            if tight is None or visible < min_pixels:
+            box_area = float((box[2] - box[0]) * (box[3] - box[1]))
+            if tight is None or visible < min(min_pixels, box_area / 4):  # slivers hold fewer pixels
                 problems.append(f"object {k}: has box {box.round(1).tolist()} but only {visible} visible pixels")
+            elif min(box[2] - box[0], box[3] - box[1]) < 2 * edge_tolerance:
+                # a sliver thinner than the pixel grid resolves: its visible pixels must lie in
+                # the box (the wedge of a sheared sliver's tip covers too little of its pixels)
+                if (tight[:2] < box[:2] - edge_tolerance).any() or (tight[2:] > box[2:] + edge_tolerance).any():
+                    problems.append(f"object {k}: sliver box {box.round(1).tolist()} misses visible pixels {tight.tolist()}")
             elif iou(box, tight) < min_iou and np.abs(box - tight).max() > edge_tolerance:
                 problems.append(
                     f"object {k}: box {box.round(1).tolist()} vs visible pixels {tight.tolist()} "

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import os
 import pickle
-import tempfile
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "torch")  # before Keras is imported, here or by detaug.keras
@@ -23,13 +22,12 @@ from multiprocessing.connection import wait as wait_sentinels
 import numpy as np
 import pytest
 
-import detaug.feeding as feeding
-
 keras = pytest.importorskip("keras", reason="Keras 3 is not installed (pip install detaug[keras])")
 
 import detaug.keras as dk
 import detaug.transforms as T
-from detaug.feeding import plan_samples
+import detaug.planning as planning
+from detaug import ImageError
 from detaug.keras import (
     KERAS_BOX_FORMATS,
     BoxOverflowWarning,
@@ -216,7 +214,7 @@ class TestEpochs:
         np.testing.assert_array_equal(plain.batch_indices(0), np.arange(BATCH))
         plain.on_epoch_end()
         np.testing.assert_array_equal(plain.batch_indices(0), np.arange(BATCH))
-        assert not np.array_equal(plain[0][0], first[0])  # seeds (seed, epoch, index) changed
+        assert not np.array_equal(plain[0][0], first[0])  # keys (seed, epoch, image_id) changed
 
     def test_same_seed_same_batches_other_seed_other_order(self, source, epoch0):
         again = make_sequence(source, prefetch=False)
@@ -319,8 +317,10 @@ class TestConstruction:
             make_sequence(source, max_boxes=0)
         with pytest.raises(TypeError, match="Compose"):
             make_sequence(source, transforms=[T.Resize(OUT_HW)])
-        with pytest.raises(ValueError, match="holds no samples"):
-            make_sequence(source, shard_id=0, num_shards=NUM_IMAGES + 1)
+        with pytest.raises(ValueError, match="shard_id must be an integer in"):
+            make_sequence(source, shard_id=2, num_shards=2)
+        padded = make_sequence(source, shard_id=NUM_IMAGES, num_shards=NUM_IMAGES + 1, prefetch=False, shuffle=False)
+        assert len(padded) == 1 and padded.batch_indices(0).tolist() == [0]  # padded like DistributedSampler
 
     def test_images_of_different_sizes_need_a_fixed_output_size(self, source):
         ragged = make_sequence(source, transforms=T.Compose([T.RandomHorizontalFlip()]), prefetch=False)
@@ -330,8 +330,7 @@ class TestConstruction:
     def test_coco_source_is_read_for_random_access(self, tmp_path):
         write_coco_dataset(tmp_path, num_images=5, size=(96, 80), max_objects=3, progress=False)
         coco = CocoSource(tmp_path / "annotations.json", tmp_path / "images", shuffle=True, seed=0)
-        with pytest.raises(ValueError, match="shuffle=True but the sequence has shuffle=False"):
-            make_sequence(coco, shuffle=False)
+        assert not make_sequence(coco, shuffle=False, prefetch=False).shuffle  # the sequence's argument wins
         from_coco = make_sequence(coco, shuffle=None, batch_size=2, max_boxes=3, prefetch=False)
         assert from_coco.shuffle and len(from_coco) == 3
         assert from_coco[-1][0].shape == (1, *OUT_HW, 3)
@@ -436,21 +435,21 @@ def test_model_fit_two_epochs(source):
 
 
 def test_errors_belong_to_the_batch_that_has_them():
-    """A bad sample in batch 1 does not fail batch 0 (which prefetches batch 1), names itself
-    when batch 1 is asked for, and the sequence goes on working afterwards."""
+    """With on_error="raise", a bad sample in batch 1 does not fail batch 0 (which prefetches
+    batch 1), names itself when batch 1 is asked for, and the sequence goes on working afterwards."""
     samples, _ = scene_samples(6, seed=1)
     samples[3].image = b"not an image"
-    broken = make_sequence(SampleListSource(samples), batch_size=2, max_boxes=5, shuffle=False)
+    broken = make_sequence(SampleListSource(samples), batch_size=2, max_boxes=5, shuffle=False, on_error="raise")
     first = broken[0]
-    with pytest.raises(OSError, match=r"sample 3 \(12 bytes\): cannot identify image file"):
+    with pytest.raises(ImageError, match=r"sample 3 \(12 bytes\) \(image_id 4\): not an image"):
         broken[1]  # found while reading the image header, before DALI sees the batch
     assert_batches_equal(broken[0], first)  # a fresh pipeline
     assert len(broken[2][0]) == 2
 
     samples[3].image = "/nonexistent/image.png"
-    missing = make_sequence(SampleListSource(samples), batch_size=2, max_boxes=5, shuffle=False)
+    missing = make_sequence(SampleListSource(samples), batch_size=2, max_boxes=5, shuffle=False, on_error="raise")
     assert len(missing[0][0]) == 2
-    with pytest.raises(OSError, match="nonexistent/image.png: cannot read image file"):
+    with pytest.raises(ImageError, match="nonexistent/image.png .image_id 4.: cannot read"):
         missing[1]
     assert len(missing[2][0]) == 2
 
@@ -459,7 +458,7 @@ def assert_same_batch_or_error(ahead, inline, i, bad_batch):
     """``ahead[i]`` and ``inline[i]`` give the same arrays, or both raise the bad sample's error."""
     if i == bad_batch:
         for seq in (ahead, inline):
-            with pytest.raises(OSError, match=r"sample 5 \(12 bytes\): cannot identify image file"):
+            with pytest.raises(ImageError, match=r"image_id 6\): not an image"):
                 seq[i]
     else:
         assert_batches_equal(ahead[i], inline[i])
@@ -491,15 +490,15 @@ class TestPlanningWorkers:
         samples, _ = scene_samples(14, seed=2)
         samples[5].image = b"not an image"
         source = SampleListSource(samples)
-        common = {"batch_size": 2, "max_boxes": 5, "prefetch": False}
+        common = {"batch_size": 2, "max_boxes": 5, "prefetch": False, "on_error": "raise"}
         inline = make_sequence(source, plan_workers=0, **common)
         ahead = make_sequence(source, plan_workers=2, **common)
         n = len(ahead)
         assert (inline.plan_workers, ahead.plan_workers, n) == (0, 2, 7)
-        assert ahead._planner.pool is None  # started by the first seq[i]
+        assert ahead._planner.pool._pool is None  # started by the first seq[i]
 
         def bad_batch(seq):
-            return int(np.flatnonzero(seq._order == 5)[0]) // 2
+            return int(np.flatnonzero(seq.planner.order(seq.epoch) == 5)[0]) // 2
 
         rng = np.random.default_rng(0)
         for epoch in (0, 1):
@@ -535,16 +534,16 @@ class TestPlanningWorkers:
         assert ahead.prefetch_hits >= n - 4  # not the bad batch, nor the two after it
         monkeypatch.undo()
 
-        pool = ahead._planner.pool
+        pool = ahead._planner.pool._pool
         assert not pool.submit(eval, "'keras' in __import__('sys').modules").result(timeout=60)  # left out there
         processes = list(pool._processes.values())
         assert len(processes) == 2 and all(p.is_alive() for p in processes)
         ahead.close()
-        assert ahead._planner.pool is None and all_ended(processes, timeout=0)
+        assert ahead._planner.pool._pool is None and all_ended(processes, timeout=0)
 
         ahead.set_epoch(0)
         inline.set_epoch(0)
-        assert not inline.start_workers() and ahead._planner.pool is None  # plan_workers=0: nothing to start
+        assert not inline.start_workers() and ahead._planner.pool._pool is None  # plan_workers=0: nothing to start
         assert ahead.start_workers(timeout=60)  # started again, before any seq[i], with a plan done
         assert any(f.done() for f in ahead._planner.plans.values())
         good = (bad_batch(ahead) + 1) % n
@@ -552,47 +551,42 @@ class TestPlanningWorkers:
         before = ahead.planned_ahead
         assert_batches_equal(ahead[good], inline[good])
         assert ahead.planned_ahead == before + 1
-        processes = list(ahead._planner.pool._processes.values())
+        processes = list(ahead._planner.pool._pool._processes.values())
         assert processes
         del ahead
         gc.collect()
         assert all_ended(processes, timeout=30)  # stopped in the background
 
-    def test_workers_plan_what_plan_samples_plans(self):
-        """The workers' job, run here: plan_samples, image bytes included; for decoded arrays (sent
-        to the workers as shapes only, grayscale included) less the image data."""
-        samples, _ = scene_samples(4, seed=3)
+    def test_workers_plan_what_the_planner_plans(self):
+        """The workers' job, run here: BatchPlanner.plan, image bytes included; for decoded arrays
+        (sent to the workers as shapes only, grayscale included) less the image data."""
+        samples, _ = scene_samples(9, seed=3)
         encoded = SampleListSource(samples)
         decoded = SampleListSource(
             [{"image": _decode(s.image, gray=k == 1), "boxes": s.boxes, "labels": s.labels, "image_id": s.image_id} for k, s in enumerate(samples)]
         )
-        indices = np.array([2, 0, 3, 1])
-        seeds = [np.array([7, 1, j], dtype=np.int64) for j in indices]
         transforms = recipe()
-        for source, through_a_file in ((encoded, False), (decoded, True)):
-            payload = feeding.PAYLOAD_MAGIC + pickle.dumps((feeding.DecodedShapes(source) if source.decoded else source, transforms))
-            with tempfile.TemporaryFile() as f:
-                f.write(payload)
-                f.flush()
-                try:
-                    feeding.init_plan_worker(f"/proc/{os.getpid()}/fd/{f.fileno()}" if through_a_file else payload)
-                    planned = feeding.plan_job(indices, 7, 1)
-                finally:
-                    feeding._PLANNING = None
-            expected = plan_samples(source, transforms, indices, seeds)
+        spec = planning.EpochSpec(n=9, batch_size=4, shuffle=True, seed=7)
+        for source in (encoded, decoded):
+            planner = planning.BatchPlanner(source, transforms, spec)
+            try:
+                planning.init_plan_worker(planning.planner_payload(planner))
+                planned = planning.plan_job(1, 2)
+            finally:
+                planning._PLANNER = None
+            expected = planner.plan(1, 2)
             if source.decoded:  # the workers have the shapes, not the pixels
-                assert planned[0] is None
-                planned, expected = planned[1:], expected[1:]
-            assert len(planned) == len(expected)
-            for got, want in zip(planned, expected):
-                assert len(got) == len(want) == 4
-                for a, b in zip(got, want):
-                    np.testing.assert_array_equal(a, b)
-        feeding.init_plan_worker(b"something else")  # a reused descriptor number: no plans
-        with pytest.raises(RuntimeError, match="started after its pool was shut down"):
-            feeding.plan_job(indices, 7, 1)
-        shapes = feeding.DecodedShapes(decoded)
-        assert shapes.load(1)[0].shape == (160, 200, 3) and len(pickle.dumps(shapes)) < 10_000
+                assert planned.data is None
+            else:
+                assert all(np.array_equal(a, b) for a, b in zip(planned.data, expected.data))
+            np.testing.assert_array_equal(planned.params, expected.params)
+            np.testing.assert_array_equal(planned.image_ids, expected.image_ids)
+            for a, b in zip(planned.boxes + planned.labels, expected.boxes + expected.labels):
+                np.testing.assert_array_equal(a, b)
+        with pytest.raises(RuntimeError, match="init_plan_worker did not run"):
+            planning.plan_job(1, 2)
+        shapes = planning.DecodedShapes(decoded)
+        assert shapes.load(1)[0].shape == (160, 200, 3) and len(pickle.dumps(shapes)) < 20_000
 
     def test_arguments_and_fallback(self, source):
         assert make_sequence(source, prefetch=False).plan_workers == (0 if DEVICE == "cpu" else min(8, os.cpu_count()))
@@ -605,7 +599,7 @@ class TestPlanningWorkers:
         with pytest.warns(RuntimeWarning, match="cannot be pickled for the planning workers"):
             fallback[0]
         fallback[1]
-        assert (fallback.planned_ahead, fallback.planned_inline) == (0, 2) and fallback._planner.pool is None
+        assert (fallback.planned_ahead, fallback.planned_inline) == (0, 2) and fallback._planner.pool._pool is None
 
 
 def _decode(data: bytes, gray: bool) -> np.ndarray:

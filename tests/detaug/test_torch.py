@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import detaug.transforms as T
+from detaug import DataWarning, ImageError
 from detaug.sources import CocoSource, SampleListSource
 from detaug.synthetic import write_coco_dataset
 from detaug.torch import DetectionLoader, distributed_shard
@@ -61,12 +62,14 @@ def test_abandoned_epoch_does_not_leak_into_the_next(samples):
     assert ids_of_epoch(loader)[0] == list(range(1, 11))
 
 
-def test_shards_partition_the_dataset(samples):
-    seen = []
+def test_shards_cover_the_dataset_with_equal_lengths(samples):
+    seen, lengths = [], set()
     for shard in range(3):
         loader = DetectionLoader(SampleListSource(samples), RECIPE, 2, device="cpu", shuffle=True, seed=5, shard_id=shard, num_shards=3)
+        lengths.add(len(loader))
         seen += ids_of_epoch(loader)[0]
-    assert sorted(seen) == list(range(1, 11))
+    assert lengths == {2}  # ceil(10 / 3) = 4 samples per rank
+    assert set(seen) == set(range(1, 11)) and len(seen) == 12  # 2 padding repeats
 
 
 def test_shard_from_torchrun_environment(monkeypatch):
@@ -138,7 +141,7 @@ def test_coco_source_shards(coco_dir):
         source = CocoSource(coco_dir / "annotations.json", coco_dir / "images")
         loader = DetectionLoader(source, RECIPE, 4, device="cpu", shard_id=shard, num_shards=2)
         seen += ids_of_epoch(loader)[0]
-    assert sorted(seen) == list(range(1, 12))
+    assert set(seen) == set(range(1, 12)) and len(seen) == 12  # 11 padded to 12
 
 
 def test_missing_files_are_named(tmp_path):
@@ -149,7 +152,7 @@ def test_missing_files_are_named(tmp_path):
 
 
 def test_parallel_workers_give_the_same_batches(samples):
-    """Planning in DALI worker processes (parallel external source) changes nothing but speed."""
+    """Planning in worker processes changes nothing but speed."""
     recipe = T.Compose([T.RandomIoUCrop(), T.RandomHorizontalFlip(), T.Resize((48, 64))])
     source = SampleListSource(samples)
     inline = list(DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=9, num_workers=0))
@@ -161,26 +164,54 @@ def test_parallel_workers_give_the_same_batches(samples):
             assert a["image_id"] == b["image_id"] and torch.equal(a["boxes"], b["boxes"])
 
 
-def test_coco_reader_errors_name_the_file(tmp_path):
+def test_a_missing_coco_image_is_skipped_or_raised_by_name(tmp_path):
     write_coco_dataset(tmp_path, num_images=6, size=(64, 48), max_objects=2, progress=False)
     missing = sorted((tmp_path / "images").iterdir())[2]
     missing.unlink()
-    loader = DetectionLoader(CocoSource(tmp_path / "annotations.json", tmp_path / "images"), RECIPE, 2, device="cpu")
-    with pytest.raises(RuntimeError, match=missing.name):
-        for _ in loader:
-            pass
+    source = CocoSource(tmp_path / "annotations.json", tmp_path / "images")
+    loader = DetectionLoader(source, RECIPE, 2, device="cpu")
+    with pytest.warns(DataWarning, match=missing.name):
+        ids = ids_of_epoch(loader)[0]
+    assert 3 not in ids and len(ids) == 6
+    assert [(s["image_id"], s["file"]) for s in loader.skipped] == [(3, str(missing))]
+    loader = DetectionLoader(source, RECIPE, 2, device="cpu", on_error="raise")
+    with pytest.raises(ImageError, match=missing.name + r".*image_id 3"):
+        ids_of_epoch(loader)
 
 
-def test_coco_reader_workers_do_not_change_batches(coco_dir):
+def test_coco_source_workers_do_not_change_batches(coco_dir):
     def epoch(workers):
         source = CocoSource(coco_dir / "annotations.json", coco_dir / "images", shuffle=True, seed=2)
         loader = DetectionLoader(source, T.default_detection_recipe(size=48), 4, device="cpu", num_workers=workers)
         return [(images, targets) for images, targets in loader]
 
-    one, three = epoch(0), epoch(6)  # 1 and 3 reader processes
+    one, three = epoch(0), epoch(2)
     assert len(one) == len(three) == 3
     for (a_images, a_targets), (b_images, b_targets) in zip(one, three):
         torch.testing.assert_close(a_images, b_images)
         assert [t["image_id"] for t in a_targets] == [t["image_id"] for t in b_targets]
         for a, b in zip(a_targets, b_targets):
             assert torch.equal(a["boxes"], b["boxes"])
+
+
+def test_one_batch_type_whatever_the_batch(samples):
+    """A list of [3, H, W] tensors without a fixed output size, also for a batch of one or of
+    images of one size; a stacked tensor with one."""
+    same_size = [s for s in samples[:3]]
+    ragged = T.Compose([T.RandomHorizontalFlip()])
+    for source, batch in ((SampleListSource(samples), 3), (SampleListSource(same_size), 2)):
+        for images, targets in DetectionLoader(source, ragged, batch, device="cpu"):
+            assert isinstance(images, list) and len(images) == len(targets)
+            assert all(i.ndim == 3 and i.shape[0] == 3 for i in images)
+    for images, targets in DetectionLoader(SampleListSource(samples), RECIPE, 3, device="cpu"):
+        assert isinstance(images, torch.Tensor) and images.shape == (len(targets), 3, 48, 64)
+
+
+def test_device_auto_is_the_default(samples):
+    loader = DetectionLoader(SampleListSource(samples), RECIPE, 4)
+    assert loader.device.type == ("cuda" if torch.cuda.is_available() and loader.device_id is not None else "cpu")
+    if loader.device_id is None:
+        from detaug import DeviceError
+
+        with pytest.raises(DeviceError, match="no CUDA device"):
+            DetectionLoader(SampleListSource(samples), RECIPE, 4, device="gpu")

@@ -1,0 +1,70 @@
+"""Epochs and shards: which samples a rank sees in an epoch, in which batches (pure functions).
+
+The rules are those of ``torch.utils.data.DistributedSampler`` followed by a ``DataLoader``, the
+same for every source and both adapters (:class:`~detaug.torch.DetectionLoader`,
+:class:`~detaug.keras.DetectionSequence`):
+
+1. **Order.** Epoch ``e`` visits the ``n`` samples of the dataset in the order ``0..n-1``, or,
+   with ``shuffle=True``, in a permutation of all ``n`` drawn from ``(seed, e)``
+   (:func:`detaug.seeds.order_generator`): the same on every rank, a new one every epoch.
+2. **Equal ranks.** With ``drop_last=False`` the order is padded to ``ceil(n / W) * W`` by
+   repeating its first samples (at most ``W - 1`` repeats per epoch, fewer than ``n`` unless
+   ``n < W``); with ``drop_last=True`` it is cut to ``floor(n / W) * W`` (at most ``W - 1``
+   samples of the epoch left out, different ones each epoch when shuffled).
+3. **Shards.** Rank ``r`` of ``W`` takes positions ``r, r + W, r + 2W, ...`` of that list: every
+   rank holds the same number of samples, and with ``drop_last=False`` their union is the
+   whole dataset in every epoch.
+4. **Batches.** A rank's samples are cut into batches of ``batch_size`` in order; the last may
+   be smaller, and ``drop_last=True`` drops it. ``len(loader)`` is therefore the same on every
+   rank: :func:`num_batches`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["shard_size", "num_batches", "shard_order", "batch_slice", "check_shard"]
+
+
+def check_shard(shard_id: int, num_shards: int) -> tuple[int, int]:
+    """``(shard_id, num_shards)`` as ints, or a ``ValueError`` saying what is wrong."""
+    if isinstance(num_shards, bool) or int(num_shards) != num_shards or num_shards < 1:
+        raise ValueError(f"num_shards must be an integer >= 1, got {num_shards!r}")
+    if isinstance(shard_id, bool) or int(shard_id) != shard_id or not 0 <= shard_id < num_shards:
+        raise ValueError(f"shard_id must be an integer in [0, {num_shards}), got {shard_id!r}")
+    return int(shard_id), int(num_shards)
+
+
+def shard_size(n: int, num_shards: int, *, drop_last: bool) -> int:
+    """Samples per rank and epoch: ``ceil(n / W)``, or ``floor(n / W)`` with ``drop_last``."""
+    return n // num_shards if drop_last else math.ceil(n / num_shards)
+
+
+def num_batches(n: int, num_shards: int, batch_size: int, *, drop_last: bool) -> int:
+    """Batches per rank and epoch (``len(loader)``), the same on every rank."""
+    per_rank = shard_size(n, num_shards, drop_last=drop_last)
+    return per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
+
+
+def shard_order(
+    n: int, epoch: int, *, shard_id: int, num_shards: int, shuffle: bool, seed: int, drop_last: bool
+) -> np.ndarray:
+    """int64 ``[shard_size]``: the dataset positions rank ``shard_id`` visits in ``epoch``, in order
+    (rules 1-3 of the module docstring)."""
+    from detaug.seeds import order_generator
+
+    if n < 1:
+        raise ValueError("the dataset is empty")
+    order = order_generator(seed, epoch).permutation(n) if shuffle else np.arange(n)
+    total = shard_size(n, num_shards, drop_last=drop_last) * num_shards
+    if total > n:  # pad by repeating from the start (several times over only when n < W - 1)
+        order = np.resize(order, total)
+    return order[shard_id:total:num_shards].astype(np.int64)
+
+
+def batch_slice(step: int, batch_size: int, shard_len: int) -> slice:
+    """Positions of batch ``step`` in a rank's order of ``shard_len`` samples."""
+    start = step * batch_size
+    return slice(start, min(start + batch_size, shard_len))

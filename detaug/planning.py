@@ -1,0 +1,325 @@
+"""Planning batches on the host, before DALI: which samples, read and checked, then planned.
+
+Batch ``step`` of ``epoch`` on one rank is a pure function of the dataset, the recipe and
+:class:`EpochSpec` (see :mod:`detaug.epochs` for the order and the shards, :mod:`detaug.seeds`
+for the seed contract). :meth:`BatchPlanner.plan` computes it:
+
+1. the batch's dataset positions: ``shard_order(epoch)[step * B : (step + 1) * B]``;
+2. each sample is read (a file path is read here; encoded bytes are taken as given) and its
+   header probed (:func:`detaug.formats.images.probe_image`); an image that cannot be read or
+   decoded raises :class:`~detaug.errors.ImageError` with ``on_error="raise"``; with
+   ``on_error="skip"`` it is replaced by the next readable sample of the rank's epoch order
+   (cyclically), so the batch keeps its size, and the skip is recorded;
+3. boxes annotated on the stored pixels of an EXIF-rotated image are moved to the displayed
+   frame the decoder delivers (``orientation="auto"``; see :mod:`detaug.formats.images`);
+4. :meth:`detaug.transforms.Compose.plan_batch` plans every sample from its key
+   ``(seed, epoch, image_id)``: the decode region, warp matrices, photometric parameters and
+   the exact output boxes.
+
+Because a batch depends on nothing else, it can be planned in any process, in any order, ahead
+of time (:mod:`detaug.workers` runs :func:`plan_job` in worker processes), and again after a
+resume, with the same result.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from detaug.epochs import batch_slice, num_batches, shard_order
+from detaug.errors import DatasetError, ImageError
+from detaug.formats.images import annotation_frame, orient_boxes, probe_image
+from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE
+from detaug.seeds import sample_keys
+from detaug.transforms import Compose
+
+__all__ = [
+    "ON_ERROR", "EpochSpec", "PlannedBatch", "BatchPlanner", "DecodedShapes", "DecodeFailure", "undecodable",
+    "init_plan_worker", "plan_job",
+]
+
+#: What an unreadable or undecodable image does: ``"skip"`` (replaced, named, counted) or ``"raise"``.
+ON_ERROR = ("skip", "raise")
+
+
+@dataclass(frozen=True)
+class EpochSpec:
+    """What decides the batches of a rank: the epoch rules of :mod:`detaug.epochs` and the seed."""
+
+    n: int
+    batch_size: int
+    shard_id: int = 0
+    num_shards: int = 1
+    shuffle: bool = False
+    drop_last: bool = False
+    seed: int = 0
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return num_batches(self.n, self.num_shards, self.batch_size, drop_last=self.drop_last)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """int64 ``[shard_size]``: the rank's dataset positions in ``epoch``."""
+        return shard_order(self.n, epoch, shard_id=self.shard_id, num_shards=self.num_shards,
+                           shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last)
+
+
+@dataclass
+class PlannedBatch:
+    """One planned batch (``B`` samples).
+
+    Attributes:
+        epoch, step: which batch.
+        positions: int64 ``[B]`` dataset positions of the samples (replacements included).
+        image_ids: int64 ``[B]``.
+        data: per sample, the image data DALI reads: uint8 ``[L]`` encoded bytes, or a decoded
+            ``uint8 [H, W, 3]`` array; ``None`` where a worker planned decoded arrays from their
+            shapes (the caller loads them, :meth:`BatchPlanner.load_data`).
+        params: float32 ``[B, P]`` parameter vectors (:meth:`Compose.param_slices`).
+        boxes: per sample float32 ``[M, 4]`` xyxy boxes on the output image.
+        labels: per sample int64 ``[M]``.
+        skipped: ``{"image_id", "file", "reason"}`` of each image replaced in this batch.
+        repaired: ``{"image_id", "file", "reason", "count"}`` of boxes clipped to (or dropped
+            outside) an image whose size the annotation did not declare (found when read).
+    """
+
+    epoch: int
+    step: int
+    positions: np.ndarray
+    image_ids: np.ndarray
+    data: list[np.ndarray] | None
+    params: np.ndarray
+    boxes: list[np.ndarray]
+    labels: list[np.ndarray]
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    repaired: list[dict[str, Any]] = field(default_factory=list)
+
+    def new_findings(self, warned: set[tuple[str, str]]) -> list[str]:
+        """Warning texts for this batch's skipped images and repaired boxes not warned of
+        before (one per file and reason); ``warned`` is updated."""
+        messages = []
+        for found in self.skipped + self.repaired:
+            key = (found["file"], found["reason"])
+            if key not in warned:
+                warned.add(key)
+                verb = "skipped" if "count" not in found else f"{found['count']} box(es) of"
+                messages.append(f"{verb} {found['file']} (image_id {found['image_id']}): {found['reason']}")
+        return messages
+
+
+class BatchPlanner:
+    """Plans the batches of one rank (picklable: worker processes get a copy).
+
+    Args:
+        source: a source of :mod:`detaug.sources` (or :class:`DecodedShapes` in a worker).
+        transforms: the recipe.
+        spec: the epoch rules and seed.
+        on_error: ``"skip"`` or ``"raise"`` (see the module docstring, step 2).
+    """
+
+    def __init__(self, source: Any, transforms: Compose, spec: EpochSpec, on_error: str = "skip") -> None:
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
+        self.source, self.transforms, self.spec, self.on_error = source, transforms, spec, on_error
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The rank's positions in ``epoch`` (cached: batches of one epoch are planned in a row)."""
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, self.spec.order(epoch))
+        return self._order[1]
+
+    def positions(self, epoch: int, step: int) -> np.ndarray:
+        """int64 ``[B]``: the positions batch ``step`` of ``epoch`` asks for (before replacements)."""
+        order = self.order(epoch)
+        return order[batch_slice(step, self.spec.batch_size, len(order))]
+
+    def plan(self, epoch: int, step: int, *, bad: Mapping[int, str] | None = None) -> PlannedBatch:
+        """Read, check and plan batch ``step`` of ``epoch``; ``bad``: positions known to fail
+        in DALI although their header is fine, with the reason (skipped as unreadable ones are)."""
+        bad = bad or {}
+        if not 0 <= step < len(self.spec):
+            raise IndexError(f"batch {step} out of range for an epoch of {len(self.spec)} batches")
+        order = self.order(epoch)
+        wanted = self.positions(epoch, step)
+        start = step * self.spec.batch_size
+        positions, data, shapes, boxes, labels, ids, skipped, repaired = [], [], [], [], [], [], [], []
+        for k, position in enumerate(wanted):
+            for tries in range(len(order)):
+                p = int(order[(start + k + tries) % len(order)])
+                try:
+                    if p in bad:
+                        raise ImageError(self.source.file_of(p), self.source.samples[p].image_id, bad[p])
+                    d, hw, b, lab, image_id = self.load(p)
+                    if getattr(self.source.samples[p], "size", None) is None and len(b):
+                        b, lab = _clip_to_image(b, lab, hw, self.source.file_of(p), image_id, repaired)
+                    break
+                except ImageError as err:
+                    if self.on_error == "raise":
+                        raise
+                    skipped.append({"image_id": err.image_id, "file": err.file, "reason": err.reason})
+            else:
+                raise DatasetError(f"no image of shard {self.spec.shard_id} can be read; the last: {skipped[-1]}")
+            positions.append(p)
+            data.append(d)
+            shapes.append(hw)
+            boxes.append(b)
+            labels.append(lab)
+            ids.append(image_id)
+        image_ids = np.asarray(ids, dtype=np.int64)
+        keys = sample_keys(self.spec.seed, epoch, image_ids)
+        params, out_boxes, out_labels = self.transforms.plan_batch(shapes, boxes, labels, keys)
+        return PlannedBatch(
+            epoch=epoch, step=step, positions=np.asarray(positions, dtype=np.int64), image_ids=image_ids,
+            data=None if isinstance(self.source, DecodedShapes) else data,
+            params=np.stack(params).astype(np.float32, copy=False), boxes=out_boxes,
+            labels=[np.asarray(lab, dtype=np.int64) for lab in out_labels], skipped=skipped, repaired=repaired,
+        )
+
+    def load(self, position: int) -> tuple[np.ndarray, tuple[int, int], np.ndarray, np.ndarray, int]:
+        """``(data, (height, width) as decoded, boxes xyxy in that frame, labels, image_id)`` of a
+        sample, or :class:`ImageError` when its image cannot be read or decoded."""
+        source = self.source
+        sample = source.samples[position]
+        try:
+            data, boxes, labels, image_id = source.load(position)
+        except (OSError, ValueError) as err:
+            raise ImageError(source.file_of(position), sample.image_id, _reason(err)) from err
+        boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+        if data.ndim != 1:  # decoded arrays: no header, no EXIF
+            return data, (int(data.shape[0]), int(data.shape[1])), boxes, labels, int(image_id)
+        info = probe_image(data)
+        if info.problem is not None:
+            raise ImageError(source.file_of(position), int(image_id), info.problem)
+        orientation = getattr(source, "orientation", "auto")
+        if orientation == "ignore":
+            return data, info.stored_hw, boxes, labels, int(image_id)
+        if orientation == "auto" and info.orientation != 1 and len(boxes):
+            if annotation_frame(getattr(sample, "size", None), info, orientation) == "stored":
+                boxes = orient_boxes(boxes, info.orientation, info.stored_hw)
+        return data, info.displayed_hw, boxes, labels, int(image_id)
+
+    def load_data(self, positions: np.ndarray) -> list[np.ndarray]:
+        """The image data of ``positions`` (a worker planned decoded arrays from their shapes)."""
+        return [self.source.load(int(p))[0] for p in positions]
+
+
+def _clip_to_image(boxes: np.ndarray, labels: np.ndarray, hw: tuple[int, int], file: str, image_id: int,
+                   repaired: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """Boxes clipped to the decoded image ``hw``, those left without area dropped (with their
+    labels); each repair is recorded as the sources record theirs (:mod:`detaug.formats.validation`)."""
+    h, w = hw
+    inside = np.clip(boxes, 0, np.array([w, h, w, h], dtype=np.float32))
+    outside = (inside[:, 2] <= inside[:, 0]) | (inside[:, 3] <= inside[:, 1])
+    clipped = ~outside & (inside != boxes).any(axis=1)
+    for reason, count in ((BOX_CLIPPED, int(clipped.sum())), (BOX_OUTSIDE, int(outside.sum()))):
+        if count:
+            repaired.append({"image_id": image_id, "file": file, "reason": reason, "count": count})
+    return inside[~outside], np.asarray(labels)[~outside]
+
+
+def undecodable(data: list[np.ndarray]) -> list[tuple[int, str]]:
+    """``(index, reason)`` of the encoded images in ``data`` that Pillow cannot decode fully:
+    the culprits of a batch DALI failed on although every header was fine."""
+    from PIL import Image
+
+    found = []
+    for k, d in enumerate(data):
+        if d.ndim != 1:
+            continue
+        try:
+            with Image.open(io.BytesIO(d.tobytes())) as im:
+                im.load()
+        except Exception as err:  # noqa: BLE001 - any failure marks the culprit
+            found.append((k, f"cannot be decoded: {err}"))
+    return found
+
+
+class DecodeFailure(Exception):
+    """DALI failed on a batch (an image whose header was fine); the adapter finds the culprit."""
+
+    def __init__(self, planned: PlannedBatch, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.planned = planned
+
+    def error(self, source: Any, culprits: list[tuple[int, str]]) -> Exception:
+        """What the user gets when the culprit is not skipped: an :class:`ImageError` naming it,
+        or, when none is found, a ``RuntimeError`` naming every file of the batch."""
+        planned = self.planned
+        if culprits:
+            k, reason = culprits[0]
+            return ImageError(source.file_of(int(planned.positions[k])), int(planned.image_ids[k]), reason)
+        files = [source.file_of(int(p)) for p in planned.positions]
+        return RuntimeError(f"batch {planned.step} of epoch {planned.epoch} (files {files}) failed in DALI: {self}")
+
+
+def _reason(err: BaseException) -> str:
+    if isinstance(err, OSError):
+        return f"cannot read the file: {err.strerror or err}"
+    return str(err)
+
+
+class DecodedShapes:
+    """What planning workers get of a source of decoded arrays: each image's shape, not its
+    pixels (``load`` returns a read-only zero-stride view of that shape), boxes, labels, ids."""
+
+    decoded = True
+    orientation = "ignore"
+
+    def __init__(self, source: Any) -> None:
+        self.samples = [_Shape(np.shape(s.image), s.boxes, s.labels, s.image_id) for s in source.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def file_of(self, index: int) -> str:
+        return f"sample {index} (array {self.samples[index].shape})"
+
+    def load(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        s = self.samples[index]
+        data = np.broadcast_to(np.zeros((), np.uint8), (*s.shape[:2], 3))
+        return data, s.boxes, s.labels, s.image_id
+
+
+@dataclass
+class _Shape:
+    shape: tuple[int, ...]
+    boxes: np.ndarray
+    labels: np.ndarray
+    image_id: int
+    size: None = None
+
+
+def worker_planner(planner: BatchPlanner) -> BatchPlanner:
+    """The planner to send to worker processes (decoded arrays stay in this process)."""
+    if getattr(planner.source, "decoded", False) and not isinstance(planner.source, DecodedShapes):
+        return BatchPlanner(DecodedShapes(planner.source), planner.transforms, planner.spec, planner.on_error)
+    return planner
+
+
+# -- worker processes (module-level, so that workers import neither Keras nor torch) ---------------
+
+_PLANNER: BatchPlanner | None = None
+
+
+def init_plan_worker(payload: bytes) -> None:
+    """A planning worker's initializer: the pickled :class:`BatchPlanner` (:func:`planner_payload`),
+    read once for all the worker's jobs."""
+    global _PLANNER
+    _PLANNER = pickle.loads(payload)
+
+
+def plan_job(epoch: int, step: int, bad: Mapping[int, str] | None = None) -> PlannedBatch:
+    """In a planning worker: :meth:`BatchPlanner.plan` of one batch."""
+    if _PLANNER is None:
+        raise RuntimeError("this planning worker has no planner (init_plan_worker did not run)")
+    return _PLANNER.plan(epoch, step, bad=bad)
+
+
+def planner_payload(planner: BatchPlanner) -> bytes:
+    """The bytes :func:`init_plan_worker` takes (decoded arrays are sent as their shapes)."""
+    return pickle.dumps(worker_planner(planner), protocol=pickle.HIGHEST_PROTOCOL)
