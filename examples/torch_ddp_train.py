@@ -126,6 +126,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16, help="per rank")
     parser.add_argument("--size", type=int, default=320, help="square training size")
     parser.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
+    parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                        help="process group backend (auto: NCCL on GPUs, gloo on the CPU)")
     parser.add_argument("--model", choices=["fasterrcnn", "tiny"], default="fasterrcnn")
     parser.add_argument("--max-steps", type=int, default=None, help="at most this many steps per epoch")
     parser.add_argument("--seed", type=int, default=0)
@@ -142,14 +144,18 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def setup(device: str) -> tuple[int, int, int, torch.device]:
+def setup(device: str, backend: str) -> tuple[int, int, int, torch.device]:
     """Join the process group (torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_*``):
-    NCCL with GPU ``LOCAL_RANK`` on GPUs, gloo on the CPU. Returns ``(rank, world, local_rank, device)``."""
+    NCCL with GPU ``LOCAL_RANK`` on GPUs, gloo on the CPU (``backend`` overrides: gloo on GPUs
+    lets several ranks share one GPU, as a smoke test). Returns ``(rank, world, local_rank, device)``."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if device == "gpu":
-        torch.cuda.set_device(local_rank)
-        torch_device = torch.device("cuda", local_rank)
-        dist.init_process_group("nccl", device_id=torch_device)
+        torch_device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(torch_device)
+        if backend == "gloo":
+            dist.init_process_group("gloo")
+        else:
+            dist.init_process_group("nccl", device_id=torch_device)
     else:
         torch_device = torch.device("cpu")
         dist.init_process_group("gloo")
@@ -157,7 +163,10 @@ def setup(device: str) -> tuple[int, int, int, torch.device]:
 
 
 def barrier(device: torch.device) -> None:
-    dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()
+    if dist.get_backend() == "nccl":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
 
 
 def generated_dataset(args: argparse.Namespace, local_rank: int, device: torch.device) -> str:
@@ -175,7 +184,7 @@ def main() -> None:
     device_name = args.device
     if device_name == "auto":
         device_name = "gpu" if torch.cuda.is_available() else "cpu"
-    rank, world, local_rank, device = setup(device_name)
+    rank, world, local_rank, device = setup(device_name, args.backend)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     cpus_per_rank = max(1, (os.cpu_count() or 1) // local_world)
 
@@ -198,7 +207,7 @@ def main() -> None:
     if workers is None:
         workers = 0 if device_name == "cpu" else max(1, min(8, cpus_per_rank - 1))
     # shard_id / num_shards come from torch.distributed; the GPU is LOCAL_RANK's.
-    loader = DetectionLoader(source, recipe, args.batch_size, device=device_name, shuffle=True, seed=args.seed,
+    loader = DetectionLoader(source, recipe, args.batch_size, device=device_name, device_id=device.index, shuffle=True, seed=args.seed,
                              num_workers=workers, num_threads=max(1, min(4, cpus_per_rank)))
 
     num_classes = max(source.categories) + 1  # category ids start at 1; 0 is the background
