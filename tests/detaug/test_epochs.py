@@ -83,3 +83,43 @@ def test_fewer_samples_than_ranks_still_pads_every_rank():
 def test_bad_shards_are_refused(shard_id, num_shards):
     with pytest.raises(ValueError, match="shard"):
         check_shard(shard_id, num_shards)
+
+
+def source_of(kind: str, n: int, folder):
+    """A dataset of ``n`` images as a CocoSource or a sample list (no image is read here)."""
+    from detaug.sources import CocoSource, SampleListSource
+
+    ids = [10 + 3 * i for i in range(n)]  # ids that are not positions
+    if kind == "coco":
+        coco = {
+            "images": [{"id": i, "file_name": f"{i}.jpg", "width": 64, "height": 48} for i in ids],
+            "annotations": [{"id": k + 1, "image_id": i, "category_id": 1, "bbox": [1, 1, 8, 8]} for k, i in enumerate(ids)],
+            "categories": [{"id": 1, "name": "thing"}],
+        }
+        return CocoSource(coco, folder)  # an empty folder: no image is read
+    return SampleListSource([{"image": f"/nonexistent/{i}.jpg", "boxes": [[1, 1, 9, 9]], "labels": [1], "image_id": i} for i in ids])
+
+
+@pytest.mark.parametrize("kind", ["coco", "list"])
+@pytest.mark.parametrize("n", [7, 993])
+def test_the_adapters_planners_follow_the_rules_for_both_source_kinds(kind, n, tmp_path):
+    """What the loaders' planners ask for, batch by batch (image ids, before any image is read),
+    over every world size, batch size, shuffle and drop_last setting and three epochs."""
+    from detaug.planning import BatchPlanner
+    from detaug.transforms import Compose, Resize
+
+    source = source_of(kind, n, tmp_path)
+    every = {s.image_id for s in source.samples}
+    for world, batch, shuffle, drop_last in itertools.product([1, 2, 3, 5], [1, 4, 16], [False, True], [False, True]):
+        planners = [BatchPlanner(source, Compose([Resize((8, 8))]), EpochSpec(n, batch, r, world, shuffle, drop_last, seed=2))
+                    for r in range(world)]
+        assert len({len(p.spec) for p in planners}) == 1
+        for epoch in range(3):
+            seen = Counter()
+            for p in planners:
+                for step in range(len(p.spec)):
+                    seen.update(source.samples[int(i)].image_id for i in p.positions(epoch, step))
+            if drop_last:
+                assert max(seen.values(), default=1) == 1 and len(seen) == (n // world) // batch * batch * world
+            else:
+                assert set(seen) == every and sum(seen.values()) - n <= world - 1
