@@ -53,6 +53,7 @@ import numpy as np
 from detaug.boxes import convert_format
 from detaug.epochs import check_shard
 from detaug.errors import DataWarning
+from detaug.labels import LabelMap
 from detaug.pipeline import build_pipeline, feed, pick_device, resolve_device
 from detaug.plan_ahead import PlanPool
 from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, undecodable
@@ -156,6 +157,14 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             or ``"cpu"``.
         bounding_box_format: a Keras format name (:data:`KERAS_BOX_FORMATS`, case-insensitive);
             ``rel_*`` formats divide by the output image's width and height.
+        label_map: the targets' ``labels``: ``None`` (default) the source's category ids as they
+            are; ``"contiguous"``: the category ids in ascending order become ``0 .. n - 1``, the
+            class indices KerasHub detectors one-hot (see :mod:`detaug.labels`).
+        num_classes: the model's ``num_classes``; when given, the sequence checks when it is
+            built that every class index fits, ``0 <= label < num_classes``, for every category
+            of the source (also one without boxes), else a ``ValueError`` names the label, its
+            category id and the fix (``label_map="contiguous"`` or a larger ``num_classes``).
+            ``None``: not checked.
         overflow: what a sample with more than ``max_boxes`` boxes does: ``"raise"`` a
             ``ValueError``; ``"warn"`` (a :class:`BoxOverflowWarning` with the count) and keep the
             first ``max_boxes`` boxes; ``"truncate"``: keep them without a warning. Cut boxes are
@@ -194,8 +203,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
       ``Normalize``, else ``0..255``. A NumPy array, or with ``images_on_device`` a ``torch``
       CUDA tensor (``images.cpu().numpy()`` gives the array).
     * ``targets``: ``{"boxes": float32 [B, max_boxes, 4], "labels": int32 [B, max_boxes]}``, boxes
-      in ``bounding_box_format`` on the output image, labels the source's category ids; rows past
-      a sample's boxes are ``-1``.
+      in ``bounding_box_format`` on the output image, labels the class indices of ``label_map``
+      (the source's category ids by default); rows past a sample's boxes are ``-1``.
 
     Attributes:
         epoch: the current epoch (``on_epoch_end`` adds one; :meth:`set_epoch` sets it).
@@ -205,6 +214,14 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         prefetch_hits, prefetch_wasted: prefetched batches that were / were not asked for next.
         planned_ahead, planned_inline: batches fed with a worker's plan / planned in the calling
             thread (``plan_workers=0``, a plan not ready yet, a batch fed a second time).
+        class_names: ``list``, the name of each class index: ``class_names[label]``; with
+            ``label_map=None`` an index that is no category id is ``None``. ``len(class_names)``
+            is the smallest ``num_classes`` that fits the labels.
+        category_ids: ``list[int]``, the category id of each class index, ``category_ids[label]``
+            (COCOeval's ``category_id`` of a prediction), ``-1`` where the index is no category (a
+            gap); with ``label_map=None`` the identity: ``category_ids[k] == k``.
+        label_mapping: the :class:`~detaug.labels.LabelMap` (``to_category_ids(labels)`` maps a
+            model's predicted labels back, vectorised, keeping the ``-1`` padding).
     """
 
     def __init__(
@@ -231,6 +248,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         max_queue_size: int = 10,
         use_multiprocessing: bool = False,
         on_error: str = "skip",
+        label_map: str | None = None,
+        num_classes: int | None = None,
     ) -> None:
         # 1. Arguments.
         device = pick_device(device)
@@ -278,6 +297,13 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             max_boxes = max(most, 1)
         if isinstance(max_boxes, bool) or not isinstance(max_boxes, (int, np.integer)) or max_boxes < 1:
             raise ValueError(f"max_boxes must be an integer >= 1 or None, got {max_boxes!r}")
+
+        # 3. Class indices (before any pipeline is built).
+        self.label_map = label_map
+        self.label_mapping = LabelMap.from_source(source, label_map, first=0)
+        if num_classes is not None:
+            self.label_mapping.check_num_classes(num_classes, adapter="DetectionSequence")
+        self.num_classes = num_classes
 
         self.source = source
         self.categories = source.categories
@@ -329,6 +355,16 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self._streams = threading.local()  # a CUDA stream per calling thread, for the copies
 
     # -- the classic Sequence protocol ------------------------------------------------------------
+
+    @property
+    def class_names(self) -> list[str | None]:
+        """The name of each class index (see the class docstring); a new list."""
+        return self.label_mapping.class_names
+
+    @property
+    def category_ids(self) -> list[int]:
+        """The category id of each class index, ``-1`` for none (see the class docstring); a new list."""
+        return self.label_mapping.category_ids
 
     def __len__(self) -> int:
         """Batches per epoch (the same on every shard)."""
@@ -610,7 +646,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self, i: int, epoch: int, planned: PlannedBatch, outputs: tuple[Any, list[np.ndarray], list[np.ndarray]]
     ) -> tuple[Any, dict[str, np.ndarray]]:
         """Pad the batch's boxes (xyxy ``[N_k, 4]`` per sample) and labels to ``max_boxes`` rows,
-        boxes in ``bounding_box_format``: whole-batch array operations, no per-sample ones."""
+        boxes in ``bounding_box_format``, labels mapped to class indices (``label_map``):
+        whole-batch array operations, no per-sample ones."""
         images, boxes, labels = outputs
         count = len(images)
         height, width = images.shape[1:3]
@@ -628,7 +665,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             slots = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
             every = np.concatenate(boxes).reshape(-1, 4).astype(np.float32, copy=False)
             out_boxes[rows, slots] = to_keras_boxes(every, self.bounding_box_format, (height, width))
-            out_labels[rows, slots] = np.concatenate(labels).reshape(-1)
+            out_labels[rows, slots] = self.label_mapping.map(np.concatenate(labels).reshape(-1))
         return images, {"boxes": out_boxes, "labels": out_labels}
 
     def _overflow(self, i: int, epoch: int, image_ids: np.ndarray, over: list[int], boxes: list[np.ndarray]) -> None:

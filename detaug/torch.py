@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from detaug.errors import DataWarning, ImageError
+from detaug.labels import LabelMap
 from detaug.plan_ahead import PlanPool
 from detaug.pipeline import build_pipeline, feed, pick_device, resolve_device
 from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, undecodable
@@ -60,13 +61,21 @@ class DetectionLoader:
             sample of the rank's epoch order, warns once per image (:class:`~detaug.DataWarning`)
             and records it in :attr:`skipped`; ``"raise"`` raises :class:`~detaug.ImageError`
             naming the file and the image id.
+        label_map: the targets' ``labels``: ``None`` (default) the source's category ids as they
+            are; ``"contiguous"``: the category ids in ascending order become ``1 .. n``
+            (torchvision's detectors: 0 is the background), see :mod:`detaug.labels`.
+        num_classes: the model's ``num_classes`` (torchvision's, counting the background); when
+            given, the loader checks when it is built that every class index fits, ``1 <=
+            label < num_classes``, for every category of the source (also one without boxes),
+            else a ``ValueError`` names the label, its category id and the fix
+            (``label_map="contiguous"`` or a larger ``num_classes``). ``None``: not checked.
 
     Yields:
         ``images``: one tensor ``[B, 3, H, W]`` on the pipeline's device (float32 when the recipe
         normalises, else uint8) when the recipe fixes the output size (ends with ``Resize((h,
         w))``, ``LetterBox`` or ``RandomResizedCrop``), else always a list of ``[3, H, W]``
         tensors (also when a batch's images happen to share a size); ``targets``: a list of ``{"boxes": float32 [N, 4] xyxy output-image
-        pixels, "labels": int64 [N], "image_id": int}``.
+        pixels, "labels": int64 [N] class indices (``label_map``), "image_id": int}``.
 
     Epochs (the rules of ``DistributedSampler``, :mod:`detaug.epochs`): every rank yields
     ``len(loader)`` batches per epoch, the same number on every rank; with ``drop_last=False``
@@ -81,6 +90,15 @@ class DetectionLoader:
         repaired: ``{"image_id", "file", "reason", "count"}`` of boxes clipped to an image whose
             size the annotation did not declare, found when it was read (likewise per reading);
             the source's own repairs are in ``source.report``.
+        class_names: ``list``, the name of each class index: ``class_names[label]``. Index 0 is
+            ``"__background__"`` (unless, with ``label_map=None``, 0 is a category id), and with
+            ``label_map=None`` an index that is no category id is ``None``. ``len(class_names)``
+            is the smallest ``num_classes`` (background included) that fits the labels.
+        category_ids: ``list[int]``, the category id of each class index, ``category_ids[label]``
+            (COCOeval's ``category_id`` of a prediction), ``-1`` where the index is no category
+            (the background, a gap); with ``label_map=None`` the identity: ``category_ids[k] == k``.
+        label_mapping: the :class:`~detaug.labels.LabelMap` (``to_category_ids(labels)`` maps a
+            model's predicted labels back, vectorised).
     """
 
     def __init__(
@@ -100,11 +118,18 @@ class DetectionLoader:
         prefetch_queue_depth: int = 2,
         num_workers: int | None = None,
         on_error: str = "skip",
+        label_map: str | None = None,
+        num_classes: int | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if not isinstance(transforms, Compose):
             raise TypeError(f"transforms must be a detaug.transforms.Compose, got {type(transforms).__name__}")
+        self.label_map = label_map
+        self.label_mapping = LabelMap.from_source(source, label_map, first=1)  # before any pipeline
+        if num_classes is not None:
+            self.label_mapping.check_num_classes(num_classes, adapter="DetectionLoader")
+        self.num_classes = num_classes
         rank, world = distributed_shard()
         shard_id = getattr(source, "shard_id", None) if shard_id is None else shard_id
         num_shards = getattr(source, "num_shards", None) if num_shards is None else num_shards
@@ -149,6 +174,16 @@ class DetectionLoader:
         self._epoch, self._step = 0, 0  # where the next batch comes from
         self._abandoned = False  # an iteration stopped early: the next one starts the next epoch
         self._current: Iterator[Any] | None = None
+
+    @property
+    def class_names(self) -> list[str | None]:
+        """The name of each class index (see the class docstring); a new list."""
+        return self.label_mapping.class_names
+
+    @property
+    def category_ids(self) -> list[int]:
+        """The category id of each class index, ``-1`` for none (see the class docstring); a new list."""
+        return self.label_mapping.category_ids
 
     # -- epochs and resume ---------------------------------------------------------------------
 
@@ -333,11 +368,13 @@ class DetectionLoader:
         batch = dali_images_to_torch(images, self.device)
         if self._stacked != isinstance(batch, torch.Tensor):  # one batch type, whatever its size
             batch = torch.stack(batch) if self._stacked else list(batch)
+        counts = [len(lab) for lab in planned.labels]  # category ids -> class indices, the whole batch at once
+        labels = torch.from_numpy(self.label_mapping.map(np.concatenate(planned.labels).reshape(-1))).split(counts)
         targets = [
             {"boxes": torch.from_numpy(np.asarray(b, dtype=np.float32).reshape(-1, 4)),
-             "labels": torch.from_numpy(np.asarray(lab, dtype=np.int64).reshape(-1)),
+             "labels": lab,
              "image_id": int(i)}
-            for b, lab, i in zip(planned.boxes, planned.labels, planned.image_ids)
+            for b, lab, i in zip(planned.boxes, labels, planned.image_ids)
         ]
         return batch, targets
 
