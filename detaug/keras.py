@@ -327,10 +327,10 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
                               shuffle=self.shuffle, drop_last=self.drop_last, seed=self.seed)
         self.planner = BatchPlanner(source, transforms, self.spec, on_error)
         self.on_error = on_error
-        if len(self) == 0:
-            raise ValueError(
-                f"no batches: each of the {num_shards} shard(s) holds {self.spec.n // num_shards} samples, "
-                f"fewer than batch_size={self.batch_size} with drop_last=True"
+        if len(self) == 0:  # as the PyTorch loader: every shard has the same (empty) length
+            warnings.warn(
+                f"the sequence has no batches: each of the {num_shards} shard(s) holds {self.spec.n // num_shards} "
+                f"samples, fewer than batch_size={self.batch_size} with drop_last=True", stacklevel=2,
             )
         self.skipped: list[dict[str, Any]] = []
         self.repaired: list[dict[str, Any]] = []

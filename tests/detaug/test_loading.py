@@ -194,3 +194,15 @@ def test_close_and_garbage_collection_release_the_workers(coco):
     del loader
     gc.collect()
     assert all_gone(pids)  # stopped in the background once the loader is collected
+
+
+def test_no_batches_is_the_same_length_everywhere(coco):
+    """drop_last with fewer samples per rank than a batch: len 0 on every rank, in both adapters."""
+    for rank in range(2):
+        with pytest.warns(UserWarning, match="no batches"):
+            loader = DetectionLoader(sources(coco)["list"], RECIPE, 4, device=DEVICE, shard_id=rank, num_shards=2, drop_last=True)
+        assert len(loader) == 0 and list(loader) == []
+        with pytest.warns(UserWarning, match="no batches"):
+            seq = DetectionSequence(sources(coco)["list"], RECIPE, 4, max_boxes=8, device=DEVICE, shard_id=rank,
+                                    num_shards=2, drop_last=True, plan_workers=0)
+        assert len(seq) == 0
