@@ -4,12 +4,16 @@ Exit status: 0 done; 1 ``--strict`` and something was skipped (nothing written);
 a dataset that cannot be converted at all, or an output that cannot be written (disk full,
 permission: the message names the path); 130 interrupted by Ctrl-C (nothing half-written). A
 SIGTERM while writing removes the temporary file, then ends the process by SIGTERM.
+
+Every error is one line, ``voc2coco: error: ...``, naming the file, folder or option at fault;
+``--debug`` adds the traceback (an unexpected error: exit status 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -68,9 +72,16 @@ exit status: 0 done, 1 --strict and something was skipped (nothing written),
 """
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Errors in one line (``voc2coco: error: MESSAGE (see voc2coco --help)``, exit status 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to render ``--help`` in the docs)."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="voc2coco", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("voc_root", nargs="?", metavar="VOC_ROOT",
@@ -108,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="print nothing but errors")
     verbosity.add_argument("-v", "--verbose", action="store_true",
                            help="list every message (default: 5 per reason)")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     parser.add_argument("--version", action="version",
                         version=f"voc2coco (detaug {_package_version()})")
     return parser
@@ -117,6 +129,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        return _run(parser, args)
+    except Exception as err:  # noqa: BLE001 - not a known user error: one line, --debug for more
+        if args.debug:
+            traceback.print_exc()
+        first = (str(err).splitlines() or [""])[0]
+        print(f"voc2coco: error: {type(err).__name__}: {first}"
+              + ("" if args.debug else " (--debug shows the traceback)"), file=sys.stderr)
+        return 1
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.voc_root is None and args.annotations is None:
         parser.error("give VOC_ROOT or --annotations DIR")
     splits: list[str | None] = list(args.split) if args.split else [None]
@@ -132,9 +156,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  orientation=args.orientation, workers=args.workers,
                                  progress=progress)
     except ConversionError as err:
+        if args.debug:
+            traceback.print_exc()
         print(f"voc2coco: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a folder that cannot be listed, say
+        if args.debug:
+            traceback.print_exc()
         print(f"voc2coco: error: {_os_error(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,47 +1,197 @@
-"""``detaug`` command line: ``demo``, ``preview``, ``recipe`` and ``bench``."""
+"""``detaug`` command line: ``demo``, ``preview``, ``recipe`` and ``bench``.
+
+Errors: a user error (a file or folder that is not there, a recipe that does not parse, an option
+value that cannot work, a dataset that cannot be read) is one line on stderr,
+``detaug COMMAND: error: ...``, naming the file, folder, line or option at fault, and exit status
+2. ``--debug`` (anywhere on the command line) also prints the traceback. Anything else is one line
+too, with exit status 1 and a pointer to ``--debug``; Ctrl-C gives 130. ``detaug --version``
+prints the version.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
-__all__ = ["main"]
+__all__ = ["RECIPE_SUFFIXES", "CliError", "OneLineParser", "error_line", "main", "read_recipe"]
 
-
-def auto_device(device: str) -> str:
-    """``"gpu"`` when asked, or when ``"auto"`` and CUDA is available; else ``"cpu"``."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "gpu" if torch.cuda.is_available() else "cpu"
+#: Recipe files by extension: YAML or JSON; anything else is named in the error.
+RECIPE_SUFFIXES = {".yaml": "yaml", ".yml": "yaml", ".json": "json"}
 
 
-def load_recipe(path: str | None, size: int):
-    from detaug.transforms import Compose, default_detection_recipe
-
-    return default_detection_recipe(size=size) if path is None else Compose.load(path)
+class CliError(Exception):
+    """A user error of the command line; its message is the whole error line (exit status 2)."""
 
 
-def make_source(args: argparse.Namespace):
-    """A source from ``--coco/--images`` or ``--voc [--split]``."""
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (``PROG: error: MESSAGE (see --help)``,
+    exit status 2) instead of the usage block and the message."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# -- the pieces the commands share ------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    """``argparse`` type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def pick_device(device: str) -> str:
+    """``"gpu"`` or ``"cpu"`` for ``--device`` (``auto``: the GPU where DALI can use one); a
+    :class:`~detaug.errors.DeviceError` (one line, exit 2) for ``gpu`` without one."""
+    from detaug.errors import DeviceError
+    from detaug.pipeline import pick_device as pick
+
+    try:
+        return pick(device)
+    except DeviceError as err:
+        raise CliError(f"--device {device}: {err}") from err
+
+
+def read_recipe(path: str | os.PathLike[str]) -> Any:
+    """The :class:`~detaug.transforms.Compose` of a recipe file (``.yaml``/``.yml``: YAML,
+    ``.json``: JSON, as ``Compose.save`` writes them), or a :class:`CliError` naming the file
+    and, for a syntax error, its line and column."""
+    import json
+
+    import yaml
+
+    from detaug.transforms import Compose
+
+    p = Path(path)
+    kind = RECIPE_SUFFIXES.get(p.suffix.lower())
+    if kind is None:
+        raise CliError(
+            f"--recipe {p}: a recipe file ends in .yaml, .yml or .json (this one "
+            + (f"ends in {p.suffix})" if p.suffix else "has no extension)")
+        )
+    if not p.exists():
+        raise CliError(f"--recipe {p}: file not found")
+    if p.is_dir():
+        raise CliError(f"--recipe {p}: is a folder, not a recipe file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise CliError(f"{p}: not UTF-8 text (byte {err.start}); a recipe is YAML or JSON text") from err
+    except OSError as err:
+        raise CliError(f"{p}: cannot read the recipe: {err.strerror or err}") from err
+    if kind == "yaml":
+        try:
+            data = yaml.safe_load(text)
+        except yaml.MarkedYAMLError as err:
+            raise CliError(f"{p}: {_yaml_problem(err)}") from err
+        except yaml.YAMLError as err:
+            raise CliError(f"{p}: YAML error: {' '.join(str(err).split())}") from err
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise CliError(f"{p}: line {err.lineno}, column {err.colno}: JSON syntax error: {err.msg}") from err
+    if data is None:
+        raise CliError(f"{p}: the recipe file is empty (see `detaug recipe` for one)")
+    if not isinstance(data, (dict, list)):
+        raise CliError(
+            f"{p}: a recipe is a mapping with a 'transforms' list (see `detaug recipe`), "
+            f"got a {type(data).__name__}"
+        )
+    try:
+        return Compose.from_dict(data)
+    except (ValueError, TypeError) as err:
+        raise CliError(f"{p}: {' '.join(str(err).split())}") from err
+
+
+def _yaml_problem(err: Any) -> str:
+    """``line L, column C: YAML syntax error: PROBLEM (CONTEXT at line L2)`` (1-based)."""
+    mark = err.problem_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    text = f"{where}YAML syntax error: {err.problem or err.context or 'cannot parse'}"
+    if err.context and err.problem and err.context_mark is not None:
+        text += f" ({err.context} at line {err.context_mark.line + 1}, column {err.context_mark.column + 1})"
+    return text
+
+
+def load_recipe(path: str | None, size: int) -> Any:
+    """The recipe of ``--recipe``, or the default detection recipe of output side ``size``."""
+    from detaug.transforms import default_detection_recipe
+
+    return default_detection_recipe(size=size) if path is None else read_recipe(path)
+
+
+def _existing_folder(option: str, path: str) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise CliError(f"{option} {p}: folder not found")
+    if not p.is_dir():
+        raise CliError(f"{option} {p}: not a folder")
+    return p
+
+
+def _existing_file(option: str, path: str) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise CliError(f"{option} {p}: file not found")
+    if p.is_dir():
+        raise CliError(f"{option} {p}: is a folder, not a file")
+    return p
+
+
+def make_source(args: argparse.Namespace) -> Any:
+    """A source from ``--coco FILE --images DIR`` or ``--voc ROOT [--split NAME]``, its files
+    checked first (each error names its option)."""
     from detaug.sources import CocoSource, VocSource
 
+    if args.voc and args.coco:
+        raise CliError("give either --voc ROOT or --coco FILE --images DIR, not both")
     if args.voc:
+        _existing_folder("--voc", args.voc)
+        if args.images:
+            raise CliError("--images goes with --coco (a VOC folder has its images in JPEGImages/)")
+        if args.labels not in ("voc", "discover"):
+            _existing_file("--labels", args.labels)
         source = VocSource(args.voc, args.split, labels=args.labels)
         print(source.report.summary(), file=sys.stderr)
         return source
     if args.coco:
+        if args.split:
+            raise CliError("--split goes with --voc (a COCO file is one split)")
+        coco = _existing_file("--coco", args.coco)
         if not args.images:
-            raise SystemExit("detaug: --coco needs --images (the folder the file_name entries are relative to)")
-        return CocoSource(args.coco, args.images, shuffle=True, seed=args.seed)
-    raise SystemExit("detaug: give a dataset: --voc ROOT or --coco FILE --images DIR")
+            raise CliError("--coco needs --images DIR (the folder its file_name entries are relative to)")
+        images = _existing_folder("--images", args.images)
+        source = CocoSource(coco, images, shuffle=True, seed=args.seed)
+        _check_images_there(source, coco, images)
+        return source
+    raise CliError("give a dataset: --voc ROOT, or --coco FILE --images DIR")
 
 
-def write_preview(loader, recipe, path: Path, count: int) -> Path:
+def _check_images_there(source: Any, coco: Path, images: Path) -> None:
+    """A :class:`CliError` when not one image of ``source`` is in ``images`` (the wrong folder);
+    single missing images are the loader's to skip and name."""
+    if any(os.path.exists(source.file_of(i)) for i in range(len(source))):
+        return
+    first = source.file_of(0)
+    raise CliError(
+        f"--images {images}: none of the {len(source)} images of {coco} is there (the first would "
+        f"be {first}); give the folder their file_name entries are relative to"
+    )
+
+
+def write_preview(loader: Any, recipe: Any, path: Path, count: int) -> Path:
     """Draw the first ``count`` samples of ``loader`` with their boxes into a PNG grid."""
     from detaug.preview import save_preview
 
@@ -56,13 +206,27 @@ def write_preview(loader, recipe, path: Path, count: int) -> Path:
     return save_preview(path, [i.cpu() for i in images], targets, loader.categories, mean=mean, std=std)
 
 
+def _output_file(option: str, path: str) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        raise CliError(f"{option} {p}: is a folder; give a file name (e.g. {p / 'preview.png'})")
+    return p
+
+
+# -- commands --------------------------------------------------------------------------------------
+
+
 def cmd_preview(args: argparse.Namespace) -> int:
     from detaug.torch import DetectionLoader
 
+    out = _output_file("--out", args.out)
     recipe = load_recipe(args.recipe, args.size)
-    device = auto_device(args.device)
-    loader = DetectionLoader(make_source(args), recipe, args.num, device=device, seed=args.seed, shuffle=True)
-    path = write_preview(loader, recipe, Path(args.out), args.num)
+    if args.device == "gpu":
+        pick_device("gpu")  # no GPU: said before the dataset is read
+    source = make_source(args)
+    device = pick_device(args.device)
+    loader = DetectionLoader(source, recipe, args.num, device=device, seed=args.seed, shuffle=True)
+    path = write_preview(loader, recipe, out, args.num)
     print(f"wrote {path} ({args.num} samples, {device})")
     return 0
 
@@ -73,29 +237,41 @@ def cmd_recipe(args: argparse.Namespace) -> int:
     return 0
 
 
+DEMO_SPLITS = {"train": 0.75, "val": 0.25}
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Generate a VOC dataset, convert it to COCO, augment it, draw a preview, time it."""
+    """Generate a VOC dataset, convert its train split to COCO, augment it, draw a preview, time it."""
     from converters.voc2coco import convert, write_coco_json
     from detaug.sources import CocoSource
     from detaug.synthetic import write_voc_dataset
     from detaug.torch import DetectionLoader
 
     out = Path(args.out)
-    device = auto_device(args.device)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {out}: is a file; the demo writes a folder")
     recipe = load_recipe(args.recipe, args.size)
+    device = pick_device(args.device)
     print(f"1/4 generating a demo Pascal VOC dataset of {args.num_images} images in {out / 'voc'}")
-    write_voc_dataset(out / "voc", num_images=args.num_images, seed=args.seed, splits={"train": 0.75, "val": 0.25})
-    print("2/4 converting it to COCO with voc2coco")
+    write_voc_dataset(out / "voc", num_images=args.num_images, seed=args.seed, splits=DEMO_SPLITS)
+    counts = {split: _split_size(out / "voc", split) for split in DEMO_SPLITS}
+    print(
+        f"2/4 converting the train split to COCO with voc2coco: {counts['train']} of the {args.num_images} "
+        f"images (the generator splits them 75/25 into train and val; the {counts['val']} val images are "
+        "held out, as a training run would)"
+    )
     result = convert(out / "voc", split="train")
     print("    " + result.report.summary().replace("\n", "\n    "))
     annotations = out / "coco" / "train.json"
     write_coco_json(result.coco, annotations)
     print(f"    wrote {annotations}")
-    print(f"3/4 augmenting on the {device.upper()} with DALI: {', '.join(type(t).__name__ for t in recipe.transforms)}")
+    print(f"3/4 augmenting the train split on the {device.upper()} with DALI: "
+          f"{', '.join(type(t).__name__ for t in recipe.transforms)}")
     source = CocoSource(annotations, result.image_root, shuffle=True, seed=args.seed)
     loader = DetectionLoader(source, recipe, args.batch_size, device=device, seed=args.seed, num_threads=args.threads)
     preview = write_preview(loader, recipe, out / "preview.png", 16)
     count, start = 0, time.perf_counter()
+    images: Any = None
     for _ in range(args.epochs):
         for images, targets in loader:
             count += len(targets)
@@ -105,73 +281,137 @@ def cmd_demo(args: argparse.Namespace) -> int:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     print(f"4/4 wrote {preview}")
+    shape = tuple(images.shape[1:]) if hasattr(images, "shape") else "ragged"
     print(
         f"throughput: {count / elapsed:.0f} img/s ({count} images in {elapsed:.2f} s, batch {args.batch_size}, "
-        f"{args.epochs} epochs, device {device}, output {tuple(images.shape[1:]) if hasattr(images, 'shape') else 'ragged'})"
+        f"{args.epochs} epoch{'s' if args.epochs != 1 else ''} of the train split, device {device}, output {shape})"
     )
     return 0
 
 
-def cmd_bench(argv: Sequence[str]) -> int:
-    from detaug.bench import main as bench_main
+def _split_size(root: Path, split: str) -> int:
+    """Image ids listed in ``root/ImageSets/Main/<split>.txt``."""
+    path = root / "ImageSets" / "Main" / f"{split}.txt"
+    return sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
 
-    return int(bench_main(list(argv)) or 0)
+
+def cmd_bench(argv: Sequence[str], debug: bool = False) -> int:
+    from detaug.bench.runner import main as bench_main
+
+    return int(bench_main(list(argv), debug=debug) or 0)
+
+
+# -- parser and entry point ------------------------------------------------------------------------
 
 
 def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--voc", help="a Pascal VOC folder (Annotations/, JPEGImages/, ImageSets/Main/)")
+    parser.add_argument("--voc", metavar="ROOT", help="a Pascal VOC folder (Annotations/, JPEGImages/, ImageSets/Main/)")
     parser.add_argument("--split", help="VOC split (ImageSets/Main/<split>.txt); default: every XML")
     parser.add_argument("--labels", default="discover", help="VOC labels: voc, discover or a labels file")
-    parser.add_argument("--coco", help="a COCO annotations JSON")
-    parser.add_argument("--images", help="images folder of --coco")
+    parser.add_argument("--coco", metavar="FILE", help="a COCO annotations JSON")
+    parser.add_argument("--images", metavar="DIR", help="images folder of --coco")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="detaug", description="Detection-aware data augmentation on the GPU with DALI.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from detaug import __version__
+    from detaug.bench.harness import available_cpus
 
-    demo = sub.add_parser("demo", help="generate a VOC dataset, convert it, augment it, write a preview, print img/s")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser = OneLineParser(prog="detaug", description="Detection-aware data augmentation on the GPU with DALI.",
+                           parents=[common])
+    parser.add_argument("--version", action="version", version=f"detaug {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,preview,recipe,bench}")
+
+    demo = sub.add_parser("demo", parents=[common],
+                          help="generate a VOC dataset, convert its train split, augment it, write a preview, print img/s")
     demo.add_argument("--out", default="detaug-demo", help="output folder (default: %(default)s)")
-    demo.add_argument("--num-images", type=int, default=96)
-    demo.add_argument("--batch-size", type=int, default=16)
-    demo.add_argument("--epochs", type=int, default=3)
-    demo.add_argument("--threads", type=int, default=4, help="DALI CPU threads")
-    demo.add_argument("--size", type=int, default=320, help="output size of the default recipe")
-    demo.add_argument("--recipe", help="a recipe file (YAML/JSON, see `detaug recipe`) instead of the default")
+    demo.add_argument("--num-images", type=positive_int, default=96)
+    demo.add_argument("--batch-size", type=positive_int, default=16)
+    demo.add_argument("--epochs", type=positive_int, default=3)
+    demo.add_argument("--threads", type=positive_int, default=min(4, available_cpus()),
+                      help="DALI CPU threads (default: %(default)s, from the CPUs here)")
+    demo.add_argument("--size", type=positive_int, default=320, help="output size of the default recipe")
+    demo.add_argument("--recipe", help="a recipe file (.yaml/.yml/.json, see `detaug recipe`) instead of the default")
     demo.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(run=cmd_demo)
 
-    preview = sub.add_parser("preview", help="draw augmented samples with their boxes into a PNG grid")
+    preview = sub.add_parser("preview", parents=[common], help="draw augmented samples with their boxes into a PNG grid")
     add_dataset_arguments(preview)
-    preview.add_argument("--recipe", help="recipe file (YAML/JSON); default: the default detection recipe")
-    preview.add_argument("--size", type=int, default=512, help="output size of the default recipe")
-    preview.add_argument("--out", default="preview.png")
-    preview.add_argument("--num", type=int, default=16, help="samples to draw")
+    preview.add_argument("--recipe", help="recipe file (.yaml/.yml/.json); default: the default detection recipe")
+    preview.add_argument("--size", type=positive_int, default=512, help="output size of the default recipe")
+    preview.add_argument("--out", default="preview.png", help="PNG file to write (default: %(default)s)")
+    preview.add_argument("--num", type=positive_int, default=16, help="samples to draw")
     preview.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
     preview.add_argument("--seed", type=int, default=0)
     preview.set_defaults(run=cmd_preview)
 
-    recipe = sub.add_parser("recipe", help="print a recipe (default: the default detection recipe) as YAML")
-    recipe.add_argument("--recipe", help="a recipe file to normalise and print")
-    recipe.add_argument("--size", type=int, default=512)
+    recipe = sub.add_parser("recipe", parents=[common], help="print a recipe (default: the default detection recipe) as YAML")
+    recipe.add_argument("--recipe", help="a recipe file (.yaml/.yml/.json) to check, normalise and print")
+    recipe.add_argument("--size", type=positive_int, default=512)
     recipe.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     recipe.set_defaults(run=cmd_recipe)
 
-    sub.add_parser("bench", help="GPU benchmark against raw DALI, torchvision and albumentations (see `detaug bench --help`)", add_help=False)
+    sub.add_parser("bench", help="benchmark against raw DALI, torchvision and albumentations (see `detaug bench --help`)",
+                   add_help=False)
     return parser
+
+
+def error_line(err: BaseException) -> tuple[int, str]:
+    """``(exit status, one line)`` for an exception ending a command: 2 for the user's errors
+    (missing or unreadable files, bad values, datasets that cannot be read, no GPU), 1 for
+    anything else. A message of several lines keeps its first, which names the file at fault."""
+    from detaug.errors import DeviceError
+
+    if isinstance(err, OSError) and not isinstance(err, (ConnectionError, TimeoutError)):
+        where = f"{err.filename}: " if err.filename is not None else ""
+        text, status = f"{where}{err.strerror or err}", 2
+    elif isinstance(err, (CliError, ValueError, DeviceError)):
+        text, status = str(err), 2
+    else:
+        text, status = f"{type(err).__name__}: {err}", 1
+    lines = [line for line in text.splitlines() if line.strip()] or [type(err).__name__]
+    line = lines[0].strip()
+    if len(lines) > 1:
+        line += f" (and {len(lines) - 1} more lines: --debug shows them)"
+    if status != 2:
+        line += " (--debug shows the traceback)"
+    return status, line
+
+
+def run_guarded(name: str, run: Callable[[], int], debug: bool) -> int:
+    """Run a command; its errors become one line (:func:`error_line`) and an exit status, its
+    warnings (a skipped image, a repaired box) one line each, ``NAME: warning: MESSAGE``
+    (Python's file and source line with ``--debug``)."""
+    import warnings
+
+    formatwarning = warnings.formatwarning
+    if not debug:
+        warnings.formatwarning = lambda message, category, *args, **kwargs: f"{name}: warning: {message}\n"
+    try:
+        return run()
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - every error ends as one line (and a traceback with --debug)
+        if debug:
+            traceback.print_exc()
+        status, line = error_line(err)
+        print(f"{name}: error: {line}", file=sys.stderr)
+        return status
+    finally:
+        warnings.formatwarning = formatwarning
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     if argv[:1] == ["bench"]:
-        return cmd_bench(argv[1:])
+        return cmd_bench(argv[1:], debug)
     args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"detaug {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    return run_guarded(f"detaug {args.command}", lambda: args.run(args), debug)
 
 
 if __name__ == "__main__":

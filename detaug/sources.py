@@ -4,8 +4,8 @@ Every source is built once, checked once (:mod:`detaug.formats.validation`: erro
 :class:`~detaug.errors.DatasetError` naming the file and the image or annotation id, repairs are
 counted in ``source.report``), and then read by position:
 
-* :class:`SampleListSource`: an in-memory list of samples (file paths, encoded bytes or decoded
-  arrays).
+* :class:`SampleListSource`: an in-memory list of samples (file paths, encoded bytes, decoded
+  arrays, PIL images or torch tensors; given as :class:`Sample`, mappings or tuples).
 * :class:`CocoSource`: a COCO detection JSON, parsed by :func:`detaug.formats.coco.load_coco`.
 * :class:`VocSource`: a Pascal VOC folder through the ``voc2coco`` converter, in memory.
 
@@ -47,8 +47,11 @@ class Sample:
 
     Attributes:
         image: a file path; encoded bytes (``bytes``, ``bytearray``, ``memoryview``, or a 1-D
-            uint8 array such as ``np.frombuffer(data, np.uint8)``: 1-D uint8 is always encoded);
-            or a decoded uint8 ``[H, W, 3]`` RGB or ``[H, W]`` grayscale array.
+            uint8 array or tensor such as ``np.frombuffer(data, np.uint8)``: 1-D uint8 is always
+            encoded); a decoded uint8 ``[H, W, 3]`` RGB or ``[H, W]`` grayscale array; a PIL image
+            (its pixels as PIL holds them: EXIF orientation not applied); or a uint8 torch tensor
+            ``[3, H, W]`` (CHW), ``[H, W, 3]`` or ``[H, W]`` (PIL images and tensors are kept as
+            NumPy arrays; the type rules are :func:`detaug.formats.validation.image_input`'s).
         boxes: ``[N, 4]`` absolute ``xyxy`` boxes, pixel ``i`` spanning ``[i, i + 1)`` (kept as float32).
         labels: ``[N]`` integer category ids in ``[0, 2**31 - 1]`` (kept as int64).
         image_id: an integer id returned with the sample's target.
@@ -72,20 +75,24 @@ def check_orientation(orientation: str) -> str:
 
 
 class SampleListSource:
-    """An in-memory list of :class:`Sample` (or dicts with the same keys), checked once.
+    """An in-memory list of samples, checked once.
 
-    All images must be of one kind: encoded (paths, bytes; decoded by DALI) or decoded arrays.
+    All images must be of one kind: encoded (paths, bytes; decoded by DALI) or decoded (arrays,
+    PIL images, tensors).
 
     Args:
-        samples: the samples; ``image_id`` defaults to the 1-based position when all are 0.
+        samples: the samples, each a :class:`Sample`, a mapping with its field names, or a tuple
+            ``(image, boxes, labels)`` / ``(image, boxes, labels, image_id)``; ``image_id``
+            defaults to the 1-based position when all are 0.
         categories: optional names by category id; when given, every label must be one of them.
         orientation: the frame of the boxes of EXIF-rotated images (:data:`ORIENTATIONS`; see
             :mod:`detaug.formats.images`).
 
     Raises:
         DatasetError: any error of the :mod:`detaug.formats.validation` table.
-        TypeError: a sample that is not a :class:`Sample` or mapping, an unknown key, an image
-            of another type.
+        TypeError: naming the sample's index and what it got: a sample that is not a
+            :class:`Sample`, mapping or tuple of 3 or 4 items, an unknown key, an image of
+            another type (see :class:`Sample`).
     """
 
     samples: list[Sample]
@@ -94,7 +101,7 @@ class SampleListSource:
     orientation: str
     report: v.Report
 
-    def __init__(self, samples: Iterable[Sample | Mapping[str, Any]], categories: Mapping[int, str] | None = None,
+    def __init__(self, samples: Iterable[Sample | Mapping[str, Any] | tuple], categories: Mapping[int, str] | None = None,
                  *, orientation: str = "auto") -> None:
         orientation = check_orientation(orientation)
         report = v.Report("sample list")
@@ -323,8 +330,11 @@ def _check_categories(categories: Mapping[int, str] | None, report: v.Report) ->
 
 def _check_image(image: Any, index: int, report: v.Report) -> tuple[Any, str]:
     """The image as kept (path str, bytes, or a contiguous uint8 array) and how it is described;
-    ``None`` when it is unusable (the error is recorded)."""
+    ``None`` when it is unusable (the error is recorded). ``TypeError`` for an image of another
+    type (:func:`~detaug.formats.validation.image_input`)."""
     file = f"sample {index}"
+    given = image
+    image = v.image_input(image, index)  # PIL images and tensors become arrays
     if isinstance(image, (str, os.PathLike)):
         path = os.fspath(image)
         if isinstance(path, bytes):
@@ -343,11 +353,12 @@ def _check_image(image: Any, index: int, report: v.Report) -> tuple[Any, str]:
             return np.ascontiguousarray(image), f"{file} ({image.size} bytes)"
         if image.dtype == np.uint8 and (image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 3)) and image.size:
             return image, f"{file} (array {image.shape})"
+        what = f"array {image.dtype} {image.shape}" if image is given else (
+            f"{v.describe_type(given)} of {getattr(given, 'dtype', image.dtype)} (as an array {image.dtype} {image.shape})")
         report.add(v.MALFORMED_IMAGE, file, detail=(
-            f"array {image.dtype} {image.shape}: decoded images are uint8 [H, W, 3] or [H, W], "
-            "encoded bytes a 1-D uint8 array"))
+            f"{what}: decoded images are uint8 [H, W, 3] or [H, W], encoded bytes a 1-D uint8 array"))
         return None, file
-    raise TypeError(f"{file}: image must be a path, bytes-like or a NumPy array, got {type(image).__name__}")
+    raise AssertionError(f"{file}: image_input let {type(image).__name__} through")  # pragma: no cover
 
 
 def _box_array(boxes: Any) -> tuple[np.ndarray | None, str]:
@@ -401,13 +412,12 @@ def _label_array(labels: Any) -> tuple[np.ndarray | None, str, str]:
 def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: dict[int, str] | None,
                    report: v.Report) -> list[Sample]:
     if isinstance(samples, (str, bytes, Mapping)) or not isinstance(samples, Iterable):
-        raise TypeError(f"samples must be a list of Sample or dicts, got {type(samples).__name__}")
+        raise TypeError("samples must be a list of Sample, mappings or (image, boxes, labels[, image_id]) "
+                        f"tuples, got {type(samples).__name__}")
     items = []
     for i, s in enumerate(samples):
-        if isinstance(s, Mapping):
-            s = Sample(**s)  # TypeError for unknown or missing keys
-        elif not isinstance(s, Sample):
-            raise TypeError(f"sample {i}: a Sample or a dict, got {type(s).__name__}")
+        if not isinstance(s, Sample):
+            s = Sample(**v.sample_fields(s, i))  # TypeError naming i for anything else
         items.append(s)
     if not items:
         report.add(v.NO_IMAGES, "sample list", detail="the sample list is empty")

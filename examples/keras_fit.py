@@ -2,9 +2,14 @@
 
 Usage::
 
-    python examples/keras_fit.py                      # a generated VOC dataset in a temp folder
-    python examples/keras_fit.py --voc VOCdevkit/VOC2012 --split train --size 320
-    python examples/keras_fit.py --device cpu
+    python3 examples/keras_fit.py                      # a generated VOC dataset in a temp folder
+    python3 examples/keras_fit.py --voc VOCdevkit/VOC2012 --split train --size 320
+    python3 examples/keras_fit.py --device cpu
+
+Needs, beyond detaug's core (README set-up): Keras 3, from the detaug clone (the installed torch
+stays as it is)::
+
+    python3 -m pip install -e ".[keras]"
 
 Keras needs a backend; this example uses PyTorch's unless ``KERAS_BACKEND`` says otherwise.
 The model is deliberately tiny (a convolution, global pooling and a dense head regressing every

@@ -20,9 +20,9 @@ of each node, into ``--synthetic-dir`` or a temporary folder rank 0 chose; the o
 barrier).
 
 Models: ``fasterrcnn`` (default) is torchvision's ``fasterrcnn_mobilenet_v3_large_fpn`` with
-random weights (nothing is downloaded); it needs ``torchvision`` (``pip install torchvision``
-matching your torch; its detection ops must load, which the CPU-only torch wheel with a CUDA
-torchvision does not). ``tiny`` is a small pure-PyTorch stand-in (conv backbone, class-presence
+random weights (nothing is downloaded); it needs torchvision, the build of your torch (``python3 -m pip install torchvision "torch==2.13.0"``
+with your torch's version; a CPU-only ``+cpu`` torch needs the ``+cpu`` torchvision of PyTorch's
+CPU wheel index: docs/benchmarks.md, "The CPU peers"). ``tiny`` is a small pure-PyTorch stand-in (conv backbone, class-presence
 and box losses from the targets) for machines without torchvision.
 
 The loader follows ``DistributedSampler``'s rules (docs/distributed.md): every rank runs

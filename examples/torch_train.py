@@ -1,9 +1,16 @@
 """Train a torchvision detector for a few iterations from detaug's PyTorch iterator.
 
-    python examples/torch_train.py                      # a generated VOC dataset, GPU if available
-    python examples/torch_train.py --voc /data/VOC2007 --split trainval --iterations 200
+    python3 examples/torch_train.py                      # a generated VOC dataset, GPU if available
+    python3 examples/torch_train.py --voc /data/VOC2007 --split trainval --iterations 200
 
-Needs torchvision (``pip install torchvision``, matching your torch). The model is
+Needs, beyond detaug's core (README set-up): torchvision, the build of your installed torch. Pin
+torch to the version installed (2.13.0 after the README's set-up) and pip picks the matching
+torchvision without touching torch::
+
+    python3 -m pip install torchvision "torch==2.13.0"
+
+(PyPI's torchvision is built for PyPI's torch; a CPU-only ``+cpu`` torch needs the ``+cpu``
+torchvision from PyTorch's CPU wheel index: docs/benchmarks.md, "The CPU peers".) The model is
 ``fasterrcnn_mobilenet_v3_large_fpn`` with random weights (no download); it normalises its inputs
 itself, so the recipe ends with uint8 images, which the loop scales to [0, 1].
 """

@@ -14,6 +14,18 @@ albumentations in DataLoaders (:mod:`detaug.bench.peers`), all on one COCO-style
 Use ``detaug bench --help`` (or ``python -m detaug.bench``), or :func:`run_bench` from Python.
 """
 
-from detaug.bench.runner import CHECKS, VARIANTS, BenchReport, main, run_bench
+from __future__ import annotations
 
-__all__ = ["CHECKS", "VARIANTS", "BenchReport", "main", "run_bench"]
+from typing import Any
+
+__all__ = ["CHECKS", "DEFAULTS", "VARIANTS", "BenchReport", "main", "run_bench"]
+
+
+def __getattr__(name: str) -> Any:
+    """The runner's names, imported on first use (it imports torch; ``detaug --help`` and the
+    harness's CPU count do not need it)."""
+    if name in __all__:
+        from detaug.bench import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module 'detaug.bench' has no attribute {name!r}")

@@ -1,6 +1,9 @@
 """The measured detaug variants: the PyTorch iterator and the Keras Sequence.
 
-Both run ``detaug.transforms.default_detection_recipe(size)`` on a shuffled ``CocoSource``.
+Both run ``detaug.transforms.default_detection_recipe(size)`` on a shuffled ``CocoSource`` (the
+``detaug-list`` variant: a ``SampleListSource`` of the same files, boxes and labels). Every other
+setting is the adapters' default for the device (planning workers, Sequence threads, where the
+images go), so the rows measure what a user gets.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ __all__ = ["iter_detaug", "iter_detaug_list", "iter_sequence", "iter_sequence_nu
 
 def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: bool = False) -> Iterator[tuple]:
     """The ``detaug`` variant: ``DetectionLoader`` batches, epoch after epoch, on a ``CocoSource``
-    (DALI's COCO reader) or, with ``sample_list``, on the same JSON as an in-memory sample list."""
+    or, with ``sample_list``, on a ``SampleListSource`` of the same samples (file paths)."""
     try:
         from detaug import transforms as T
         from detaug.sources import CocoSource
@@ -32,7 +35,12 @@ def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: 
         str(dataset.annotations_file), str(dataset.images_dir), shuffle=True, seed=settings.seed
     )
     if sample_list:
-        source = source.to_sample_list()
+        from detaug.sources import Sample, SampleListSource
+
+        source = SampleListSource(
+            [Sample(s.image, s.boxes, s.labels, s.image_id, s.size) for s in source.samples],
+            categories=source.categories,
+        )
     loader = DetectionLoader(
         source,
         recipe,
@@ -86,7 +94,7 @@ def iter_sequence(dataset: BenchDataset, settings: BenchSettings, *, mode: str =
     try:
         import keras  # noqa: F401
     except ImportError as exc:
-        raise VariantUnavailable(f"not installed (pip install keras): {exc}") from exc
+        raise VariantUnavailable(f'not installed (python3 -m pip install -e ".[keras]", from the detaug clone): {exc}') from exc
     try:
         from detaug import transforms as T
         from detaug.keras import DetectionSequence

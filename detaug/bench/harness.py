@@ -17,17 +17,22 @@ batch with :func:`count_images`:
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
     "BenchSettings",
     "Measurement",
     "VariantUnavailable",
+    "available_cpus",
     "count_images",
     "cuda_available",
+    "default_threads",
+    "default_workers",
     "measure",
 ]
 
@@ -38,6 +43,36 @@ class VariantUnavailable(RuntimeError):
     """A variant cannot run here (a package is missing); the message says how to get it."""
 
 
+def available_cpus() -> int:
+    """The CPUs this process may use: its affinity mask (``taskset``, container cpusets), capped
+    by a cgroup v2 CPU quota (``docker --cpus``) when there is one; ``os.cpu_count()`` where
+    neither can be read. At least 1."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max" and int(period) > 0:
+            cpus = min(cpus, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, cpus)
+
+
+def default_threads(cpus: int | None = None) -> int:
+    """DALI CPU threads for ``cpus`` CPUs (default :func:`available_cpus`): one per CPU, at most 8
+    (8 on the 16-core host of docs/benchmarks.md, 2 on a 2-core machine)."""
+    return max(1, min(8, available_cpus() if cpus is None else cpus))
+
+
+def default_workers(cpus: int | None = None) -> int:
+    """DataLoader workers of the CPU peers for ``cpus`` CPUs (default :func:`available_cpus`):
+    one per CPU but the main process's (15 on a 16-core host, 1 on 2 cores, 0 on 1)."""
+    return max(0, (available_cpus() if cpus is None else cpus) - 1)
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     """What every variant is given.
@@ -45,16 +80,16 @@ class BenchSettings:
     Attributes:
         device: ``"gpu"`` (images end on CUDA) or ``"cpu"``.
         batch_size: images per batch.
-        workers: DataLoader worker processes of the CPU peers.
-        threads: DALI CPU threads of the DALI-based variants.
+        workers: DataLoader worker processes of the CPU peers (default :func:`default_workers`).
+        threads: DALI CPU threads of the DALI-based variants (default :func:`default_threads`).
         size: output side in pixels.
         seed: seed of every random draw and shuffle.
     """
 
     device: Device = "gpu"
     batch_size: int = 64
-    workers: int = 15
-    threads: int = 8
+    workers: int = field(default_factory=default_workers)
+    threads: int = field(default_factory=default_threads)
     size: int = 512
     seed: int = 0
 
@@ -98,11 +133,16 @@ class Measurement:
 
 
 def cuda_available() -> bool:
+    """Whether the GPU variants can run: PyTorch sees a CUDA device and so does DALI."""
     try:
         import torch
     except ImportError:
         return False
-    return bool(torch.cuda.is_available())
+    if not torch.cuda.is_available():
+        return False
+    from detaug.pipeline import cuda_devices
+
+    return cuda_devices() > 0
 
 
 def count_images(batch: Any) -> int:

@@ -29,15 +29,21 @@ from detaug.bench.recipe import RecipeSpec
 __all__ = [
     "ALBUMENTATIONS_CROP_NOTE",
     "ALBUMENTATIONS_PIP",
+    "PEERS_PIP",
     "TORCHVISION_PIP",
     "albumentations_transform",
     "iter_albumentations",
     "iter_torchvision",
+    "torchvision_pip",
     "torchvision_transform",
 ]
 
-TORCHVISION_PIP = "pip install torchvision"
-ALBUMENTATIONS_PIP = "pip install albumentations==2.0.8"
+#: The extra with the CPU peers that do not depend on torch (albumentations, OpenCV, globox):
+#: installing it leaves the installed torch as it is. Run from the detaug clone.
+PEERS_PIP = 'python3 -m pip install -e ".[peers]"'
+ALBUMENTATIONS_PIP = PEERS_PIP
+#: torchvision must be the build of the installed torch; :func:`torchvision_pip` fills in the version.
+TORCHVISION_PIP = 'python3 -m pip install torchvision "torch==<your torch version>"'
 ALBUMENTATIONS_CROP_NOTE = "no IoU crop in albumentations: BBoxSafeRandomCrop stands in"
 
 
@@ -116,13 +122,33 @@ class TorchvisionDetection(Dataset):
         }
 
 
+def torchvision_pip(torch_version: str | None = None) -> str:
+    """The one line that installs the torchvision of the installed torch (``torch_version``,
+    default ``torch.__version__``) without changing it: pinning torch makes pip pick the
+    torchvision release built for it. A CPU-only torch (``+cpu``) gets a note: PyPI's torchvision
+    needs PyPI's (CUDA) torch; the ``+cpu`` torchvision comes from PyTorch's CPU wheel index."""
+    version = torch.__version__ if torch_version is None else torch_version
+    base, _, local = str(version).partition("+")
+    line = f'python3 -m pip install torchvision "torch=={base}"'
+    if local and not local.startswith("cu"):
+        line += (f" (your torch is the {local} build {version}: take the {local} torchvision of the "
+                 f"same release from PyTorch's wheel index, --index-url https://download.pytorch.org/whl/{local})")
+    return line
+
+
 def iter_torchvision(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tuple]:
     """The ``torchvision`` variant: endless ``(images, targets)`` batches."""
     try:
         import torchvision  # noqa: F401
         from torchvision.transforms import v2  # noqa: F401
     except ImportError as exc:
-        raise VariantUnavailable(f"not installed ({TORCHVISION_PIP}): {exc}") from exc
+        raise VariantUnavailable(f"not installed ({torchvision_pip()}): {exc}") from exc
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise VariantUnavailable(
+            f"the installed torchvision does not load with torch {torch.__version__} ({first}); "
+            f"install the torchvision of your torch: {torchvision_pip()}"
+        ) from exc
     data = TorchvisionDetection(load_records(dataset), RecipeSpec(size=settings.size))
     yield from _iterate(data, settings)
 
@@ -206,7 +232,7 @@ def iter_albumentations(dataset: BenchDataset, settings: BenchSettings) -> Itera
         import albumentations  # noqa: F401
         import cv2  # noqa: F401
     except ImportError as exc:
-        raise VariantUnavailable(f"not installed ({ALBUMENTATIONS_PIP}): {exc}") from exc
+        raise VariantUnavailable(f"not installed ({PEERS_PIP}, from the detaug clone): {exc}") from exc
     data = AlbumentationsDetection(load_records(dataset), RecipeSpec(size=settings.size))
     yield from _iterate(data, settings, worker_init_fn=_single_threaded_cv2)
 

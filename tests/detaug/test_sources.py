@@ -84,8 +84,8 @@ def test_decoded_and_encoded_do_not_mix():
 def test_wrong_python_types_are_type_errors():
     with pytest.raises(TypeError):
         SampleListSource([Sample(12345)])
-    with pytest.raises(TypeError):
-        SampleListSource([("a.jpg", [], [])])
+    with pytest.raises(TypeError, match="sample 0: a tuple sample"):
+        SampleListSource([("a.jpg", [])])
     with pytest.raises(TypeError):
         SampleListSource([{"image": "a.jpg", "bbox": []}])
     with pytest.raises(TypeError):
