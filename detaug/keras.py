@@ -59,7 +59,7 @@ from detaug.plan_ahead import PlanPool
 from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, undecodable
 from detaug.transforms import Compose
 
-__all__ = ["KERAS_BOX_FORMATS", "BoxOverflowWarning", "DetectionSequence", "to_keras_boxes"]
+__all__ = ["KERAS_BOX_FORMATS", "KERAS_FLAVOR", "BoxOverflowWarning", "DetectionSequence", "to_keras_boxes"]
 
 #: ``bounding_box_format`` names, as in ``keras.utils.bounding_boxes.convert_format``.
 KERAS_BOX_FORMATS = (
@@ -88,11 +88,44 @@ class BoxOverflowWarning(UserWarning):
     """Boxes beyond ``max_boxes`` were cut from a batch (``overflow="warn"``)."""
 
 
+#: Environment variable that picks the Keras class ``DetectionSequence`` subclasses, read when
+#: :mod:`detaug.keras` is first imported: ``"keras"`` (Keras 3's ``PyDataset``), ``"tf_keras"``
+#: (legacy Keras 2's ``tf_keras.utils.Sequence``, for ``fit_generator`` code) or ``"auto"``
+#: (default: ``tf_keras`` when ``TF_USE_LEGACY_KERAS`` is set to ``1``/``true`` and tf-keras is
+#: installed, as ``tf.keras`` then is; else Keras 3 when installed).
+KERAS_FLAVOR_ENV = "DETAUG_KERAS"
+KERAS_FLAVORS = ("auto", "keras", "tf_keras")
+
+
+def _keras_flavor() -> str | None:
+    """``"keras"`` (Keras 3), ``"tf_keras"`` (legacy Keras 2) or ``None`` (no Keras installed),
+    from :data:`KERAS_FLAVOR_ENV` and ``TF_USE_LEGACY_KERAS``."""
+    choice = os.environ.get(KERAS_FLAVOR_ENV, "auto").strip().lower() or "auto"
+    if choice not in KERAS_FLAVORS:
+        raise ImportError(f"{KERAS_FLAVOR_ENV}={choice!r}: expected one of {', '.join(KERAS_FLAVORS)}")
+    has_tf_keras = importlib.util.find_spec("tf_keras") is not None
+    if choice == "tf_keras":
+        if not has_tf_keras:
+            raise ImportError(f"{KERAS_FLAVOR_ENV}=tf_keras but tf-keras is not installed (pip install tf-keras)")
+        return "tf_keras"
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
+    if choice == "auto" and legacy and has_tf_keras:
+        return "tf_keras"
+    if importlib.util.find_spec("keras") is not None:
+        return "keras"
+    return None
+
+
 def _keras_base() -> type:
-    """``keras.utils.PyDataset`` (Keras 3), ``keras.utils.Sequence`` (Keras 2), or ``object``
-    when Keras is not installed (the classic protocol is then implemented here alone)."""
-    if importlib.util.find_spec("keras") is None:
+    """``keras.utils.PyDataset`` (Keras 3), ``tf_keras.utils.Sequence`` (legacy Keras 2, see
+    :data:`KERAS_FLAVOR_ENV`), or ``object`` when Keras is not installed (the classic protocol
+    is then implemented here alone)."""
+    if KERAS_FLAVOR is None:
         return object
+    if KERAS_FLAVOR == "tf_keras":
+        import tf_keras
+
+        return tf_keras.utils.Sequence
     try:
         import keras
     except ImportError as err:  # installed, but its backend is missing (TensorFlow by default)
@@ -103,13 +136,22 @@ def _keras_base() -> type:
     return getattr(keras.utils, "PyDataset", None) or keras.utils.Sequence
 
 
+#: The Keras the sequence is made for: ``"keras"``, ``"tf_keras"`` or ``None`` (no Keras).
+KERAS_FLAVOR = _keras_flavor()
 _Base = _keras_base()
 
 
+def _keras_module() -> Any:
+    """The active Keras module (``keras`` or ``tf_keras``)."""
+    return importlib.import_module("tf_keras" if KERAS_FLAVOR == "tf_keras" else "keras")
+
+
 def _keras_backend() -> str | None:
-    """Keras' backend name, ``None`` without Keras."""
+    """Keras' backend name, ``None`` without Keras (legacy Keras: ``"tensorflow"``)."""
     if _Base is object:
         return None
+    if KERAS_FLAVOR == "tf_keras":
+        return "tensorflow"
     import keras
 
     return keras.backend.backend()
@@ -373,11 +415,19 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     def __getitem__(self, index: int) -> tuple[Any, dict[str, np.ndarray]]:
         """Batch ``index`` of the current epoch (negative indexes count from the end); safe to
         call from several threads at once (up to ``workers`` batches then run side by side)."""
+        return self.batch(index)
+
+    def batch(self, index: int, epoch: int | None = None) -> tuple[Any, dict[str, np.ndarray]]:
+        """Batch ``index`` of ``epoch`` (``None``: the current epoch, as ``seq[index]``), without
+        moving the sequence's epoch: the same batch ``seq[index]`` gives after
+        ``set_epoch(epoch)``. Only calls in the current epoch count as sequential (prefetching)."""
         i = self._check_index(index)
         with self._lock:
-            epoch = self.epoch
-            sequential = i == self._last + 1 and self._calls == 0
-            self._last = i
+            epoch = self.epoch if epoch is None else int(epoch)
+            current = epoch == self.epoch
+            sequential = current and i == self._last + 1 and self._calls == 0
+            if current:
+                self._last = i
             self._calls += 1
             pipe, columns = self._prefetched.pop((epoch, i), (None, None))
             if pipe is not None:
@@ -431,7 +481,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         epoch begins. ``fit`` also calls ``on_epoch_end`` once before training (and the epoch
         count then drifts from Keras'); with this callback, epoch ``e`` of ``fit`` always sees
         the same orders and augmentations, also when resumed with ``initial_epoch=e``."""
-        import keras
+        keras = _keras_module()
 
         return keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs=None: self.set_epoch(epoch))
 
@@ -464,6 +514,21 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             self._idle = []
             if self._planner is not None:
                 self._planner.close()
+
+    def to_tf_dataset(self, prefetch: int | None = -1) -> Any:
+        """A ``tf.data.Dataset`` of this sequence's batches, for ``model.fit(ds)`` where a Keras
+        ``PyDataset`` is not taken (KerasHub detectors, plain TensorFlow loops); see
+        :func:`detaug.keras_data.to_tf_dataset` (each iteration of the dataset is one epoch)."""
+        from detaug.keras_data import to_tf_dataset
+
+        return to_tf_dataset(self, prefetch=prefetch)
+
+    def grain_source(self, epochs: int = 1, first_epoch: int | None = None) -> Any:
+        """A Grain random-access source of this sequence's batches over ``epochs`` epochs, for
+        ``grain.MapDataset.source(...)``; see :class:`detaug.keras_data.GrainBatchSource`."""
+        from detaug.keras_data import GrainBatchSource
+
+        return GrainBatchSource(self, epochs=epochs, first_epoch=first_epoch)
 
     def __repr__(self) -> str:
         return (
