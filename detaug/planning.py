@@ -33,7 +33,7 @@ import numpy as np
 from detaug.epochs import batch_slice, num_batches, shard_order
 from detaug.errors import DatasetError, ImageError
 from detaug.formats.images import annotation_frame, orient_boxes, probe_image
-from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE
+from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
 from detaug.seeds import sample_keys
 from detaug.transforms import Compose
 
@@ -210,16 +210,16 @@ class BatchPlanner:
 
 def _clip_to_image(boxes: np.ndarray, labels: np.ndarray, hw: tuple[int, int], file: str, image_id: int,
                    repaired: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """Boxes clipped to the decoded image ``hw``, those left without area dropped (with their
-    labels); each repair is recorded as the sources record theirs (:mod:`detaug.formats.validation`)."""
-    h, w = hw
-    inside = np.clip(boxes, 0, np.array([w, h, w, h], dtype=np.float32))
-    outside = (inside[:, 2] <= inside[:, 0]) | (inside[:, 3] <= inside[:, 1])
-    clipped = ~outside & (inside != boxes).any(axis=1)
-    for reason, count in ((BOX_CLIPPED, int(clipped.sum())), (BOX_OUTSIDE, int(outside.sum()))):
-        if count:
-            repaired.append({"image_id": image_id, "file": file, "reason": reason, "count": count})
-    return inside[~outside], np.asarray(labels)[~outside]
+    """Boxes checked against the decoded image ``hw`` by the sources' own rule
+    (:func:`detaug.formats.validation.check_boxes`: clipped, or dropped with their labels when no
+    area is left); each repair is recorded with its count."""
+    report = Report(file)
+    sizes = np.tile(np.asarray(hw, dtype=np.float64), (len(boxes), 1))
+    checked, keep = check_boxes(boxes, sizes, report, lambda j: (file, image_id, None))
+    for reason in (BOX_CLIPPED, BOX_OUTSIDE):
+        if report.counts[reason]:
+            repaired.append({"image_id": image_id, "file": file, "reason": reason, "count": report.counts[reason]})
+    return checked[keep], np.asarray(labels)[keep]
 
 
 def undecodable(data: list[np.ndarray]) -> list[tuple[int, str]]:
