@@ -2,11 +2,11 @@
 
 import logging
 
-from detaug.errors import DatasetError, DataWarning, DeviceError, ImageError
+from detaug.errors import DatasetError, DataWarning, DeviceError, ImageError, RecipeError
 
 __version__ = "0.1.0"
 
-__all__ = ["DataWarning", "DatasetError", "DeviceError", "ImageError", "__version__"]
+__all__ = ["DataWarning", "DatasetError", "DeviceError", "ImageError", "RecipeError", "__version__"]
 
 _log = logging.getLogger("detaug")
 if not _log.handlers:  # one line on stderr for what detaug decided (device="auto"); configurable

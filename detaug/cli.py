@@ -71,7 +71,9 @@ def read_recipe(path: str | os.PathLike[str]) -> Any:
 
     import yaml
 
+    from detaug.errors import RecipeError
     from detaug.transforms import Compose
+    from detaug.transforms.compose import recipe_lines
 
     p = Path(path)
     kind = RECIPE_SUFFIXES.get(p.suffix.lower())
@@ -110,7 +112,9 @@ def read_recipe(path: str | os.PathLike[str]) -> Any:
             f"got a {type(data).__name__}"
         )
     try:
-        return Compose.from_dict(data)
+        return Compose.from_dict(data, lines=recipe_lines(text), file=str(p))
+    except RecipeError as err:
+        raise CliError(" ".join(str(err).split())) from err
     except (ValueError, TypeError) as err:
         raise CliError(f"{p}: {' '.join(str(err).split())}") from err
 

@@ -148,13 +148,9 @@ def build_pipeline(
         for t, where in zip(transforms.photometric, layout_of["photometric"]):
             images = t.dali(images, [params[i] for i in range(where.start, where.stop)])
 
-        # 6. Normalize and lay out.
-        if transforms.normalize is not None:
-            images = fn.crop_mirror_normalize(
-                images, dtype=types.FLOAT, output_layout=layout,
-                mean=[m * 255 for m in transforms.normalize.mean],
-                std=[s * 255 for s in transforms.normalize.std],
-            )
+        # 6. The output stage (Normalize: float32) and the layout.
+        if transforms.output is not None:
+            images = transforms.output.dali_output(images, layout)
         elif layout == "CHW":
             images = fn.transpose(images, perm=[2, 0, 1])
         return images

@@ -1,24 +1,33 @@
-"""Detection transforms: images and boxes move together (names as in torchvision.transforms.v2)."""
+"""Detection transforms: images and boxes move together (names as in torchvision.transforms.v2).
 
-from detaug.transforms.base import GeometricTransform, PhotometricTransform, Transform, TRANSFORMS
-from detaug.transforms.color import IMAGENET_MEAN, IMAGENET_STD, ColorJitter, Normalize
-from detaug.transforms.compose import Compose, default_detection_recipe
-from detaug.transforms.geometry import (
-    LetterBox,
-    RandomAffine,
-    RandomHorizontalFlip,
-    RandomIoUCrop,
-    RandomResizedCrop,
-    RandomRotation,
-    RandomVerticalFlip,
-    RandomZoomOut,
-    Resize,
+One module per family (``flip``, ``affine``, ``crop``, ``pad``, ``resize``, ``color``,
+``normalize``); each class holds its schema, planner, output size, box rule and pixel op, and is
+registered under its class name for recipes (``Compose.from_dict``).
+"""
+
+from detaug.transforms.affine import RandomAffine, RandomRotation
+from detaug.transforms.base import (
+    TRANSFORMS,
+    GeometricTransform,
+    OutputTransform,
+    Param,
+    PhotometricTransform,
+    Transform,
 )
+from detaug.transforms.color import ColorJitter
+from detaug.transforms.compose import Compose, default_detection_recipe
+from detaug.transforms.crop import RandomIoUCrop, RandomResizedCrop
+from detaug.transforms.flip import RandomHorizontalFlip, RandomVerticalFlip
+from detaug.transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from detaug.transforms.pad import RandomZoomOut
+from detaug.transforms.resize import LetterBox, Resize
 
 __all__ = [
     "Transform",
     "GeometricTransform",
     "PhotometricTransform",
+    "OutputTransform",
+    "Param",
     "TRANSFORMS",
     "Compose",
     "default_detection_recipe",

@@ -1,4 +1,10 @@
-"""Base classes of detaug transforms and the registry used by recipe (de)serialisation."""
+"""Base classes of detaug transforms, the registry of recipe names, and their schema checks.
+
+A transform is one class: its parameter schema (:class:`~detaug.transforms.schema.Param`), its
+planner (vectorised NumPy over the batch), its pixel op (DALI) and its box rule. ``Compose``
+asks transforms (``kind``, ``out_size``, ``plan``, ``dali``) and never tests their types;
+adding one means its class, the ``@register`` line and its tests.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,21 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from detaug.boxes import translation_matrix
+from detaug.errors import RecipeError
 from detaug.plan import PlanState
 from detaug.seeds import SampleRandom
+from detaug.transforms.schema import REQUIRED, Param, ParamError, closest
 
-__all__ = ["Transform", "GeometricTransform", "PhotometricTransform", "TRANSFORMS", "register"]
+__all__ = [
+    "Transform",
+    "GeometricTransform",
+    "PhotometricTransform",
+    "OutputTransform",
+    "TRANSFORMS",
+    "register",
+    "Param",
+]
 
 #: Transform classes by name, for ``Compose.from_dict``.
 TRANSFORMS: dict[str, type["Transform"]] = {}
@@ -32,19 +49,70 @@ def _plain(value: Any) -> Any:
 
 
 class Transform:
-    """A transform of images and their boxes.
+    """A transform of images and their boxes, described by its ``schema``.
 
-    Subclasses store each ``__init__`` argument as an attribute of the same name, which is what
-    ``to_dict`` serialises.
+    Subclasses declare ``schema`` (a tuple of :class:`Param`, in argument order) instead of an
+    ``__init__``: the constructor takes those arguments (positionally or by name), checks each
+    against its ``Param`` and stores the normalised value as an attribute of the same name,
+    then calls :meth:`setup` for the checks that involve several fields. Every problem is a
+    :class:`~detaug.errors.RecipeError` naming the transform and the field.
+
+    Attributes:
+        kind: ``"warp"`` (moves pixels and boxes, fused into warps), ``"photometric"`` (pixel
+            values only), ``"output"`` (the last stage: dtype and layout, e.g. ``Normalize``).
     """
 
+    schema: ClassVar[tuple[Param, ...]] = ()
+    kind: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        params = []
+        for p in cls.schema:
+            default = inspect.Parameter.empty if p.required else p.default
+            params.append(inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default))
+        cls.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # help(), IDEs
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        name = type(self).__name__
+        fields = [p.name for p in self.schema]
+        if len(args) > len(fields):
+            raise RecipeError(f"takes {len(fields)} arguments ({', '.join(fields)}), got {len(args)}", transform=name)
+        values = dict(zip(fields, args))
+        for key, value in kwargs.items():
+            if key not in fields:
+                known = ", ".join(fields) if fields else "none"
+                raise RecipeError(f"unknown field{closest(key, fields)}; known: {known}", transform=name, field=key)
+            if key in values:
+                raise RecipeError("given twice (by position and by name)", transform=name, field=key)
+            values[key] = value
+        for p in self.schema:
+            if p.name not in values and p.required:
+                raise RecipeError(f"required field missing ({p.expected()})", transform=name, field=p.name)
+            value = values.get(p.name, p.default)
+            try:
+                setattr(self, p.name, p.normalize(value))
+            except ParamError as err:
+                raise RecipeError(err.message, transform=name, field=p.name) from None
+        self.setup()
+
+    def setup(self) -> None:
+        """Checks across fields (raise with :meth:`error`) and derived attributes."""
+
+    def error(self, field: str | None, problem: str) -> RecipeError:
+        """A :class:`RecipeError` about ``field`` of this transform, to raise."""
+        return RecipeError(problem, transform=type(self).__name__, field=field)
+
+    def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        """Output ``(height, width)`` when every input canvas is ``in_size`` (``None``: sizes vary);
+        ``None`` when the output size varies. The default: the size is not known."""
+        return None
+
     def to_dict(self) -> dict[str, Any]:
-        """``{"name": class name, <init argument>: value, ...}`` (plain lists and numbers)."""
-        params = inspect.signature(type(self).__init__).parameters
+        """``{"name": class name, <field>: value, ...}`` (plain lists and numbers)."""
         out: dict[str, Any] = {"name": type(self).__name__}
-        for name in params:
-            if name != "self":
-                out[name] = _plain(getattr(self, name))
+        for p in self.schema:
+            out[p.name] = _plain(getattr(self, p.name))
         return out
 
     def __repr__(self) -> str:
@@ -53,6 +121,18 @@ class Transform:
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and self.to_dict() == other.to_dict()  # type: ignore[union-attr]
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def where_applied(apply: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """``step`` ``[B, 3, 3]`` where ``apply`` (``[B]`` bool) is set, the identity elsewhere."""
+    return np.where(apply[:, None, None], step, np.eye(3))
+
+
+def about_center(center: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``T(c) @ m @ T(-c)`` for per-sample centres ``[B, 2]`` (x, y)."""
+    return translation_matrix(center[:, 0], center[:, 1]) @ m @ translation_matrix(-center[:, 0], -center[:, 1])
 
 
 class GeometricTransform(Transform):
@@ -69,6 +149,7 @@ class GeometricTransform(Transform):
     crop removed is painted with ``fill`` exactly as when the two run one after the other.
     """
 
+    kind: ClassVar[str] = "warp"
     crops: ClassVar[bool] = False
     reveals: ClassVar[bool] = False
     fill: float = 0
@@ -89,6 +170,8 @@ class GeometricTransform(Transform):
 class PhotometricTransform(Transform):
     """A transform of pixel values only (boxes unchanged); runs after all geometric transforms."""
 
+    kind: ClassVar[str] = "photometric"
+
     #: Names of the per-sample float32 parameters ``plan`` returns, in order.
     param_names: ClassVar[tuple[str, ...]] = ()
 
@@ -102,47 +185,11 @@ class PhotometricTransform(Transform):
         raise NotImplementedError
 
 
-def validate_range(
-    name: str, value: Any, *, center: float | None = None, low: float | None = None
-) -> tuple[float, float]:
-    """Turn ``value`` (a number ``v`` or a pair) into a ``(min, max)`` pair.
+class OutputTransform(Transform):
+    """The last stage of a recipe: the output dtype and layout (``Normalize``)."""
 
-    A single number ``v`` means ``(center - v, center + v)`` (``center`` given) and must be
-    non-negative. ``low`` is the smallest allowed bound.
-    """
-    if isinstance(value, (int, float)):
-        if center is None:
-            raise ValueError(f"{name} must be a (min, max) pair, got {value!r}")
-        if value < 0:
-            raise ValueError(f"{name} as a single number must be non-negative, got {value}")
-        pair = (center - float(value), center + float(value))
-    else:
-        try:
-            lo, hi = (float(v) for v in value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name} must be a number or a (min, max) pair, got {value!r}") from None
-        if lo > hi:
-            raise ValueError(f"{name} must have min <= max, got ({lo}, {hi})")
-        pair = (lo, hi)
-    if low is not None and pair[0] < low:
-        raise ValueError(f"{name} values must be >= {low}, got {value!r}")
-    return pair
+    kind: ClassVar[str] = "output"
 
-
-def validate_probability(p: float) -> float:
-    if not 0.0 <= float(p) <= 1.0:
-        raise ValueError(f"p must be between 0 and 1, got {p}")
-    return float(p)
-
-
-def validate_size(size: Any) -> tuple[int, int]:
-    """``size`` as ``(height, width)``: an int means a square."""
-    if isinstance(size, int):
-        size = (size, size)
-    try:
-        h, w = (int(v) for v in size)
-    except (TypeError, ValueError):
-        raise ValueError(f"size must be an int or a (height, width) pair, got {size!r}") from None
-    if h <= 0 or w <= 0:
-        raise ValueError(f"size must be positive, got {size!r}")
-    return h, w
+    def dali_output(self, images: Any, layout: str) -> Any:
+        """Add the output stage to the DALI graph: ``images`` HWC uint8 -> ``layout``."""
+        raise NotImplementedError

@@ -6,17 +6,14 @@ therefore also act on areas painted with ``fill``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from detaug.seeds import SampleRandom
-from detaug.transforms.base import PhotometricTransform, register, validate_probability, validate_range
+from detaug.transforms.base import Param, PhotometricTransform, register
 
-__all__ = ["ColorJitter", "Normalize", "IMAGENET_MEAN", "IMAGENET_STD"]
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+__all__ = ["ColorJitter"]
 
 
 @register
@@ -29,26 +26,20 @@ class ColorJitter(PhotometricTransform):
     probability ``p``. Runs as one DALI ``color_twist`` (whose contrast pivots on mid-grey).
     """
 
+    schema = (
+        Param("brightness", "range", 0, "brightness factor range; v means [max(0, 1 - v), 1 + v]", center=1.0),
+        Param("contrast", "range", 0, "contrast factor range; v means [max(0, 1 - v), 1 + v]", center=1.0),
+        Param("saturation", "range", 0, "saturation factor range; v means [max(0, 1 - v), 1 + v]", center=1.0),
+        Param("hue", "range", 0, "hue shift range as a fraction of the circle; v means [-v, v]", center=0.0,
+              low=-0.5, high=0.5),
+        Param("p", "probability", 1.0, "probability of applying the transform to a sample"),
+    )
     param_names = ("brightness", "contrast", "saturation", "hue")
 
-    def __init__(
-        self,
-        brightness: float | Sequence[float] = 0,
-        contrast: float | Sequence[float] = 0,
-        saturation: float | Sequence[float] = 0,
-        hue: float | Sequence[float] = 0,
-        p: float = 1.0,
-    ) -> None:
-        self.brightness = validate_range("brightness", brightness, center=1.0)
-        self.contrast = validate_range("contrast", contrast, center=1.0)
-        self.saturation = validate_range("saturation", saturation, center=1.0)
+    def setup(self) -> None:
         self.brightness, self.contrast, self.saturation = (
             (max(0.0, lo), hi) for lo, hi in (self.brightness, self.contrast, self.saturation)
         )
-        self.hue = validate_range("hue", hue, center=0.0)
-        if not -0.5 <= self.hue[0] <= self.hue[1] <= 0.5:
-            raise ValueError(f"hue values must be between -0.5 and 0.5, got {hue!r}")
-        self.p = validate_probability(p)
 
     def plan(self, rand: SampleRandom) -> list[np.ndarray]:
         apply = rand.random() < self.p
@@ -63,20 +54,3 @@ class ColorJitter(PhotometricTransform):
 
         brightness, contrast, saturation, hue = params
         return fn.color_twist(images, brightness=brightness, contrast=contrast, saturation=saturation, hue=hue)
-
-
-@register
-class Normalize(PhotometricTransform):
-    """``(image / 255 - mean) / std`` per channel, to float32 (torchvision ``Normalize`` after
-    ``ToDtype(float32, scale=True)``). Must be the last transform of a ``Compose``."""
-
-    def __init__(self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> None:
-        self.mean = tuple(float(m) for m in mean)
-        self.std = tuple(float(s) for s in std)
-        if len(self.mean) != 3 or len(self.std) != 3:
-            raise ValueError(f"mean and std need 3 values (RGB), got {mean!r} and {std!r}")
-        if min(self.std) <= 0:
-            raise ValueError(f"std values must be positive, got {std!r}")
-
-    def dali(self, images: Any, params: list[Any]) -> Any:  # applied by the pipeline with the layout
-        raise NotImplementedError("Normalize is fused into the pipeline's output step")

@@ -8,18 +8,22 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from detaug.errors import RecipeError
 from detaug.plan import PlanState
 from detaug.seeds import SampleRandom, as_keys
-from detaug.transforms.base import TRANSFORMS, GeometricTransform, PhotometricTransform, Transform
-from detaug.transforms.color import ColorJitter, Normalize
-from detaug.transforms.geometry import (
-    LetterBox,
-    RandomAffine,
-    RandomHorizontalFlip,
-    RandomIoUCrop,
-    RandomResizedCrop,
-    RandomVerticalFlip,
-    Resize,
+from detaug.transforms.affine import RandomAffine
+from detaug.transforms.base import TRANSFORMS, Transform
+from detaug.transforms.color import ColorJitter
+from detaug.transforms.crop import RandomIoUCrop
+from detaug.transforms.flip import RandomHorizontalFlip
+from detaug.transforms.normalize import Normalize
+from detaug.transforms.resize import Resize
+from detaug.transforms.schema import Param, ParamError, closest
+
+#: The recipe's own fields (besides ``transforms``).
+RECIPE_SCHEMA = (
+    Param("min_size", "number", 1.0, "boxes narrower or lower than this many output pixels are removed", low=0),
+    Param("min_visibility", "probability", 0.0, "boxes with less than this share of their area visible are removed"),
 )
 
 __all__ = ["Compose", "default_detection_recipe"]
@@ -52,26 +56,29 @@ class Compose:
     def __init__(self, transforms: Sequence[Transform], min_size: float = 1.0, min_visibility: float = 0.0) -> None:
         self.transforms = list(transforms)
         for i, t in enumerate(self.transforms):
-            if not isinstance(t, (GeometricTransform, PhotometricTransform)):
+            if not isinstance(t, Transform):
                 raise TypeError(f"transforms[{i}] is {t!r}, not a detaug transform")
-            if isinstance(t, Normalize) and i != len(self.transforms) - 1:
-                raise ValueError("Normalize must be the last transform of a Compose")
-        if min_size < 0:
-            raise ValueError(f"min_size must be >= 0, got {min_size}")
-        if not 0.0 <= min_visibility <= 1.0:
-            raise ValueError(f"min_visibility must be between 0 and 1, got {min_visibility}")
-        self.min_size = float(min_size)
-        self.min_visibility = float(min_visibility)
-        self.geometric = [t for t in self.transforms if isinstance(t, GeometricTransform)]
-        self.photometric = [
-            t for t in self.transforms if isinstance(t, PhotometricTransform) and not isinstance(t, Normalize)
-        ]
-        self.normalize = next((t for t in self.transforms if isinstance(t, Normalize)), None)
+            if t.kind == "output" and i != len(self.transforms) - 1:
+                raise RecipeError("must be the last transform of a recipe", transform=type(t).__name__, index=i)
+        for p, value in zip(RECIPE_SCHEMA, (min_size, min_visibility)):
+            try:
+                setattr(self, p.name, p.normalize(value))
+            except ParamError as err:
+                raise RecipeError(err.message, field=p.name) from None
+        self.geometric = [t for t in self.transforms if t.kind == "warp"]
+        self.photometric = [t for t in self.transforms if t.kind == "photometric"]
+        #: the output stage (``Normalize``), or ``None``: uint8 images
+        self.output = next((t for t in self.transforms if t.kind == "output"), None)
         self.segments, self.segment_fills = self._segments(self.geometric)
 
+    @property
+    def normalize(self) -> Normalize | None:
+        """The recipe's ``Normalize``, if it ends with one."""
+        return self.output if isinstance(self.output, Normalize) else None
+
     @staticmethod
-    def _segments(geometric: list[GeometricTransform]) -> tuple[list[list[GeometricTransform]], list[float]]:
-        segments: list[list[GeometricTransform]] = []
+    def _segments(geometric: list[Transform]) -> tuple[list[list[Transform]], list[float]]:
+        segments: list[list[Transform]] = []
         fills: list[float] = []
         cropped, fill = False, None
         for t in geometric:
@@ -196,12 +203,10 @@ class Compose:
 
     def output_size(self) -> tuple[int, int] | None:
         """``(height, width)`` of every output image when the recipe fixes it, else ``None``."""
-        for t in reversed(self.geometric):
-            if isinstance(t, (LetterBox, RandomResizedCrop)) or (isinstance(t, Resize) and not isinstance(t.size, int)):
-                return t.size  # type: ignore[return-value]
-            if not isinstance(t, (RandomHorizontalFlip, RandomVerticalFlip)):  # flips keep the size
-                return None
-        return None
+        size: tuple[int, int] | None = None  # the source sizes vary
+        for t in self.geometric:
+            size = t.out_size(size)
+        return None if size is None else (int(size[0]), int(size[1]))
 
     # -- serialisation ---------------------------------------------------------------------------
 
@@ -214,37 +219,59 @@ class Compose:
         }
 
     @classmethod
-    def from_dict(cls, recipe: Mapping[str, Any]) -> "Compose":
-        """Build a ``Compose`` from :meth:`to_dict`'s format (also accepts a bare list of transforms)."""
+    def from_dict(cls, recipe: Mapping[str, Any] | Sequence[Mapping[str, Any]], *,
+                  lines: Mapping[tuple, int] | None = None, file: str | None = None) -> "Compose":
+        """Build a ``Compose`` from :meth:`to_dict`'s format (also accepts a bare list of transforms).
+
+        Every problem is a :class:`~detaug.errors.RecipeError` naming the entry, the transform,
+        the field and (with ``lines`` from :func:`recipe_lines`) the line: an unknown transform
+        or field (with the closest known name), a value of the wrong type, a reversed range.
+        """
+        lines = lines or {}
+
+        def fail(problem: str, *, where: tuple, transform: str | None = None, field: str | None = None,
+                 index: int | None = None) -> RecipeError:
+            return RecipeError(problem, transform=transform, field=field, index=index, line=_line(lines, where), file=file)
+
         if isinstance(recipe, (list, tuple)):
             recipe = {"transforms": recipe}
-        unknown = set(recipe) - {"transforms", "min_size", "min_visibility"}
-        if unknown:
-            raise ValueError(f"unknown recipe keys: {', '.join(sorted(unknown))}")
+        if not isinstance(recipe, Mapping):
+            raise fail(f"a recipe is a mapping with a 'transforms' list, got {type(recipe).__name__}", where=())
+        known = ["transforms"] + [p.name for p in RECIPE_SCHEMA]
+        for key in recipe:
+            if key not in known:
+                raise fail(f"unknown recipe key{closest(key, known)}; known: {', '.join(known)}", where=(key,), field=str(key))
+        specs = recipe.get("transforms", [])
+        if not isinstance(specs, (list, tuple)):
+            raise fail(f"'transforms' must be a list of transforms, got {type(specs).__name__}", where=("transforms",))
         transforms = []
-        for i, spec in enumerate(recipe.get("transforms", [])):
+        for i, spec in enumerate(specs):
+            here = ("transforms", i)
+            if not isinstance(spec, Mapping):
+                raise fail(f"an entry is a mapping with a 'name', got {spec!r}", where=here, index=i)
             spec = dict(spec)
             name = spec.pop("name", None)
+            if name is None:
+                raise fail("entry has no 'name'", where=here, index=i)
             if name not in TRANSFORMS:
-                raise ValueError(
-                    f"transforms[{i}]: unknown transform {name!r}; known: {', '.join(sorted(TRANSFORMS))}"
-                )
+                raise fail(f"unknown transform {name!r}{closest(name, TRANSFORMS)}", where=here + ("name",), index=i)
             try:
                 transforms.append(TRANSFORMS[name](**spec))
-            except (TypeError, ValueError) as err:
-                raise ValueError(f"transforms[{i}] ({name}): {err}") from err
-        return cls(
-            transforms,
-            min_size=recipe.get("min_size", 1.0),
-            min_visibility=recipe.get("min_visibility", 0.0),
-        )
+            except RecipeError as err:
+                where = here + (err.field,) if err.field in spec else here
+                raise err.located(index=i, line=_line(lines, where), file=file) from None
+        try:
+            return cls(transforms, **{p.name: recipe.get(p.name, p.default) for p in RECIPE_SCHEMA})
+        except RecipeError as err:
+            where = (err.field,) if err.field else ("transforms", err.index) if err.index is not None else ()
+            raise err.located(line=_line(lines, where), file=file) from None
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "Compose":
-        return cls.from_dict(json.loads(text))
+    def from_json(cls, text: str, *, file: str | None = None) -> "Compose":
+        return cls.from_dict(json.loads(text), lines=recipe_lines(text), file=file)
 
     def to_yaml(self) -> str:
         import yaml
@@ -252,10 +279,10 @@ class Compose:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     @classmethod
-    def from_yaml(cls, text: str) -> "Compose":
+    def from_yaml(cls, text: str, *, file: str | None = None) -> "Compose":
         import yaml
 
-        return cls.from_dict(yaml.safe_load(text))
+        return cls.from_dict(yaml.safe_load(text), lines=recipe_lines(text), file=file)
 
     def save(self, path: str | Path) -> None:
         """Write the recipe as YAML (``.yaml``/``.yml``) or JSON (any other suffix)."""
@@ -267,13 +294,10 @@ class Compose:
     def load(cls, path: str | Path) -> "Compose":
         """Read a recipe written by :meth:`save` (YAML or JSON, by suffix)."""
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-            if path.suffix.lower() in (".yaml", ".yml"):
-                return cls.from_yaml(text)
-            return cls.from_json(text)
-        except (ValueError, TypeError) as err:
-            raise ValueError(f"{path}: {err}") from err
+        text = path.read_text(encoding="utf-8")
+        if path.suffix.lower() in (".yaml", ".yml"):
+            return cls.from_yaml(text, file=str(path))
+        return cls.from_json(text, file=str(path))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Compose) and self.to_dict() == other.to_dict()
@@ -281,6 +305,43 @@ class Compose:
     def __repr__(self) -> str:
         inner = ",\n".join(f"    {t!r}" for t in self.transforms)
         return f"Compose([\n{inner}\n], min_size={self.min_size}, min_visibility={self.min_visibility})"
+
+
+def recipe_lines(text: str) -> dict[tuple, int]:
+    """1-based line of each part of a YAML or JSON recipe text: keys ``(key,)`` for the recipe's
+    own keys, ``("transforms", i)`` for an entry, ``("transforms", i, field)`` for a field of it.
+    Empty when the text does not parse (its syntax error is reported elsewhere)."""
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    out: dict[tuple, int] = {}
+    entries = None
+    if isinstance(root, yaml.MappingNode):
+        for key, value in root.value:
+            out[(key.value,)] = key.start_mark.line + 1
+            if key.value == "transforms":
+                entries = value
+    elif isinstance(root, yaml.SequenceNode):
+        entries = root
+    if isinstance(entries, yaml.SequenceNode):
+        for i, entry in enumerate(entries.value):
+            out[("transforms", i)] = entry.start_mark.line + 1
+            if isinstance(entry, yaml.MappingNode):
+                for key, _ in entry.value:
+                    out[("transforms", i, key.value)] = key.start_mark.line + 1
+    return out
+
+
+def _line(lines: Mapping[tuple, int], where: tuple) -> int | None:
+    """The line of ``where`` or of its nearest enclosing part."""
+    while where:
+        if where in lines:
+            return lines[where]
+        where = where[:-1]
+    return None
 
 
 def default_detection_recipe(size: int | tuple[int, int] = 512, fill: float = 114) -> Compose:

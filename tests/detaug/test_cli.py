@@ -91,8 +91,8 @@ def test_version(capsys):
         ("recipe", "transforms: []\n", r"--recipe .*recipe: a recipe file ends in .* has no extension"),
         ("empty.yaml", "", r"empty\.yaml: the recipe file is empty"),
         ("scalar.yaml", "42\n", r"scalar\.yaml: a recipe is a mapping with a 'transforms' list .* got a int"),
-        ("unknown.yaml", "transforms:\n  - name: Blur\n", r"unknown\.yaml: transforms\[0\]: unknown transform 'Blur'"),
-        ("args.json", '{"transforms": [{"name": "Resize", "sizes": 3}]}', r"args\.json: transforms\[0\] \(Resize\):"),
+        ("unknown.yaml", "transforms:\n  - name: Blur\n", r"unknown\.yaml: line 2: transforms\[0\]: unknown transform 'Blur'"),
+        ("args.json", '{"transforms": [{"name": "Resize", "sizes": 3}]}', r"args\.json: line 1: transforms\[0\] Resize\.sizes: unknown field \(did you mean 'size'\?\)"),
     ],
 )
 def test_recipe_errors_are_one_line_naming_file_and_line(tmp_path, capsys, name, text, expected):

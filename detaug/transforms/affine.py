@@ -1,0 +1,140 @@
+"""Affine warps about the image centre: ``RandomAffine`` and ``RandomRotation``.
+
+Angles are in degrees, positive angles rotate counter-clockwise on screen (torchvision's
+convention). The boxes are exact (see :mod:`detaug.plan`): a rotated box cut by the border gets
+the bounding box of its visible part, not of its clamped corners.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detaug.boxes import rotation_matrix, scale_matrix, shear_matrix, translation_matrix
+from detaug.plan import PlanState
+from detaug.seeds import SampleRandom
+from detaug.transforms.base import GeometricTransform, Param, about_center, register, where_applied
+from detaug.transforms.schema import REQUIRED
+
+__all__ = ["RandomAffine", "RandomRotation"]
+
+FILL = Param("fill", "number", 0, "grey level (0-255) painted where the output shows no input pixel", low=0, high=255)
+CENTER = Param("center", "numbers", None, "rotation centre (x, y) in pixels; the canvas centre when null", optional=True)
+
+
+@register
+class RandomAffine(GeometricTransform):
+    """Random rotation, translation, scale and shear about the image centre; canvas size kept.
+
+    Args:
+        degrees: rotation range; ``d`` means ``(-d, d)``.
+        translate: maximal absolute fractions ``(a, b)``: ``tx ~ U(-a W, a W)``, ``ty ~ U(-b H, b H)``.
+        scale: ``(min, max)`` scale factor range.
+        shear: ``s`` or ``(min, max)``: x-shear in degrees; ``(xmin, xmax, ymin, ymax)`` adds a y-shear.
+        fill: grey level (0-255) painted where the output shows no input pixel.
+        center: rotation centre ``(x, y)`` in pixels; the canvas centre when ``None``.
+        p: probability of applying the transform to a sample.
+
+    The forward matrix is ``T(c + t) R S_h S T(-c)`` (rotation ``R``, shear ``S_h``, scale ``S``).
+    """
+
+    schema = (
+        Param("degrees", "range", 0, "rotation angle range in degrees", center=0.0),
+        Param("translate", "numbers", None, "maximal shift as fractions (a, b) of width and height", low=0, high=1, optional=True),
+        Param("scale", "range", None, "scale factor range", low=1e-6, optional=True),
+        Param("shear", "numbers", None, "x-shear range in degrees, or (xmin, xmax, ymin, ymax); a number s means (-s, s)",
+              lengths=(1, 2, 4), optional=True),
+        FILL,
+        CENTER,
+        Param("p", "probability", 1.0, "probability of applying the transform to a sample"),
+    )
+    crops = True
+    reveals = True
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - see Transform
+        shear = kwargs.get("shear", args[3] if len(args) > 3 else None)
+        if isinstance(shear, (int, float)) and not isinstance(shear, bool):  # torchvision's shear=s
+            if "shear" in kwargs:
+                kwargs["shear"] = [shear]
+            else:
+                args = (*args[:3], [shear], *args[4:])
+        super().__init__(*args, **kwargs)
+
+    def setup(self) -> None:
+        if self.shear is not None:
+            s = self.shear
+            if len(s) == 1:
+                if s[0] < 0:
+                    raise self.error("shear", f"a single number means (-s, s) and must be >= 0, got {s[0]:g}")
+                s = (-s[0], s[0])
+            if s[0] > s[1] or (len(s) == 4 and s[2] > s[3]):
+                raise self.error("shear", f"range reversed: expected min <= max, got {list(self.shear)!r}")
+            self.shear = tuple(s) + ((0.0, 0.0) if len(s) == 2 else ())
+        if self.center is not None and len(self.center) != 2:
+            raise self.error("center", f"expected an (x, y) pair, got {list(self.center)!r}")
+
+    def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return in_size
+
+    def _linear(self, rand: SampleRandom) -> np.ndarray:
+        m = rotation_matrix(rand.uniform(*self.degrees))
+        if self.shear is not None:
+            m = m @ shear_matrix(rand.uniform(*self.shear[:2]), rand.uniform(*self.shear[2:]))
+        if self.scale is not None:
+            s = rand.uniform(*self.scale)
+            m = m @ scale_matrix(s, s)
+        return m
+
+    def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
+        n, rand = state.batch_size, state.rand
+        h, w = state.canvas_hw[:, 0], state.canvas_hw[:, 1]
+        apply = rand.random() < self.p
+        m = self._linear(rand)
+        if self.translate is not None:
+            tx = rand.uniform(-1, 1) * self.translate[0] * w
+            ty = rand.uniform(-1, 1) * self.translate[1] * h
+            m = translation_matrix(tx, ty) @ m
+        c = np.stack([w / 2, h / 2], -1) if self.center is None else np.tile(self.center, (n, 1))
+        return where_applied(apply, about_center(c, m)), state.canvas_hw
+
+
+@register
+class RandomRotation(GeometricTransform):
+    """Rotate by an angle drawn from ``degrees`` (``d`` means ``(-d, d)``) about ``center``.
+
+    With ``expand=True`` the canvas grows to hold the whole rotated image (as torchvision): no
+    box is cut; with ``expand=False`` the canvas keeps its size and corners are cut.
+    """
+
+    schema = (
+        Param("degrees", "range", REQUIRED, "rotation angle range in degrees", center=0.0),
+        Param("expand", "bool", False, "grow the canvas to hold the whole rotated image"),
+        CENTER,
+        FILL,
+        Param("p", "probability", 1.0, "probability of applying the transform to a sample"),
+    )
+    reveals = True
+
+    def setup(self) -> None:
+        if self.center is not None and len(self.center) != 2:
+            raise self.error("center", f"expected an (x, y) pair, got {list(self.center)!r}")
+        self.crops = not self.expand  # type: ignore[misc]
+
+    def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return None if self.expand else in_size
+
+    def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
+        n, rand = state.batch_size, state.rand
+        h, w = state.canvas_hw[:, 0], state.canvas_hw[:, 1]
+        apply = rand.random() < self.p
+        angle = np.where(apply, rand.uniform(*self.degrees), 0.0)
+        c = np.stack([w / 2, h / 2], -1) if self.center is None else np.tile(self.center, (n, 1))
+        step = about_center(c, rotation_matrix(angle))
+        if not self.expand:
+            return step, state.canvas_hw
+        corners = np.stack([np.zeros(n), np.zeros(n), w, np.zeros(n), w, h, np.zeros(n), h], -1).reshape(n, 4, 2)
+        moved = (step[:, None, :2, :2] @ corners[..., None])[..., 0] + step[:, None, :2, 2]
+        lo, hi = moved.min(axis=1), moved.max(axis=1)
+        size = np.ceil(hi - lo - 1e-9)  # holds the whole rotated canvas (to 1e-9 px)
+        step = translation_matrix(-lo[:, 0] + (size[:, 0] - (hi - lo)[:, 0]) / 2,
+                                  -lo[:, 1] + (size[:, 1] - (hi - lo)[:, 1]) / 2) @ step
+        return step, np.stack([size[:, 1], size[:, 0]], -1)
