@@ -184,6 +184,13 @@ class PhotometricTransform(Transform):
         """Add this transform's DALI operators to the graph; ``params`` are DataNodes."""
         raise NotImplementedError
 
+    def hidden_regions(self, params: list[np.ndarray], canvas_hw: np.ndarray) -> np.ndarray | None:
+        """Regions this transform paints over, as float64 ``[B, R, 4]`` xyxy rectangles in
+        output pixels (zero-size rows where none), from the parameters ``plan`` drew; ``None``
+        when it hides nothing (the default). A box's visibility is reduced by the share of it
+        they cover, so ``min_visibility`` drops boxes mostly hidden (``RandomErasing``)."""
+        return None
+
 
 class OutputTransform(Transform):
     """The last stage of a recipe: the output dtype and layout (``Normalize``)."""

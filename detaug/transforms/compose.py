@@ -170,13 +170,19 @@ class Compose:
         columns = [roi]
         for m, canvas in segment_out:
             columns += [m[:, :2, :].reshape(n, 6), canvas]
-        columns += [np.stack(t.plan(state.rand), axis=1) for t in self.photometric]
+        photometric = [t.plan(state.rand) for t in self.photometric]
+        columns += [np.stack(p, axis=1) for p in photometric if len(p)]
         params = np.concatenate(columns, axis=1).astype(np.float32)
 
         result = state.boxes()
+        visibility = result.visibility
+        for t, p in zip(self.photometric, photometric):  # pixels painted over (RandomErasing)
+            hidden = t.hidden_regions(p, state.canvas_hw)
+            if hidden is not None:
+                visibility = visibility * (1.0 - hidden_share(result.boxes_xyxy, hidden[state.sample]))
         wh = result.boxes_xyxy[:, 2:] - result.boxes_xyxy[:, :2]
         keep = result.keep & (wh >= max(self.min_size, 1e-6)).all(axis=1)
-        keep &= result.visibility >= self.min_visibility
+        keep &= visibility >= self.min_visibility
         kept_counts = np.bincount(state.sample[keep], minlength=n)
         splits = np.cumsum(kept_counts)[:-1]
         boxes_out = np.split(result.boxes_xyxy[keep].astype(np.float32) + np.float32(0.0), splits)  # no -0.0
@@ -305,6 +311,19 @@ class Compose:
     def __repr__(self) -> str:
         inner = ",\n".join(f"    {t!r}" for t in self.transforms)
         return f"Compose([\n{inner}\n], min_size={self.min_size}, min_visibility={self.min_visibility})"
+
+
+def hidden_share(boxes_xyxy: np.ndarray, regions: np.ndarray) -> np.ndarray:
+    """Share ``[N]`` of each output box ``[N, 4]`` covered by its sample's painted-over regions
+    ``[N, R, 4]`` (xyxy, output pixels; zero-size rows for none): the sum of the overlaps, at
+    most 1 (overlapping regions count twice: a box is never kept for being hidden twice)."""
+    b = boxes_xyxy[:, None, :]
+    iw = np.clip(np.minimum(b[..., 2], regions[..., 2]) - np.maximum(b[..., 0], regions[..., 0]), 0, None)
+    ih = np.clip(np.minimum(b[..., 3], regions[..., 3]) - np.maximum(b[..., 1], regions[..., 1]), 0, None)
+    area = (boxes_xyxy[:, 2] - boxes_xyxy[:, 0]) * (boxes_xyxy[:, 3] - boxes_xyxy[:, 1])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(area > 0, (iw * ih).sum(axis=1) / area, 0.0)
+    return np.clip(share, 0.0, 1.0)
 
 
 def recipe_lines(text: str) -> dict[tuple, int]:
