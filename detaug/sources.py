@@ -34,7 +34,8 @@ import numpy as np
 from detaug.errors import DatasetError
 from detaug.formats import validation as v
 from detaug.formats.coco import NO_ANNOTATION_ID, CocoDataset, load_coco
-from detaug.formats.images import ORIENTATIONS
+from detaug.formats.box_formats import check_box_format, to_xyxy
+from detaug.formats.images import ORIENTATIONS, probe_file, probe_image
 
 __all__ = ["ORIENTATIONS", "CocoSource", "Sample", "SampleListSource", "VocSource", "coco_to_samples"]
 
@@ -87,6 +88,9 @@ class SampleListSource:
         categories: optional names by category id; when given, every label must be one of them.
         orientation: the frame of the boxes of EXIF-rotated images (:data:`ORIENTATIONS`; see
             :mod:`detaug.formats.images`).
+        box_format: the format of the given boxes: ``"xyxy"`` (default), ``"xywh"``, ``"cxcywh"``
+            (pixels) or ``"yolo"`` (cxcywh as fractions of the image size, read from the array or
+            the image header); converted once to xyxy pixels (:mod:`detaug.formats.box_formats`).
 
     Raises:
         DatasetError: any error of the :mod:`detaug.formats.validation` table.
@@ -102,11 +106,12 @@ class SampleListSource:
     report: v.Report
 
     def __init__(self, samples: Iterable[Sample | Mapping[str, Any] | tuple], categories: Mapping[int, str] | None = None,
-                 *, orientation: str = "auto") -> None:
+                 *, orientation: str = "auto", box_format: str = "xyxy") -> None:
         orientation = check_orientation(orientation)
+        check_box_format(box_format)
         report = v.Report("sample list")
         names = _check_categories(categories, report)
-        checked = _check_samples(samples, names if categories is not None else None, report)
+        checked = _check_samples(samples, names if categories is not None else None, report, box_format)
         report.images = len(checked)
         report.boxes = sum(len(s.boxes) for s in checked)
         report.finish()
@@ -410,7 +415,7 @@ def _label_array(labels: Any) -> tuple[np.ndarray | None, str, str]:
 
 
 def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: dict[int, str] | None,
-                   report: v.Report) -> list[Sample]:
+                   report: v.Report, box_format: str = "xyxy") -> list[Sample]:
     if isinstance(samples, (str, bytes, Mapping)) or not isinstance(samples, Iterable):
         raise TypeError("samples must be a list of Sample, mappings or (image, boxes, labels[, image_id]) "
                         f"tuples, got {type(samples).__name__}")
@@ -450,6 +455,8 @@ def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: di
                 report.add(v.BAD_SIZE, file, image_id=image_id, detail=f"declared (h, w) {size} but the array is {shape}")
             clip_hw = shape
         boxes, why = _box_array(s.boxes)
+        if boxes is not None and box_format != "xyxy":
+            boxes, why = _from_format(boxes, box_format, clip_hw, image)
         if boxes is None:
             report.add(v.MALFORMED_BOX, file, image_id=image_id, detail=why)
         labels, reason, why = _label_array(s.labels)
@@ -494,6 +501,17 @@ def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: di
         part = slice(starts[k], starts[k + 1])
         s.boxes, s.labels = boxes32[part][keep[part]], s.labels[keep[part]]
     return checked
+
+
+def _from_format(boxes: np.ndarray, box_format: str, hw: tuple[int, int] | None, image: Any) -> tuple[np.ndarray | None, str]:
+    """``boxes`` in ``box_format`` as float32 xyxy pixels, or ``(None, why)``. ``"yolo"`` takes the
+    image size from ``hw`` (a declared size or the array), else from the encoded image's header."""
+    if box_format == "yolo" and hw is None and image is not None:
+        info = probe_file(image) if isinstance(image, str) else probe_image(image)
+        hw = info.displayed_hw if info.problem is None else None
+    if box_format == "yolo" and hw is None:
+        return None, "box_format 'yolo' is relative to the image size, which cannot be read"
+    return to_xyxy(boxes, box_format, hw).astype(np.float32), ""
 
 
 def _check_ids(samples: list[Sample], files: list[str], report: v.Report) -> None:

@@ -158,3 +158,21 @@ def test_pil_images_and_tensors_give_the_arrays_batches():
 def test_sources_do_not_import_torch_or_pil():
     code = "import sys, detaug.sources; assert 'torch' not in sys.modules and 'PIL.Image' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("box_format", ["xywh", "cxcywh", "yolo"])
+def test_sample_lists_take_box_formats(tmp_path, box_format):
+    from PIL import Image
+
+    from detaug.formats.box_formats import from_xyxy
+
+    xyxy = np.array([[10, 20, 50, 60], [0, 0, 30, 10]], np.float64)
+    path = tmp_path / "a.png"
+    Image.new("RGB", (200, 100)).save(path)
+    array = np.zeros((100, 200, 3), np.uint8)
+    for image in (str(path), array):
+        given = from_xyxy(xyxy, box_format, (100, 200))
+        source = SampleListSource([(image, given, [1, 2])], box_format=box_format)
+        np.testing.assert_allclose(source.samples[0].boxes, xyxy, atol=1e-3)
+    with pytest.raises(ValueError, match="box_format must be one of 'xyxy', 'xywh', 'cxcywh', 'yolo'"):
+        SampleListSource([(array, xyxy, [1, 2])], box_format="xyxyn")
