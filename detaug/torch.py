@@ -64,6 +64,9 @@ class DetectionLoader:
         label_map: the targets' ``labels``: ``None`` (default) the source's category ids as they
             are; ``"contiguous"``: the category ids in ascending order become ``1 .. n``
             (torchvision's detectors: 0 is the background), see :mod:`detaug.labels`.
+        targets: ``"dict"`` (default: plain tensors) or ``"tv_tensors"``: images as
+            ``torchvision.tv_tensors.Image`` and boxes as ``tv_tensors.BoundingBoxes`` (``XYXY``,
+            ``canvas_size`` of the output image), for torchvision.transforms.v2 (needs torchvision).
         num_classes: the model's ``num_classes`` (torchvision's, counting the background); when
             given, the loader checks when it is built that every class index fits, ``1 <=
             label < num_classes``, for every category of the source (also one without boxes),
@@ -120,11 +123,17 @@ class DetectionLoader:
         on_error: str = "skip",
         label_map: str | None = None,
         num_classes: int | None = None,
+        targets: str = "dict",
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if not isinstance(transforms, Compose):
             raise TypeError(f"transforms must be a detaug.transforms.Compose, got {type(transforms).__name__}")
+        if targets not in TARGET_KINDS:
+            raise ValueError(f"targets must be one of {', '.join(map(repr, TARGET_KINDS))}, got {targets!r}")
+        if targets == "tv_tensors":
+            _tv_tensors()  # said now, not at the first batch
+        self.targets = targets
         self.label_map = label_map
         self.label_mapping = LabelMap.from_source(source, label_map, first=1)  # before any pipeline
         if num_classes is not None:
@@ -376,6 +385,8 @@ class DetectionLoader:
              "image_id": int(i)}
             for b, lab, i in zip(planned.boxes, labels, planned.image_ids)
         ]
+        if self.targets == "tv_tensors":
+            batch, targets = _as_tv_tensors(batch, targets)
         return batch, targets
 
     def close(self) -> None:
@@ -389,6 +400,33 @@ class DetectionLoader:
     def __repr__(self) -> str:
         return (f"DetectionLoader({self.spec.n} samples, shard {self.shard_id}/{self.num_shards}, "
                 f"batch_size={self.batch_size}, {len(self)} batches, epoch={self._epoch}, step={self._step})")
+
+
+#: ``targets=`` of :class:`DetectionLoader`.
+TARGET_KINDS = ("dict", "tv_tensors")
+
+
+def _tv_tensors() -> Any:
+    try:
+        from torchvision import tv_tensors
+    except Exception as err:  # noqa: BLE001 - ImportError, or torchvision built for another torch
+        raise ImportError(
+            f"targets='tv_tensors' needs torchvision built for this torch ({torch.__version__}): "
+            f"python3 -m pip install torchvision \"torch=={torch.__version__.split('+')[0]}\" ({err})"
+        ) from err
+    return tv_tensors
+
+
+def _as_tv_tensors(batch: Any, targets: list[Target]) -> tuple[Any, list[Target]]:
+    """Images as ``tv_tensors.Image`` and boxes as ``tv_tensors.BoundingBoxes`` (``XYXY``, the
+    output image's ``canvas_size``), so that torchvision.transforms.v2 takes the batch as is."""
+    tv = _tv_tensors()
+    images = list(batch) if isinstance(batch, torch.Tensor) else batch
+    for image, target in zip(images, targets):
+        target["boxes"] = tv.BoundingBoxes(target["boxes"], format="XYXY", canvas_size=tuple(image.shape[-2:]))
+    if isinstance(batch, torch.Tensor):
+        return tv.Image(batch), targets
+    return [tv.Image(image) for image in batch], targets
 
 
 def dali_images_to_torch(images: Any, device: torch.device) -> torch.Tensor | list[torch.Tensor]:
