@@ -18,8 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from converters.boxes import COORDS
-from converters.coco import _package_version, remove_stale_temp_files
-from converters.voc2coco import DIFFICULT_MODES, ORIENTATIONS, ConversionError, convert_splits
+from converters.coco import _package_version
+from converters.report import Report
+from converters.voc2coco import (
+    DIFFICULT_MODES,
+    ORIENTATIONS,
+    ConversionError,
+    write_splits,
+)
 
 DESCRIPTION = """\
 Convert a Pascal VOC dataset (VOCdevkit layout: Annotations/, JPEGImages/, ImageSets/Main/) into
@@ -57,7 +63,8 @@ conventions:
   difficult    keep (default): kept, attributes.difficult = 1; crowd: also iscrowd = 1
                (COCOeval ignores them); drop: skipped (counted). truncated, occluded and
                pose are kept in attributes; <part> elements are not objects.
-  output       written atomically (temp file .<name>.tmp-<pid>-<hex> + rename; removed on
+  output       streamed as converted (memory does not grow with the records) and
+               written atomically (temp file .<name>.tmp-<pid>-<hex> + rename; removed on
                errors, Ctrl-C and SIGTERM; one left by a killed run is removed by the
                next), same input -> same bytes. -o FILE.json for one output, else a
                folder: <split>.json, all.json.
@@ -112,8 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--strict", action="store_true",
                         help="exit with status 1, writing nothing, if anything is skipped")
     parser.add_argument("--workers", type=_positive_int, metavar="N",
-                        help="processes parsing XMLs (default: one per CPU on large datasets)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+                        help="processes parsing XMLs (default: one per available core from "
+                             "2000 files on; the output is the same for any N)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (default: a bar with ETA on stderr when it is a "
+                             "terminal and there are 1000 files or more)")
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("-q", "--quiet", action="store_true",
                            help="print nothing but errors")
@@ -149,58 +159,64 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except ValueError as err:
         parser.error(str(err))
     progress = False if (args.quiet or args.no_progress) else None
+    counts = {"images": 0, "objects": 0}
+    committing: list[Path] = []
+
+    def before_commit(reports: dict[str | None, Report]) -> bool:
+        """Print the reports; with --strict, say no when something was skipped."""
+        for split, report in reports.items():
+            counts["images"] += sum(report.images_skipped.values())
+            counts["objects"] += sum(report.objects_skipped.values())
+            if not args.quiet:
+                details = report.details(None if args.verbose else 5)
+                if details:
+                    print(details, file=sys.stderr)
+                title = "all XML files" if split is None else f"split {split}"
+                print(f"== {title}\n{report.summary()}", file=sys.stderr)
+        return not (args.strict and (counts["images"] or counts["objects"]))
+
+    def on_commit(split: str | None, path: Path) -> None:
+        if committing and not args.quiet:
+            print(f"wrote {committing[-1]}", file=sys.stderr)
+        committing.append(path)
+
     try:
-        results = convert_splits(args.voc_root, splits, annotations_dir=args.annotations,
-                                 images_dir=args.images, labels=args.labels, coords=args.coords,
-                                 difficult=args.difficult, verify_images=args.verify_images,
-                                 orientation=args.orientation, workers=args.workers,
-                                 progress=progress)
+        write_splits(args.voc_root, targets, annotations_dir=args.annotations,
+                     images_dir=args.images, labels=args.labels, coords=args.coords,
+                     difficult=args.difficult, verify_images=args.verify_images,
+                     orientation=args.orientation, workers=args.workers, progress=progress,
+                     before_commit=before_commit, on_commit=on_commit,
+                     on_stale=None if args.quiet else lambda stale: print(
+                         f"voc2coco: removed {stale}, left by a killed run", file=sys.stderr))
     except ConversionError as err:
         if args.debug:
             traceback.print_exc()
         print(f"voc2coco: error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:  # a folder that cannot be listed, say
+    except OSError as err:
         if args.debug:
             traceback.print_exc()
-        print(f"voc2coco: error: {_os_error(err)}", file=sys.stderr)
+        output = err.filename is not None and Path(str(err.filename)) in targets.values()
+        if output:  # an output that cannot be written (disk full, permission)
+            print(f"voc2coco: error: cannot write {err.filename}: {err.strerror or err}",
+                  file=sys.stderr)
+        else:  # an input that cannot be read (a folder that cannot be listed, say)
+            print(f"voc2coco: error: {_os_error(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("voc2coco: interrupted; nothing written", file=sys.stderr)
+        if committing:
+            print(f"voc2coco: interrupted while writing {committing[-1]}; it and the files not "
+                  "yet written were left as they were", file=sys.stderr)
+        else:
+            print("voc2coco: interrupted; nothing written", file=sys.stderr)
         return 130
-
-    skipped_images = skipped_objects = 0
-    for split, result in results.items():
-        report = result.report
-        skipped_images += sum(report.images_skipped.values())
-        skipped_objects += sum(report.objects_skipped.values())
-        if not args.quiet:
-            details = report.details(None if args.verbose else 5)
-            if details:
-                print(details, file=sys.stderr)
-            title = "all XML files" if split is None else f"split {split}"
-            print(f"== {title}\n{report.summary()}", file=sys.stderr)
-    if args.strict and (skipped_images or skipped_objects):
-        counts = [f"{n} skipped {what}{'s' if n != 1 else ''}"
-                  for n, what in ((skipped_images, "image"), (skipped_objects, "object")) if n]
-        print(f"voc2coco: --strict: {' and '.join(counts)}; nothing written", file=sys.stderr)
+    if args.strict and (counts["images"] or counts["objects"]):
+        what = [f"{n} skipped {kind[:-1]}{'s' if n != 1 else ''}"
+                for kind, n in counts.items() if n]
+        print(f"voc2coco: --strict: {' and '.join(what)}; nothing written", file=sys.stderr)
         return 1
-    target = None
-    try:
-        for split, target in targets.items():
-            for stale in remove_stale_temp_files(target):
-                if not args.quiet:
-                    print(f"voc2coco: removed {stale}, left by a killed run", file=sys.stderr)
-            results[split].write_json(target)
-            if not args.quiet:
-                print(f"wrote {target}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print(f"voc2coco: interrupted while writing {target}; it and the files not yet "
-              "written were left as they were", file=sys.stderr)
-        return 130
-    except OSError as err:
-        print(f"voc2coco: error: cannot write {target}: {err.strerror or err}", file=sys.stderr)
-        return 2
+    if committing and not args.quiet:
+        print(f"wrote {committing[-1]}", file=sys.stderr)
     return 0
 
 

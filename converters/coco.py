@@ -7,8 +7,10 @@ COCOeval reads.
 
 Serialisation is ``json`` with compact separators, UTF-8 (non-ASCII characters as they are)
 and a final newline. The converter does not build a dict per box: the worker processes write
-each record's JSON text (see :mod:`converters.convert_file`) and :func:`coco_json_from_parts`
-joins them; the tests check that the result is byte for byte :func:`dumps_coco` of its dict.
+each record's JSON text (see :mod:`converters.convert_file`) and :class:`CocoStreamWriter`
+writes them as they come (:func:`coco_json_from_parts` joins them in one go); the tests check
+that the result is byte for byte :func:`dumps_coco` of its dict. Outputs are written atomically
+(:class:`AtomicOutput`, :func:`write_bytes_atomic`).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import errno
 import functools
 import json
 import os
+import pickle
 import re
 import secrets
 import signal
+import tempfile
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -82,6 +86,133 @@ def coco_json_from_parts(image_parts: list[str], annotation_parts: list[str],
         '],"categories":', encode_json(head["categories"]), "}\n"]).encode("utf-8")
 
 
+class CocoStreamWriter:
+    """Writes one COCO document as its records come, in bounded memory; the bytes are those of
+    :func:`coco_json_from_parts` (so of :func:`dumps_coco`) for the same records.
+
+    ``write`` receives the document in pieces (UTF-8 bytes, a few hundred KB each). Images are
+    written as they are added. Annotations come after every image in the document and their
+    category ids may be known only at the end (labels discovered from the data), so they wait
+    in a *spool*: a list in memory (``spool_dir=None``) or an anonymous temporary file in
+    ``spool_dir`` (no name in the folder; the system removes it with the process, even a
+    killed one), then :meth:`finish` writes them with their category ids, and the categories.
+
+    The annotation texts are :data:`converters.convert_file.PendingAnnotations` templates:
+    ``template % (id, image_id, category_id, ...)`` (three ids per annotation).
+    """
+
+    FLUSH = 1 << 18
+
+    def __init__(self, write: Callable[[bytes], None], spool_dir: str | PathLike | None = None,
+                 spool_error: Callable[[OSError], OSError] | None = None) -> None:
+        self._write = write
+        self._pieces: list[str] = []
+        self._size = 0
+        self._spool = _Spool(spool_dir, spool_error)
+        self.images = 0
+        self.annotations = 0
+        head = make_coco([], [], [])
+        self._emit('{"info":' + encode_json(head["info"]) + ',"licenses":'
+                   + encode_json(head["licenses"]) + ',"images":[')
+
+    def add_image(self, image_tail: str) -> int:
+        """Write the image whose JSON after ``{"id":N,`` is ``image_tail``; returns its id
+        (1, 2, ...)."""
+        self.images += 1
+        self._emit(f'{{"id":{self.images},{image_tail}' if self.images == 1
+                   else f',{{"id":{self.images},{image_tail}')
+        return self.images
+
+    def add_annotations(self, image_id: int, names: tuple[str, ...], template: str) -> None:
+        """Keep the annotations of image ``image_id`` (category ``names``, in order) for
+        :meth:`finish`; their ids follow the previous ones."""
+        if names:
+            self._spool.add((image_id, self.annotations + 1, names, template))
+            self.annotations += len(names)
+
+    def finish(self, categories: Sequence[str]) -> None:
+        """Write the annotations, with category ids ``1..len(categories)`` in that order, the
+        categories and the end of the document. ``KeyError`` for a name not in ``categories``."""
+        category_ids = {name: i for i, name in enumerate(categories, 1)}
+        self._emit('],"annotations":[')
+        first = True
+        for image_id, first_id, names, template in self._spool.replay():
+            ids: list[int] = []
+            for k, name in enumerate(names):
+                ids += (first_id + k, image_id, category_ids[name])
+            self._emit(template % tuple(ids) if first else "," + template % tuple(ids))
+            first = False
+        self._emit('],"categories":' + encode_json(make_categories(categories)) + "}\n")
+        self._flush()
+        self._spool.close()
+
+    def close(self) -> None:
+        """Drop the spool (after an error; :meth:`finish` does it otherwise)."""
+        self._spool.close()
+
+    def _emit(self, text: str) -> None:
+        self._pieces.append(text)
+        self._size += len(text)
+        if self._size >= self.FLUSH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pieces:
+            self._write("".join(self._pieces).encode("utf-8"))
+            self._pieces, self._size = [], 0
+
+
+class _Spool:
+    """Records kept in order for a second pass: a list, or pickled batches in an anonymous
+    temporary file of ``folder``."""
+
+    BATCH = 2048
+
+    def __init__(self, folder: str | PathLike | None,
+                 error: Callable[[OSError], OSError] | None) -> None:
+        self._folder = folder
+        self._error = error or (lambda err: err)
+        self._items: list[Any] = []
+        self._file: Any = None
+
+    def add(self, item: Any) -> None:
+        self._items.append(item)
+        if self._folder is not None and len(self._items) >= self.BATCH:
+            self._dump()
+
+    def replay(self) -> Iterator[Any]:
+        if self._file is None:
+            yield from self._items
+            return
+        self._dump()
+        try:
+            self._file.seek(0)
+            while True:
+                try:
+                    batch = pickle.load(self._file)
+                except EOFError:
+                    return
+                yield from batch
+        except OSError as err:
+            raise self._error(err) from err
+
+    def _dump(self) -> None:
+        try:
+            if self._file is None:
+                self._file = tempfile.TemporaryFile(dir=self._folder, prefix=".voc2coco-spool-")
+            pickle.dump(self._items, self._file, protocol=pickle.HIGHEST_PROTOCOL)
+        except OSError as err:
+            raise self._error(err) from err
+        self._items = []
+
+    def close(self) -> None:
+        self._items = []
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+
+
 def dumps_coco(coco: dict[str, Any]) -> bytes:
     """Serialise deterministically: key order as built, compact separators, UTF-8, final newline."""
     return (encode_json(coco) + "\n").encode("utf-8")
@@ -99,8 +230,9 @@ def write_bytes_atomic(data: bytes, path: str | PathLike) -> Path:
     """Write ``data`` to ``path`` atomically and return the path.
 
     The bytes go to a temporary file beside ``path`` (:func:`temp_path`:
-    ``.<name>.tmp-<pid>-<hex>``), are flushed to disk, and the file then replaces ``path`` in one ``os.replace``: a reader
-    (or a crash) sees either the old file or the complete new one, never half a file.
+    ``.<name>.tmp-<pid>-<hex>``), are flushed to disk, and the file then replaces ``path`` in one
+    ``os.replace``: a reader (or a crash) sees either the old file or the complete new one,
+    never half a file (:class:`AtomicOutput`, which also writes a document as it is made).
 
     * Any error, Ctrl-C included, removes the temporary file and is re-raised. SIGINT and
       SIGTERM are caught during the write only (in the main thread; the previous handlers are
@@ -116,38 +248,97 @@ def write_bytes_atomic(data: bytes, path: str | PathLike) -> Path:
 
     Missing parent folders are created.
     """
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        stale = remove_stale_temp_files(path)
-    except FileExistsError as err:  # a file where a folder of the path should be
-        raise NotADirectoryError(errno.ENOTDIR, f"Not a directory ({err.filename} is a file)",
-                                 str(path)) from err
-    except OSError as err:
-        raise _naming(err, path, "creating its folder") from err
-    if stale:
-        warnings.warn(f"removed {len(stale)} temporary file(s) left by killed writes of {path}: "
-                      f"{', '.join(p.name for p in stale)}", RuntimeWarning, stacklevel=2)
-    tmp = temp_path(path)
-    with _signals_abort_write(path):
+    output = AtomicOutput(path)
+    with signals_abort_writes(output.path):
+        try:
+            stale = output.open()
+            if stale:
+                warnings.warn(f"removed {len(stale)} temporary file(s) left by killed writes of "
+                              f"{output.path}: {', '.join(p.name for p in stale)}",
+                              RuntimeWarning, stacklevel=2)
+            output.write(data)
+            output.commit()
+        except BaseException:
+            output.discard()
+            raise
+    return output.path
+
+
+class AtomicOutput:
+    """One output file written through a temporary file beside it and renamed into place by
+    :meth:`commit` (see :func:`write_bytes_atomic` for the guarantees).
+
+    ``open()`` creates the folder and the temporary file (``0o600``), ``write()`` appends bytes
+    (buffered), ``commit()`` flushes, ``fsync``s, sets the mode (that of the file replaced, else
+    ``0o644``) and renames; ``discard()`` removes the temporary file (safe to call at any time,
+    and after ``commit()`` it does nothing). Every ``OSError`` names ``path``
+    (``err.filename == str(path)``). Signals are the caller's business
+    (:func:`signals_abort_writes`).
+    """
+
+    BUFFER = 1 << 20
+
+    def __init__(self, path: str | PathLike) -> None:
+        self.path = Path(path)
+        self._tmp: Path | None = None
+        self._handle: Any = None
+
+    def open(self) -> list[Path]:
+        """Create the temporary file; returns the stale temporary files it removed."""
+        path = self.path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            stale = remove_stale_temp_files(path)
+        except FileExistsError as err:  # a file where a folder of the path should be
+            raise NotADirectoryError(errno.ENOTDIR, f"Not a directory ({err.filename} is a file)",
+                                     str(path)) from err
+        except OSError as err:
+            raise _naming(err, path, "creating its folder") from err
+        tmp = temp_path(path)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
                          0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+        except OSError as err:
+            raise _naming(err, path) from err
+        self._tmp = tmp
+        self._handle = os.fdopen(fd, "wb", buffering=self.BUFFER)
+        return stale
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._handle.write(data)
+        except OSError as err:
+            raise _naming(err, self.path) from err
+
+    def error(self, err: OSError, doing: str | None = None) -> OSError:
+        """``err`` as an ``OSError`` of the same kind naming this output (and what was done)."""
+        return _naming(err, self.path, doing)
+
+    def commit(self) -> Path:
+        """Flush, ``fsync`` and rename the temporary file to ``path``."""
+        assert self._tmp is not None and self._handle is not None, "open() first"
+        try:
+            handle, self._handle = self._handle, None
+            with handle:
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.chmod(tmp, _mode_for(path))
-            os.replace(tmp, path)
-        except BaseException as err:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            if isinstance(err, OSError):
-                raise _naming(err, path) from err
-            raise
-    return path
+            os.chmod(self._tmp, _mode_for(self.path))
+            os.replace(self._tmp, self.path)
+        except OSError as err:
+            raise _naming(err, self.path) from err
+        self._tmp = None
+        return self.path
+
+    def discard(self) -> None:
+        """Close and remove the temporary file (errors closing it are ignored)."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                handle.close()
+        if self._tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp)
+            self._tmp = None
 
 
 _TEMP_INFIX = ".tmp-"
@@ -216,7 +407,7 @@ class _Signalled(BaseException):
 
 
 @contextlib.contextmanager
-def _signals_abort_write(path: Path) -> Iterator[None]:
+def signals_abort_writes(path: Path) -> Iterator[None]:
     """While writing, SIGINT and SIGTERM raise :class:`_Signalled` (so that the temporary file
     is removed), then are raised again with the handlers they had. Only in the main thread
     (elsewhere Python cannot set handlers; SIGINT still raises KeyboardInterrupt there) and

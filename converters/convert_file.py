@@ -63,7 +63,8 @@ class FileOptions(NamedTuple):
     ``labels`` is the set of accepted names, or ``None`` when every name is accepted
     (``labels="discover"``). ``index`` is ``None`` when there is no images folder.
     ``verify``: skip images the loader would skip. ``orientation``: ``"auto"``, ``"apply"``
-    or ``"ignore"`` (:data:`detaug.formats.images.ORIENTATIONS`).
+    or ``"ignore"`` (:data:`detaug.formats.images.ORIENTATIONS`). ``boxes``: also give the
+    converted boxes as numbers (:attr:`FileResult.boxes`).
     """
 
     annotations_dir: str
@@ -74,6 +75,7 @@ class FileOptions(NamedTuple):
     verify: bool
     labels: frozenset[str] | None
     orientation: str = "auto"
+    boxes: bool = False
 
 
 class FileResult(NamedTuple):
@@ -86,7 +88,10 @@ class FileResult(NamedTuple):
     converted objects (:data:`PendingAnnotations`). ``events``: skipped objects and warnings,
     in file order. ``found_by``: ``"id"``, ``"filename"`` or ``None`` (no image file).
     ``names``: every object name in the file when every name is accepted (label discovery),
-    else ``()``.
+    else ``()``. ``boxes``: with ``FileOptions.boxes``, one ``(x1, y1, x2, y2, iscrowd)`` per
+    converted annotation, in order: absolute ``xyxy`` in continuous pixels, ``x2 = x + w`` of
+    the COCO ``bbox`` computed in float64 as a COCO reader does (``--coords voc``:
+    ``x1 = xmin - 1``, ``x2 = xmax``, clipped to the image); else ``()``.
     """
 
     error: tuple[str, str] | None
@@ -96,6 +101,7 @@ class FileResult(NamedTuple):
     events: list[Event]
     found_by: str | None
     names: tuple[str, ...]
+    boxes: tuple[tuple[float, float, float, float, int], ...] = ()
 
 
 def convert_file(xml_name: str, options: FileOptions) -> FileResult:
@@ -152,13 +158,24 @@ def convert_file(xml_name: str, options: FileOptions) -> FileResult:
                        f"{file_name!r} (images are identified by the XML's name)"))
 
     # 5. objects
-    annotations = _convert_objects(objects, options, width, height, events)
+    boxes: list[tuple[float, float, float, float, int]] | None = [] if options.boxes else None
+    annotations = _convert_objects(objects, options, width, height, events, boxes)
     image_json = f'"file_name":{encode_json(file_name)},"width":{width},"height":{height}'
     if index is not None and info.orientation != 1:
         image_json += f',"exif_orientation":{info.orientation}'
     image_json += "}"
     return FileResult(None, (file_name, width, height, image_json), n_objects, annotations,
-                      events, found_by, names)
+                      events, found_by, names, tuple(boxes) if boxes else ())
+
+
+def file_names(xml_name: str, options: FileOptions) -> tuple[str, ...]:
+    """The object names of ``options.annotations_dir / xml_name`` (what label discovery reads
+    of a file outside the split being converted); ``()`` when it does not parse."""
+    try:
+        ann = parse_voc_xml(read_bytes(os.path.join(options.annotations_dir, xml_name)))
+    except (OSError, VocParseError):
+        return ()
+    return tuple({o.name for o in ann.objects if o.name is not None})
 
 
 def _frame_size(ann: Any, info: ImageInfo, file_name: str, orientation: str,
@@ -216,7 +233,9 @@ _READ_SIZE = 1 << 16
 
 
 def _convert_objects(objects: list[Any], options: FileOptions, width: int, height: int,
-                     events: list[Event]) -> PendingAnnotations:
+                     events: list[Event],
+                     boxes: list[tuple[float, float, float, float, int]] | None = None,
+                     ) -> PendingAnnotations:
     coords = options.coords
     labels = options.labels
     difficult_mode = options.difficult
@@ -254,6 +273,8 @@ def _convert_objects(objects: list[Any], options: FileOptions, width: int, heigh
                            f"{width}x{height} image"))
         iscrowd = 1 if difficult and difficult_mode == "crowd" else 0
         x, y, w, h = box.bbox
+        if boxes is not None:
+            boxes.append((x, y, x + w, y + h, iscrowd))
         names.append(name)
         texts.append(f'{ANNOTATION_HEAD}"bbox":[{x!r},{y!r},{w!r},{h!r}],"area":{box.area!r},'
                      f'"iscrowd":{iscrowd},"attributes":{_attributes_json(attributes)}}}')

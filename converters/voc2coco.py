@@ -37,47 +37,57 @@ Conventions (see also :mod:`converters.boxes`):
 
 from __future__ import annotations
 
-import contextlib
-import gc
+import functools
 import json
-import multiprocessing
 import os
-import signal
 import sys
 import types
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from typing import Any, Literal
 
 from converters import report as R
+from converters.assemble import assemble_split
 from converters.boxes import COORDS, Coords
 from converters.coco import (
-    coco_json_from_parts,
+    AtomicOutput,
+    CocoStreamWriter,
     dumps_coco,
-    make_categories,
+    signals_abort_writes,
     write_bytes_atomic,
     write_coco_json,
 )
 from converters.convert_file import FileOptions, FileResult, convert_file
 from converters.images import ImageIndex
 from converters.labels import LabelsSpec, resolve_labels
+from converters.progress import Progress
 from converters.report import Report
+from converters.runner import PARALLEL_MIN_FILES, Runner, default_workers, gc_paused
 from detaug.formats.images import ORIENTATIONS
 
-__all__ = ["ConversionError", "ConversionResult", "convert", "convert_splits", "write_coco_json",
-           "DIFFICULT_MODES", "ORIENTATIONS"]
+__all__ = [
+    "DIFFICULT_MODES",
+    "ORIENTATIONS",
+    "PARALLEL_MIN_FILES",
+    "ConversionError",
+    "ConversionResult",
+    "VocBoxes",
+    "VocImageBoxes",
+    "convert",
+    "convert_splits",
+    "read_voc_boxes",
+    "write_coco_json",
+    "write_splits",
+]
 
 Difficult = Literal["keep", "crowd", "drop"]
 Orientation = Literal["auto", "apply", "ignore"]
 DIFFICULT_MODES: tuple[str, ...] = ("keep", "crowd", "drop")
 
-#: Below this many XML files the parsing runs in the calling process (workers=None).
-PARALLEL_MIN_FILES = 2000
-#: Above this many XML files a progress bar is shown (progress=None, stderr a terminal).
+#: From this many XML files on a progress bar is shown (progress=None, stderr a terminal).
 PROGRESS_MIN_FILES = 1000
-_CHUNK = 256
 
 
 class ConversionError(ValueError):
@@ -109,7 +119,7 @@ class ConversionResult:
     def coco(self) -> dict[str, Any]:
         if self._coco is None:
             assert self._json is not None
-            with _gc_paused():  # a million small containers, no cycles
+            with gc_paused():  # a million small containers, no cycles
                 self._coco = json.loads(self._json)
             self._json = None  # the dict may be edited from now on: it is the truth
         return self._coco
@@ -159,8 +169,11 @@ def convert(voc_root: str | PathLike | None = None, *,
     ``orientation``: the frame of the boxes of EXIF-oriented images: ``"auto"`` (the one
     ``<size>`` names; undecidable: the stored pixels), ``"apply"`` (the displayed image),
     ``"ignore"`` (the stored pixels); COCO ``width``/``height`` are that frame's.
-    ``workers``: processes that parse XMLs (``None``: one per CPU for large datasets, else 1).
-    ``progress``: a progress bar on stderr (``None``: when large and stderr is a terminal).
+    ``workers``: processes that parse XMLs (``None``: one per available core from
+    :data:`PARALLEL_MIN_FILES` files on, else 1, this process); the output is the same for
+    every value (results are merged in input order).
+    ``progress``: a progress bar with ETA on stderr (tqdm's when installed; ``None``: when
+    there are :data:`PROGRESS_MIN_FILES` files or more and stderr is a terminal).
 
     Raises :class:`ConversionError` when the dataset cannot be converted at all. Problems with
     single files or objects never raise: they are in ``result.report``.
@@ -181,55 +194,274 @@ def convert_splits(voc_root: str | PathLike | None, splits: Sequence[str | None]
                    orientation: Orientation = "auto",
                    workers: int | None = None,
                    progress: bool | None = None) -> dict[str | None, ConversionResult]:
-    """Convert several splits in one pass: each XML is parsed once, and every split gets the same
-    categories. Arguments as for :func:`convert`; ``None`` in ``splits`` means every XML.
-    Returns ``{split: result}`` in the order given."""
-    _check_options(coords, difficult, orientation, workers, splits)
-    layout = _Layout.resolve(voc_root, annotations_dir, images_dir)
-    xml_names, duplicates, not_xml = _scan_annotations(layout.annotations)
-    split_ids = {split: _read_split(layout, split) for split in splits if split is not None}
-    discover = isinstance(labels, str) and labels == "discover"
-    try:  # a bad labels file fails before the long part
-        names = None if discover else resolve_labels(labels, ())
-    except (ValueError, OSError) as err:
-        raise ConversionError(str(err)) from None
+    """Convert several splits, in memory; every split gets the same categories. Arguments as for
+    :func:`convert`; ``None`` in ``splits`` means every XML. Returns ``{split: result}`` in the
+    order given. (An XML listed in several splits is parsed once per split.)"""
+    plan = _Plan.make(voc_root, splits, annotations_dir, images_dir, labels, coords, difficult,
+                      verify_images, orientation, workers)
+    buffers = {split: bytearray() for split in splits}
+    writers = {split: CocoStreamWriter(buffers[split].extend) for split in splits}
+    reports, names = plan.run({s: _JsonSink(w) for s, w in writers.items()}, progress)
+    for writer in writers.values():
+        writer.finish(names)
+    return {split: ConversionResult(bytes(buffers[split]), plan.layout.images, reports[split],
+                                    split) for split in splits}
 
-    wanted: set[str] = set()
-    if None in splits or discover:
-        wanted.update(xml_names)
-    for ids, _ in split_ids.values():
-        wanted.update(i for i in ids if i in xml_names)
-    options = FileOptions(str(layout.annotations), str(layout.images),
-                          ImageIndex.scan(layout.images) if layout.images_exist else None,
-                          coords, difficult, verify_images,
-                          frozenset(names) if names is not None else None, orientation)
-    with _gc_paused():
-        files = _convert_files(sorted(wanted), xml_names, options, workers, progress)
-        if names is None:
-            names = resolve_labels("discover", (n for r in files.values() for n in r.names))
 
-        results: dict[str | None, ConversionResult] = {}
-        for split in splits:
-            report = Report()
-            if options.index is None:
-                report.warn(R.ANNOTATION_ONLY, str(layout.images), "folder does not exist")
-            for name in not_xml:
-                report.ignore(R.NOT_XML_FILE, str(layout.annotations / name))
-            if split is None:
-                entries, split_file = sorted(xml_names), None
-                for kept, dropped in duplicates:
-                    report.images_total += 1
-                    report.skip_image(R.DUPLICATE_ID, str(layout.annotations / dropped),
-                                      f"same id as {kept}")
-            else:
-                entries, split_file = split_ids[split]
-            images, annotations = _assemble(layout, entries, split_file, xml_names, files, names,
-                                            report)
+def write_splits(voc_root: str | PathLike | None,
+                 targets: Mapping[str | None, str | PathLike], *,
+                 annotations_dir: str | PathLike | None = None,
+                 images_dir: str | PathLike | None = None,
+                 labels: LabelsSpec = "discover",
+                 coords: Coords = "voc",
+                 difficult: Difficult = "keep",
+                 verify_images: bool = False,
+                 orientation: Orientation = "auto",
+                 workers: int | None = None,
+                 progress: bool | None = None,
+                 before_commit: Callable[[dict[str | None, Report]], bool] | None = None,
+                 on_commit: Callable[[str | None, Path], None] | None = None,
+                 on_stale: Callable[[Path], None] | None = None,
+                 ) -> dict[str | None, Report]:
+    """Convert ``targets``' splits (``{split: output file}``) straight to their files, in
+    bounded memory: each image's record is written as its XML is converted, annotations wait in
+    an anonymous temporary file beside the output (they follow the images in the document),
+    and nothing per file is kept. The bytes are those of :func:`convert_splits`'
+    ``to_json()``.
+
+    Every output is written atomically (:class:`converters.coco.AtomicOutput`): a temporary
+    file beside it, renamed into place only when every split is converted and
+    ``before_commit(reports)`` (when given) returns true; otherwise, and on any error, Ctrl-C
+    or SIGTERM (caught from the start of the conversion), no output is touched and the
+    temporary files are removed. ``on_commit(split, path)`` is called before each rename,
+    ``on_stale(temp_file)`` for each temporary file of a killed run removed
+    (:func:`converters.coco.remove_stale_temp_files`).
+    ``OSError`` of an output names it (``err.filename``). Other arguments as for
+    :func:`convert`. Returns ``{split: report}``.
+    """
+    splits = list(targets)
+    plan = _Plan.make(voc_root, splits, annotations_dir, images_dir, labels, coords, difficult,
+                      verify_images, orientation, workers)
+    outputs = {split: AtomicOutput(path) for split, path in targets.items()}
+    writers: dict[str | None, CocoStreamWriter] = {}
+    with signals_abort_writes(next(iter(outputs.values())).path):
+        try:
+            for split, output in outputs.items():
+                for stale in output.open():
+                    if on_stale is not None:
+                        on_stale(stale)
+                spool_error = functools.partial(output.error, doing="spooling annotations")
+                writers[split] = CocoStreamWriter(output.write, output.path.parent, spool_error)
+            reports, names = plan.run({s: _JsonSink(w) for s, w in writers.items()}, progress)
+            for writer in writers.values():
+                writer.finish(names)
+            if before_commit is not None and not before_commit(reports):
+                raise _Discard
+            for split, output in outputs.items():
+                if on_commit is not None:
+                    on_commit(split, output.path)
+                output.commit()
+        except _Discard:
+            pass
+        finally:
+            for writer in writers.values():
+                writer.close()
+            for output in outputs.values():
+                output.discard()  # nothing after a commit
+    return reports
+
+
+@dataclass
+class VocImageBoxes:
+    """One converted image, as the loader's sources hold it.
+
+    ``image_id``: the COCO image id the converter would give it (1, 2, ... in split order).
+    ``file_name``: relative to the images folder. ``size``: ``(height, width)`` of the frame
+    its boxes are in. ``exif_orientation``: 1..8, ``None`` when the image has none (or there is
+    no images folder). ``boxes``: float32 ``[N, 4]`` absolute ``xyxy``, continuous pixels
+    (``coords="voc"``: ``x1 = xmin - 1``, ``x2 = xmax``; clipped to the image), the same
+    numbers a COCO reader gets from the converter's ``bbox`` (``x2 = x + w`` in float64).
+    ``labels``: int64 ``[N]`` category ids (1-based positions in the category list).
+    ``iscrowd``: bool ``[N]``.
+    """
+
+    image_id: int
+    file_name: str
+    size: tuple[int, int]
+    exif_orientation: int | None
+    boxes: Any
+    labels: Any
+    iscrowd: Any
+
+
+@dataclass
+class VocBoxes:
+    """A VOC split read straight into per-image arrays (:func:`read_voc_boxes`):
+    ``images`` (:class:`VocImageBoxes`), ``categories`` (``{id: name}``), ``image_root``
+    and the conversion ``report``."""
+
+    images: list[VocImageBoxes]
+    categories: dict[int, str]
+    image_root: Path
+    report: Report
+
+
+def read_voc_boxes(voc_root: str | PathLike | None = None, *, split: str | None = None,
+                   annotations_dir: str | PathLike | None = None,
+                   images_dir: str | PathLike | None = None,
+                   labels: LabelsSpec = "discover", coords: Coords = "voc",
+                   difficult: Difficult = "keep", verify_images: bool = False,
+                   orientation: Orientation = "auto", workers: int | None = None,
+                   progress: bool | None = None) -> VocBoxes:
+    """Read one split of a VOC folder into per-image ``xyxy`` arrays, without the COCO detour
+    (no JSON text, no ``[x, y, w, h]`` round trip): the same images, ids, boxes, labels and
+    report as :func:`convert` (arguments and errors as there)."""
+    import numpy as np
+
+    plan = _Plan.make(voc_root, [split], annotations_dir, images_dir, labels, coords, difficult,
+                      verify_images, orientation, workers, boxes=True)
+    sink = _BoxesSink()
+    reports, names = plan.run({split: sink}, progress)
+    category_ids = {name: i for i, name in enumerate(names, 1)}
+    images = []
+    for image_id, file_name, size, orientation_k, names_in_file, boxes in sink.records:
+        table = np.array(boxes, dtype=np.float64).reshape(-1, 5)
+        images.append(VocImageBoxes(
+            image_id, file_name, size, orientation_k, table[:, :4].astype(np.float32),
+            np.array([category_ids[n] for n in names_in_file], dtype=np.int64),
+            table[:, 4].astype(bool)))
+    return VocBoxes(images, dict(enumerate(names, 1)), plan.layout.images, reports[split])
+
+
+class _BoxesSink:
+    """Keeps each converted image's numbers (:func:`read_voc_boxes`)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[Any, ...]] = []
+
+    def add(self, image_id: int, result: FileResult) -> None:
+        assert result.image is not None
+        file_name, width, height, image_json = result.image
+        k = json.loads("{" + image_json).get("exif_orientation")
+        self.records.append((image_id, file_name, (height, width), k, result.annotations[0],
+                             result.boxes))
+
+
+class _Discard(Exception):
+    """``before_commit`` said no."""
+
+
+class _JsonSink:
+    """Writes each converted image (and spools its annotations) with a COCO stream writer."""
+
+    def __init__(self, writer: CocoStreamWriter) -> None:
+        self.writer = writer
+
+    def add(self, image_id: int, result: FileResult) -> None:
+        assert result.image is not None
+        written = self.writer.add_image(result.image[3])
+        assert written == image_id
+        self.writer.add_annotations(image_id, *result.annotations)
+
+
+@dataclass
+class _Plan:
+    """What to convert: checked options, the folders, the annotations listing, the splits'
+    entries and the labels (``None`` until discovered)."""
+
+    layout: _Layout
+    options: FileOptions
+    xml_names: dict[str, str]
+    duplicates: list[tuple[str, str]]
+    not_xml: list[str]
+    entries: dict[str | None, tuple[list[str], str | None]]
+    names: list[str] | None
+    workers: int | None
+
+    @classmethod
+    def make(cls, voc_root: str | PathLike | None, splits: Sequence[str | None],
+             annotations_dir: str | PathLike | None, images_dir: str | PathLike | None,
+             labels: LabelsSpec, coords: str, difficult: str, verify_images: bool,
+             orientation: str, workers: int | None, boxes: bool = False) -> _Plan:
+        """Everything that can fail before the long part (:class:`ConversionError`)."""
+        _check_options(coords, difficult, orientation, workers, splits)
+        layout = _Layout.resolve(voc_root, annotations_dir, images_dir)
+        xml_names, duplicates, not_xml = _scan_annotations(layout.annotations)
+        entries = {split: (_read_split(layout, split) if split is not None
+                           else (sorted(xml_names), None)) for split in splits}
+        discover = isinstance(labels, str) and labels == "discover"
+        try:  # a bad labels file fails before the long part
+            names = None if discover else resolve_labels(labels, ())
+        except (ValueError, OSError) as err:
+            raise ConversionError(str(err)) from None
+        options = FileOptions(str(layout.annotations), str(layout.images),
+                              ImageIndex.scan(layout.images) if layout.images_exist else None,
+                              coords, difficult, verify_images,
+                              frozenset(names) if names is not None else None, orientation,
+                              boxes)
+        return cls(layout, options, xml_names, duplicates, not_xml, entries, names, workers)
+
+    def run(self, sinks: Mapping[str | None, Any], progress: bool | None,
+            ) -> tuple[dict[str | None, Report], list[str]]:
+        """Convert every split into its sink, in split order; returns the reports and the
+        category names (discovered: from every XML of the folder, sorted)."""
+        xml_names = self.xml_names
+        to_parse = {split: [i for i in ids if i in xml_names]
+                    for split, (ids, _) in self.entries.items()}
+        rest: list[str] = []
+        if self.names is None and None not in self.entries:  # names of the XMLs in no split
+            parsed = {i for ids in to_parse.values() for i in ids}
+            rest = [xml_names[i] for i in sorted(xml_names) if i not in parsed]
+        total = sum(len(ids) for ids in to_parse.values()) + len(rest)
+        workers = self.workers if self.workers is not None else default_workers(total)
+        show = progress if progress is not None else (
+            total >= PROGRESS_MIN_FILES and sys.stderr.isatty())
+        bar = Progress(total, show)
+        found: set[str] = set()
+        reports: dict[str | None, Report] = {}
+        try:
+            with gc_paused(), Runner(self.options, workers, bar) as runner:
+                for split, sink in sinks.items():
+                    reports[split] = report = self._start_report(split)
+                    results = runner.results([xml_names[i] for i in to_parse[split]])
+                    if self.names is None:
+                        results = _collect_names(results, found)
+                    assemble_split(self.entries[split][0], results, xml_names=xml_names,
+                                   annotations_dir=str(self.layout.annotations),
+                                   split_file=self.entries[split][1],
+                                   result_of=self._result_of, report=report, sink=sink)
+                if rest:
+                    found |= runner.names(rest)
+        finally:
+            bar.close()
+        names = self.names if self.names is not None else resolve_labels("discover", found)
+        for report in reports.values():
             report.categories = len(names)
             report.check()
-            coco_json = coco_json_from_parts(images, annotations, make_categories(names))
-            results[split] = ConversionResult(coco_json, layout.images, report, split)
-        return results
+        return reports, names
+
+    def _start_report(self, split: str | None) -> Report:
+        report = Report()
+        layout = self.layout
+        if self.options.index is None:
+            report.warn(R.ANNOTATION_ONLY, str(layout.images), "folder does not exist")
+        for name in self.not_xml:
+            report.ignore(R.NOT_XML_FILE, str(layout.annotations / name))
+        if split is None:
+            for kept, dropped in self.duplicates:
+                report.images_total += 1
+                report.skip_image(R.DUPLICATE_ID, str(layout.annotations / dropped),
+                                  f"same id as {kept}")
+        return report
+
+    def _result_of(self, voc_id: str) -> FileResult:
+        return convert_file(self.xml_names[voc_id], self.options)
+
+
+def _collect_names(results: Any, found: set[str]) -> Any:
+    for result in results:
+        found.update(result.names)
+        yield result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,126 +544,6 @@ def _available_splits(main: Path) -> list[str]:
     """Split names in ``ImageSets/Main``, leaving out per-class lists (``cat_train``)."""
     stems = sorted(p.stem for p in main.glob("*.txt"))
     return [s for s in stems if not ("_" in s and s.rsplit("_", 1)[1] in stems)]
-
-
-# ---------------------------------------------------------------------------------------------
-# The per-file step (in parallel for large datasets) and the assembly
-
-
-_worker_options: FileOptions | None = None
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector: the conversion allocates millions of small tuples,
-    strings and dicts and no reference cycles, and collections triggered by those allocations
-    cost a fifth of the time for nothing (measured with converters.bench). Restored after."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _init_worker(options: FileOptions) -> None:
-    # Ctrl-C goes to the whole process group: the main process handles it (and terminates the
-    # pool); workers ignore it instead of printing one traceback each.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    gc.disable()  # see _gc_paused; the worker ends with the conversion
-    global _worker_options
-    _worker_options = options
-
-
-def _convert_in_worker(xml_name: str) -> tuple[Any, ...]:
-    assert _worker_options is not None
-    return tuple(convert_file(xml_name, _worker_options))  # plain tuple: cheaper to pickle
-
-
-def _convert_files(ids: list[str], xml_names: dict[str, str], options: FileOptions,
-                   workers: int | None, progress: bool | None) -> dict[str, FileResult]:
-    """Run :func:`converters.convert_file.convert_file` on every id, in worker processes when
-    ``workers`` (or, for ``None``, the number of files) says so."""
-    files = [xml_names[i] for i in ids]
-    n_workers = workers if workers is not None else (
-        min(os.cpu_count() or 1, 8) if len(files) >= PARALLEL_MIN_FILES else 1)
-    show = progress if progress is not None else (
-        len(files) >= PROGRESS_MIN_FILES and sys.stderr.isatty())
-    if n_workers <= 1 or len(files) < 2:
-        results = (convert_file(name, options) for name in files)
-        return dict(zip(ids, _with_progress(results, len(files), show), strict=True))
-    chunk = max(1, min(_CHUNK, len(files) // (n_workers * 4)))
-    with multiprocessing.get_context().Pool(n_workers, _init_worker, (options,)) as pool:
-        plain = pool.imap(_convert_in_worker, files, chunksize=chunk)
-        return {i: FileResult._make(r)
-                for i, r in zip(ids, _with_progress(plain, len(files), show), strict=True)}
-
-
-def _with_progress(results: Iterable[Any], total: int, show: bool) -> Iterator[Any]:
-    if not show:
-        return iter(results)
-    from tqdm import tqdm
-
-    return iter(tqdm(results, total=total, desc="voc2coco", unit="xml", file=sys.stderr))
-
-
-def _assemble(layout: _Layout, entries: list[str], split_file: str | None,
-              xml_names: dict[str, str], files: dict[str, FileResult], names: list[str],
-              report: Report) -> tuple[list[str], list[str]]:
-    """The JSON texts of the COCO images (one each) and annotations (one text per file, its
-    annotations joined by commas) of ``entries``, in order, with ids from 1; every skip and
-    warning goes to ``report``."""
-    category_ids = {name: i for i, name in enumerate(names, 1)}
-    annotations_dir = str(layout.annotations)
-    # An image file found by id belongs to that id: a <filename> fallback may not take it.
-    owner = {files[i].image[0]: i for i in entries
-             if i in files and files[i].found_by == "id" and files[i].image is not None}
-    images: list[str] = []
-    annotations: list[str] = []
-    report.images_total += len(entries)
-    for voc_id in entries:
-        if voc_id not in xml_names:
-            report.skip_image(R.NO_XML_FOR_SPLIT_ENTRY, str(split_file),
-                              f"{voc_id}: no {layout.annotations / (voc_id + '.xml')}")
-            continue
-        result = files[voc_id]
-        error, image = result.error, result.image
-        if error is None and result.found_by == "filename":
-            assert image is not None
-            claimed_by = owner.setdefault(image[0], voc_id)
-            if claimed_by != voc_id:
-                error = (R.IMAGE_FILE_TAKEN, f"no {voc_id}.<image extension>; <filename> "
-                         f"{image[0]} is the image of {claimed_by}")
-        if error is not None or result.events:  # messages name the file
-            path = os.path.join(annotations_dir, xml_names[voc_id])
-        if error is not None:  # its warnings still tell; its objects and EXIF frame do not
-            for kind, reason, detail in result.events:
-                if kind == "warning":
-                    report.warn(reason, path, detail)
-            report.skip_image(error[0], path, error[1], objects=result.n_objects)
-            continue
-        assert image is not None
-        image_id = len(images) + 1
-        images.append(f'{{"id":{image_id},{image[3]}')
-        report.images_converted += 1
-        report.objects_total += result.n_objects
-        for kind, reason, detail in result.events:
-            if kind == "object":
-                report.skip_object(reason, path, detail)
-            elif kind == "exif":
-                report.note_exif(reason, path, detail)
-            else:
-                report.warn(reason, path, detail)
-        names_in_file, template = result.annotations
-        if names_in_file:
-            first = report.objects_converted + 1
-            ids: list[int] = []
-            for k, name in enumerate(names_in_file):
-                ids += (first + k, image_id, category_ids[name])
-            annotations.append(template % tuple(ids))
-            report.objects_converted += len(names_in_file)
-    return images, annotations
 
 
 def _check_options(coords: str, difficult: str, orientation: str, workers: int | None,

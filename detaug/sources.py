@@ -223,8 +223,8 @@ class CocoSource(SampleListSource):
 
 class VocSource(SampleListSource):
     """A Pascal VOC folder (``Annotations/``, ``JPEGImages/``, ``ImageSets/Main/``) read with the
-    ``voc2coco`` converter in memory (its conventions and skip report), then checked as a COCO
-    dict (:func:`~detaug.formats.coco.load_coco`).
+    ``voc2coco`` converter's parser (its conventions and skip report) straight into xyxy arrays
+    (:func:`converters.voc2coco.read_voc_boxes`), then checked as every sample list is.
 
     Arguments after ``root`` are those of :func:`converters.voc2coco.convert`; ``include_iscrowd``
     drops ``iscrowd=1`` boxes (e.g. ``difficult="crowd"``) when false. ``self.report`` holds the
@@ -246,29 +246,29 @@ class VocSource(SampleListSource):
         verify_images: bool = False,
         orientation: str = "auto",
     ) -> None:
-        from converters.voc2coco import convert
+        from converters.voc2coco import read_voc_boxes
 
         orientation = check_orientation(orientation)
-        result = convert(
-            root,
-            annotations_dir=annotations_dir,
-            images_dir=images_dir,
-            split=split,
-            labels=labels,
-            coords=coords,
-            difficult=difficult,
-            verify_images=verify_images,
-            orientation=orientation,
-        )
-        self.conversion_report = result.report
-        name = f"{root} (voc2coco" + (f", split {split})" if split else ")")
+        voc = read_voc_boxes(root, split=split, annotations_dir=annotations_dir, images_dir=images_dir,
+                             labels=labels, coords=coords, difficult=difficult, verify_images=verify_images,
+                             orientation=orientation)
+        self.conversion_report = voc.report
+        report = v.Report(f"{root} (VOC" + (f", split {split})" if split else ")"))
+        report.conversion = voc.report
+        samples = []
+        for image in voc.images:  # xyxy as converted: no JSON, no [x, y, w, h] round trip
+            keep = np.ones(len(image.boxes), bool) if include_iscrowd else ~image.iscrowd
+            for _ in np.flatnonzero(~keep):
+                report.add(v.CROWD_LEFT_OUT, f"{report.source}: {image.file_name}", image_id=image.image_id)
+            samples.append(Sample(str(Path(voc.image_root) / image.file_name), image.boxes[keep], image.labels[keep],
+                                  image.image_id, image.size))
         try:
-            dataset = load_coco(result.coco, name=name)
+            checked = _check_samples(samples, voc.categories, report)  # the one set of checks
         except DatasetError as err:
-            raise DatasetError(f"{err}\nconversion:\n{result.report.summary()}") from err
-        dataset.report.conversion = result.report
-        samples = coco_to_samples(dataset, Path(result.image_root), include_iscrowd=include_iscrowd)
-        self._adopt(samples, dataset.categories, dataset.report, orientation)
+            raise DatasetError(f"{err}\nconversion:\n{voc.report.summary()}") from err
+        report.images, report.boxes = len(checked), sum(len(s.boxes) for s in checked)
+        report.finish()
+        self._adopt(checked, voc.categories, report, orientation)
 
 
 def coco_to_samples(

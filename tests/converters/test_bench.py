@@ -27,7 +27,7 @@ def test_benchmark_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert bench.main(["--files", "100", "--repeat", "1", "--keep", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines() if line}
-    assert "files/s" in lines["voc2coco"] and "files/s" in lines["globox"]
+    assert "files/s per core" in lines["voc2coco"] and "files/s per core" in lines["globox"]
     # both tools found the same boxes in the generated set
     count = lines["voc2coco"].split("; ")[-1]
     assert count.endswith("annotations)") and count in lines["globox"]

@@ -113,12 +113,16 @@ def test_dataset_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_interrupt_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                              capsys: pytest.CaptureFixture[str]) -> None:
-    def interrupted(*args: object, **kwargs: object) -> None:
-        raise KeyboardInterrupt
+    from converters import voc2coco
 
-    monkeypatch.setattr(cli, "convert_splits", interrupted)
-    assert cli.main([str(dataset(tmp_path)), "-o", str(tmp_path / "o.json")]) == 130
-    assert "interrupted" in capsys.readouterr().err and not (tmp_path / "o.json").exists()
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # Ctrl-C in the middle of the conversion (the output is open)
+
+    monkeypatch.setattr(voc2coco, "assemble_split", interrupted)
+    out = tmp_path / "out" / "o.json"
+    assert cli.main([str(dataset(tmp_path)), "-o", str(out)]) == 130
+    assert "voc2coco: interrupted; nothing written" in capsys.readouterr().err
+    assert list(out.parent.iterdir()) == []  # no output, no temporary file
 
 
 def test_help_states_the_conventions() -> None:

@@ -63,8 +63,11 @@ def test_failure_mid_write_leaves_old_file_and_no_temp(tmp_path: Path,
     class HalfWriter:
         """Writes half of the bytes, then fails, like a crash or Ctrl-C in the middle."""
 
-        def __init__(self, fd: int, mode: str) -> None:
-            self.handle = real_fdopen(fd, mode)
+        def __init__(self, fd: int, mode: str, **kwargs: object) -> None:
+            self.handle = real_fdopen(fd, mode, **kwargs)
+
+        def close(self) -> None:
+            self.handle.close()
 
         def __enter__(self) -> HalfWriter:
             return self
