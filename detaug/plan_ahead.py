@@ -3,17 +3,26 @@
 A :class:`PlanPool` holds ``workers`` processes (started by :func:`detaug.workers.start_pool`:
 they work from a script without a main guard, from ``python -c`` and from Jupyter, and die
 with their parent), each with a copy of one :class:`~detaug.planning.BatchPlanner`, and
-returns :class:`~detaug.planning.PlannedBatch` futures for ``(epoch, step)``.
+returns :class:`~detaug.planning.PlannedBatch` futures for ``(epoch, step)``: with the image
+bytes the worker read, or without them (``keep_data=False``: the caller reads them, which spares
+the copies through the result pipe and the memory of plans held long before they are used).
 """
 
 from __future__ import annotations
 
 import warnings
 import weakref
+from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Any, Mapping
+from typing import Any
 
-from detaug.planning import BatchPlanner, init_plan_worker, plan_job, planner_payload
+from detaug.planning import (
+    BatchPlanner,
+    PlannedBatch,
+    init_plan_worker,
+    plan_job,
+    planner_payload,
+)
 from detaug.workers import start_pool, stop_pool
 
 __all__ = ["PlanPool"]
@@ -56,12 +65,14 @@ class PlanPool:
         self._finalizer = weakref.finalize(self, stop_pool, self._pool, False)
         return True
 
-    def submit(self, epoch: int, step: int, bad: Mapping[int, str] | None = None) -> Future | None:
-        """A future of batch ``step`` of ``epoch``; ``None`` when the pool is disabled."""
+    def submit(self, epoch: int, step: int, bad: Mapping[int, str] | None = None, *, keep_data: bool = True) -> Future | None:
+        """A future of batch ``step`` of ``epoch``; ``None`` when the pool is disabled. With
+        ``keep_data=False`` the plan's ``data`` is ``None`` (load it with
+        :meth:`~detaug.planning.BatchPlanner.load_data`)."""
         if not self.start():
             return None
         try:
-            return self._pool.submit(plan_job, epoch, step, bad)
+            return self._pool.submit(plan_job if keep_data else plan_job_without_data, epoch, step, bad)
         except RuntimeError as err:  # BrokenProcessPool is a RuntimeError too
             self.give_up(f"the planning workers stopped ({err})")
             return None
@@ -78,3 +89,10 @@ class PlanPool:
         if self._finalizer is not None and self._finalizer.detach() is not None:
             stop_pool(self._pool, wait)
         self._pool = self._finalizer = None
+
+
+def plan_job_without_data(epoch: int, step: int, bad: Mapping[int, str] | None = None) -> PlannedBatch:
+    """In a planning worker: :func:`~detaug.planning.plan_job` less the image data (``None``)."""
+    planned = plan_job(epoch, step, bad)
+    planned.data = None
+    return planned

@@ -30,11 +30,19 @@ over the ``"spawn"`` start method (``fork`` is unsafe next to CUDA and DALI's th
   after taking its lock) is not waited for at exit.
 
 Payloads: the initializer and its arguments are pickled once in the parent. When that is more
-than :data:`PIPE_PAYLOAD_LIMIT` bytes they reach the workers through an unlinked temporary file
-whose descriptor each worker inherits (a spawned child reads its start-up data from a pipe, and
-more than a pipe's 64 KiB would make the parent wait for each worker's start in turn). A job's
-arguments and result travel through pipes, pickled: keep arguments small (indices, seeds) and
-put what every job needs in the initializer's arguments.
+than :data:`PIPE_PAYLOAD_LIMIT` bytes they reach the workers through a shared memory segment
+(:class:`multiprocessing.shared_memory.SharedMemory`, named ``detaug_<pid>_<random>``): a
+spawned child reads its start-up data from a pipe, and more than a pipe's 64 KiB would make the
+parent wait for each worker's start in turn. Each worker attaches to the segment by name,
+copies the payload out and detaches, then says so on a semaphore; once every worker has, a
+daemon thread of the parent unlinks the segment (so its memory is freed while the pool runs);
+stopping the pool unlinks it too if some worker never got that far. The segment is registered
+with multiprocessing's resource tracker by the parent only, so that it is removed even if the
+parent is killed before it unlinks it. Where the segment cannot be made or filled (no
+``/dev/shm``, or too little room in it: the space is reserved before it is written), the
+payload goes through the pipe. A job's arguments and result travel through pipes, pickled:
+keep arguments small (indices, seeds) and put what every job needs in the initializer's
+arguments.
 
 The workers import only what the initializer, the jobs and this module (standard library
 only) import: no DALI, torch or Keras unless a job does.
@@ -47,15 +55,16 @@ import contextlib
 import ctypes
 import multiprocessing
 import multiprocessing.connection
-import multiprocessing.reduction
+import multiprocessing.resource_tracker
+import multiprocessing.shared_memory
 import multiprocessing.spawn
 import os
 import pickle
 import pickletools
 import queue
+import secrets
 import signal
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -66,7 +75,10 @@ from typing import Any
 __all__ = ["PIPE_PAYLOAD_LIMIT", "WorkerPool", "main_references", "references_main", "start_pool", "stop_pool"]
 
 PIPE_PAYLOAD_LIMIT = 32 * 1024
-"""Pickled initializer + arguments larger than this (bytes) go to the workers through a file."""
+"""Pickled initializer + arguments larger than this (bytes) go to the workers through shared memory."""
+
+SHARED_MEMORY_PREFIX = "detaug_"
+"""Names of the payload segments: ``detaug_<parent pid>_<random hex>`` (in ``/dev/shm`` on Linux)."""
 
 DEFAULT_GRACE = 1.0
 """Seconds :func:`stop_pool` lets running jobs finish before terminating their workers."""
@@ -246,36 +258,100 @@ def _block_sigint() -> Any:
 # -- in the worker ----------------------------------------------------------------------------------
 
 
-class _SharedFile:
-    """The pickled initializer and arguments in an unlinked temporary file; pickled (while a
-    worker is spawned) as a descriptor the worker inherits."""
+class _SharedPayload:
+    """The pickled initializer and arguments in a shared memory segment, made and filled in the
+    parent; pickled (while a worker is spawned) as a :class:`_PayloadRef`. ``OSError`` when the
+    segment cannot be made or has not room for ``payload`` (the caller sends it by pipe then)."""
 
-    def __init__(self, payload: bytes) -> None:
-        self.file = tempfile.TemporaryFile(prefix="detaug-workers-")  # noqa: SIM115 - closed in close()
-        self.file.write(payload)
-        self.file.flush()
+    def __init__(self, payload: bytes, workers: int) -> None:
         self.size = len(payload)
-
-    def close(self) -> None:
-        self.file.close()
+        self.workers = workers
+        self.name = f"{SHARED_MEMORY_PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
+        self.sem_name: str | None = None
+        self.attached: Any = None
+        self._lock = threading.Lock()
+        # Registered with the resource tracker (here only): removed even if this process is killed.
+        self.shm: multiprocessing.shared_memory.SharedMemory | None = multiprocessing.shared_memory.SharedMemory(
+            self.name, create=True, size=max(1, self.size)
+        )
+        try:
+            fd = getattr(self.shm, "_fd", -1)
+            if fd >= 0 and hasattr(os, "posix_fallocate"):  # a full /dev/shm fails here, not with SIGBUS on write
+                os.posix_fallocate(fd, 0, max(1, self.size))
+            self.shm.buf[: self.size] = payload
+            # Each worker releases it once, when it has its copy (spawn context: workers open it by name).
+            self.attached = multiprocessing.get_context("spawn").Semaphore(0)
+        except BaseException:
+            self.release()
+            raise
+        self.sem_name = getattr(getattr(self.attached, "_semlock", None), "name", None)
 
     def __reduce__(self) -> tuple:
-        return _read_shared_file, (multiprocessing.reduction.DupFd(self.file.fileno()), self.size)
+        return _PayloadRef, (self.name, self.size, self.attached)
+
+    def unlink_when_read(self, state: _PoolState) -> None:
+        """(A daemon thread) wait until every worker has its copy, then unlink the segment; give
+        up when the pool stops first (stopping unlinks it)."""
+        attached, got = self.attached, 0
+        while attached is not None and got < self.workers and not state.stopped:
+            if attached.acquire(timeout=0.2):
+                got += 1
+        del attached
+        if got == self.workers:
+            self.release()
+
+    def release(self) -> None:
+        """Close and unlink the segment and drop the semaphore (idempotent)."""
+        with self._lock:
+            shm, self.shm = self.shm, None
+            self.attached = None  # its name is unlinked when collected (multiprocessing's finalizer)
+        if shm is None:
+            return
+        with contextlib.suppress(OSError):
+            shm.close()
+        with contextlib.suppress(OSError):  # FileNotFoundError: gone already
+            shm.unlink()
 
 
-def _read_shared_file(dupfd: Any, size: int) -> bytearray:
-    fd = dupfd.detach()
-    data = bytearray(size)
-    view, done = memoryview(data), 0
+class _PayloadRef:
+    """A worker's handle on the parent's :class:`_SharedPayload`: the segment's name and size,
+    and the semaphore to release once read."""
+
+    def __init__(self, name: str, size: int, attached: Any) -> None:
+        self.name, self.size, self.attached = name, size, attached
+
+    def read(self) -> bytearray:
+        """The payload, copied out of the segment (which is closed, not unlinked: the parent does)."""
+        try:
+            shm = _attach_untracked(self.name)
+            try:
+                with shm.buf[: self.size] as view:
+                    data = bytearray(view)
+            finally:
+                shm.close()
+        finally:
+            if self.attached is not None:  # also on failure: the parent does not wait for this worker in vain
+                self.attached.release()
+        return data  # pickle.loads takes it as is (no copy)
+
+
+def _attach_untracked(name: str) -> multiprocessing.shared_memory.SharedMemory:
+    """Attach to segment ``name`` without registering it with the resource tracker, which a
+    spawned worker shares with its parent: the parent registered it, and unregisters it when it
+    unlinks it; a second registration from here could reach the tracker after that and make it
+    warn of a leak at exit. Python 3.13+ says so with ``track=False``; before, the registration
+    is skipped for this one call (a worker is single-threaded while it starts)."""
     try:
-        while done < size:  # one read returns at most ~2 GiB
-            n = os.preadv(fd, [view[done:]], done)
-            if n <= 0:
-                raise RuntimeError(f"detaug worker: read {done} of {size} payload bytes")
-            done += n
+        return multiprocessing.shared_memory.SharedMemory(name, track=False)  # type: ignore[call-arg]
+    except TypeError:  # Python < 3.13
+        pass
+    tracker = multiprocessing.resource_tracker
+    register = tracker.register
+    tracker.register = lambda name, rtype: None if rtype == "shared_memory" else register(name, rtype)  # type: ignore[assignment]
+    try:
+        return multiprocessing.shared_memory.SharedMemory(name)
     finally:
-        os.close(fd)
-    return data  # pickle.loads takes it as is (no copy)
+        tracker.register = register  # type: ignore[assignment]
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -299,12 +375,15 @@ def _die_with_parent(parent_pid: int) -> None:
         threading.Thread(target=watch, name="detaug-parent-watch", daemon=True).start()
 
 
-def _worker_init(parent_pid: int, payload: bytes | Any) -> None:
-    """First thing in a worker: die with the parent, ignore SIGINT, then the user's initializer."""
+def _worker_init(parent_pid: int, payload: bytes | _PayloadRef) -> None:
+    """First thing in a worker: die with the parent, ignore SIGINT, read the payload (from shared
+    memory when it is there), then the user's initializer."""
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # also drops a SIGINT pending since the spawn
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if isinstance(payload, _PayloadRef):
+        payload = payload.read()
     initializer, initargs = pickle.loads(payload)
     if initializer is not None:
         initializer(*initargs)
@@ -324,7 +403,7 @@ class _PoolState:
         self.pending: dict[int, Any] = pool._pending_work_items  # work id -> _WorkItem (shared)
         self.call_queue = pool._call_queue
         self.result_queue = pool._result_queue
-        self.shared_file: _SharedFile | None = None
+        self.shared: _SharedPayload | None = None  # the payload's segment, until unlinked
         self.stopped = False
         self.lock = threading.Lock()
 
@@ -341,12 +420,12 @@ class WorkerPool(ProcessPoolExecutor):
     hides_main: bool
     """Whether the workers were started without importing the main script."""
 
-    def __init__(self, workers: int, payload: bytes | _SharedFile, hide_main: bool) -> None:
+    def __init__(self, workers: int, payload: bytes | _SharedPayload, hide_main: bool) -> None:
         super().__init__(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init, initargs=(os.getpid(), payload))
         self.hides_main = hide_main
         self._detaug_state = _PoolState(self)
-        if isinstance(payload, _SharedFile):
-            self._detaug_state.shared_file = payload
+        if isinstance(payload, _SharedPayload):
+            self._detaug_state.shared = payload
 
     def _spawn_process(self) -> None:
         state = self._detaug_state
@@ -434,11 +513,11 @@ def start_pool(workers: int, initializer: Callable[..., Any] | None = None, init
     else:
         hide_main = not import_main
     _install_main_hiding()
-    payload: bytes | _SharedFile = data
+    payload: bytes | _SharedPayload = data
     if len(data) > PIPE_PAYLOAD_LIMIT:
         try:
-            payload = _SharedFile(data)
-        except OSError:  # no writable temporary folder: through the pipe, then
+            payload = _SharedPayload(data, int(workers))
+        except OSError:  # no /dev/shm, or too little room in it: through the pipe, then
             payload = data
     pool = WorkerPool(int(workers), payload, hide_main)
     state = pool._detaug_state
@@ -450,9 +529,8 @@ def start_pool(workers: int, initializer: Callable[..., Any] | None = None, init
     except BaseException:
         stop_pool(pool, wait=True, grace=0.0)
         raise
-    if state.shared_file is not None:  # every worker has its own descriptor now
-        state.shared_file.close()
-        state.shared_file = None
+    if state.shared is not None:  # unlinked once every worker has read it (or when the pool stops)
+        threading.Thread(target=state.shared.unlink_when_read, args=(state,), name="detaug-payload-unlink", daemon=True).start()
     return pool
 
 
@@ -523,9 +601,8 @@ def _reap(state: _PoolState, grace: float, patience: float = 1.0) -> None:
                 with contextlib.suppress(Exception):
                     state.call_queue.cancel_join_thread()
     finally:
-        if state.shared_file is not None:
-            state.shared_file.close()
-            state.shared_file = None
+        if state.shared is not None:
+            state.shared.release()
         with _live_lock:
             _live.discard(state)
 

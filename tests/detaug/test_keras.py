@@ -156,39 +156,39 @@ class TestConcurrency:
 
     def test_a_busy_pipeline_makes_another_call_build_a_second_one(self, source, epoch0):
         two = make_sequence(source, workers=2, prefetch=False)
-        held = two._acquire()  # as a call in progress would hold it
-        assert two._pipelines == 1
+        held = two._pool.acquire()  # as a call in progress would hold it
+        assert two._pool.count == 1
         assert_batches_equal(two[2], epoch0[2])
-        assert two._pipelines == 2
-        two._release(held)
+        assert two._pool.count == 2
+        two._pool.release(held)
         with ThreadPoolExecutor(4) as pool:
             batches = list(pool.map(two.__getitem__, [1, 0, 2, 1, 2, 0]))
         for i, batch in zip([1, 0, 2, 1, 2, 0], batches):
             assert_batches_equal(batch, epoch0[i])
-        assert two._pipelines == 2  # never more than workers
+        assert two._pool.count == 2  # never more than workers
 
     def test_with_one_worker_a_call_waits_for_the_pipeline(self, seq, epoch0):
         assert seq.workers == 1 or DEVICE != "cpu"
         seq.set_epoch(0)
         # hold every pipeline: the idle ones, and those still allowed to be built
-        held = [seq._acquire() for _ in range(len(seq._idle) + seq.workers - seq._pipelines)]
+        held = [seq._pool.acquire() for _ in range(len(seq._pool.idle) + seq.workers - seq._pool.count)]
         try:
             with ThreadPoolExecutor(1) as pool:
                 waiting = pool.submit(seq.__getitem__, 1)
                 time.sleep(0.5)
                 assert not waiting.done()  # no pipeline free, none may be built
-                seq._release(held.pop())
+                seq._pool.release(held.pop())
                 assert_batches_equal(waiting.result(timeout=60), epoch0[1])
         finally:
             for pipe in held:
-                seq._release(pipe)
+                seq._pool.release(pipe)
 
     def test_a_prefetch_nobody_asks_for_gives_its_pipeline_to_the_next_call(self, source, epoch0):
         one = make_sequence(source, workers=1)
         one[0], one[1]  # sequential: batch 2 is prefetched
-        assert list(one._prefetched) == [(0, 2)] and one._pipelines == 1
+        assert list(one._pool.prefetched) == [(0, 2)] and one._pool.count == 1
         assert_batches_equal(one[0], epoch0[0])  # takes the prefetching pipeline over
-        assert (one.prefetch_wasted, one._pipelines, one._prefetched) == (1, 1, {})
+        assert (one.prefetch_wasted, one._pool.count, one._pool.prefetched) == (1, 1, {})
 
     def test_workers_must_be_a_positive_integer(self, source):
         for bad in (0, -1, 1.5, True):
@@ -481,7 +481,7 @@ def all_ended(processes, timeout: float) -> bool:
 
 
 class TestPlanningWorkers:
-    def test_same_batches_and_errors_as_planning_inline_and_close_stops_the_workers(self, monkeypatch):
+    def test_same_batches_and_errors_as_planning_inline_and_close_stops_the_workers(self):
         """plan_workers=2 against plan_workers=0 on a source with a broken image: epochs 0 and 1 in
         random order (epoch 1 planned during epoch 0), then a jump to epoch 5 read in order with
         prefetching and at most PLAN_AHEAD_BATCHES=3 plans held; then close() and garbage
@@ -519,7 +519,7 @@ class TestPlanningWorkers:
         assert (ahead.planned_inline, inline.planned_inline) == (1, 2 * (n - 1))
         assert sorted(ahead._planner.plans) == [(2, i) for i in range(n)]
 
-        monkeypatch.setattr(dk, "PLAN_AHEAD_BATCHES", 3)
+        ahead._planner.limit = 3
         ahead.prefetch = inline.prefetch = True  # each batch prefetched after the one before
         ahead.set_epoch(5)  # not the next epoch: epoch 2's plans are dropped
         inline.set_epoch(5)
@@ -532,7 +532,7 @@ class TestPlanningWorkers:
         assert ahead.planned_ahead > before
         assert (ahead.prefetch_hits, ahead.prefetch_wasted) == (inline.prefetch_hits, inline.prefetch_wasted)
         assert ahead.prefetch_hits >= n - 4  # not the bad batch, nor the two after it
-        monkeypatch.undo()
+        ahead._planner.limit = dk.PLAN_AHEAD_BATCHES
 
         pool = ahead._planner.pool._pool
         assert not pool.submit(eval, "'keras' in __import__('sys').modules").result(timeout=60)  # left out there
@@ -588,6 +588,36 @@ class TestPlanningWorkers:
         shapes = planning.DecodedShapes(decoded)
         assert shapes.load(1)[0].shape == (160, 200, 3) and len(pickle.dumps(shapes)) < 20_000
 
+    def test_held_plans_carry_image_bytes_within_the_budget(self, source, epoch0):
+        """Workers keep the image bytes they read for at most PLAN_AHEAD_DATA_BYTES of held plans
+        (``workers`` plans until a plan's size is known); the others come without them and the
+        calling thread reads the files. The batches are the same either way."""
+        ahead = make_sequence(source, plan_workers=1, prefetch=False)
+        planner = ahead._planner
+        assert planner.data_bytes == dk.PLAN_AHEAD_DATA_BYTES
+        ahead.set_epoch(0)
+        assert ahead.start_workers(timeout=60)
+        wait_for_plans(ahead)
+        n = len(ahead)
+        assert sorted(planner.plans) == [(e, i) for e in (0, 1) for i in range(n)]
+        assert planner.with_data == {(0, 0)}  # one worker: one plan with bytes until their size is known
+        for key, future in planner.plans.items():
+            assert (future.result().data is not None) == (key in planner.with_data)
+        assert_batches_equal(ahead[0], epoch0[0])
+        assert planner.batch_bytes == sum(len(d) for d in ahead.planner.plan(0, 0).data)
+        planner.data_bytes = planner.batch_bytes * 2  # room for two batches' bytes from now on
+        for i in range(1, n):  # planned without the bytes: read here
+            assert_batches_equal(ahead[i], epoch0[i])
+        assert (ahead.planned_ahead, ahead.planned_inline) == (n, 0)
+        ahead.on_epoch_end()
+        ahead.set_epoch(5)  # not the next epoch: planned afresh, two plans with bytes
+        assert planner._data_slots() == 2
+        ahead[0]
+        wait_for_plans(ahead)
+        assert len(planner.with_data) == 2
+        assert all((f.result().data is not None) == (k in planner.with_data) for k, f in planner.plans.items())
+        ahead.close()
+
     def test_arguments_and_fallback(self, source):
         assert make_sequence(source, prefetch=False).plan_workers == (0 if DEVICE == "cpu" else min(8, os.cpu_count()))
         for bad in (-1, True, 1.5):
@@ -609,6 +639,28 @@ def _decode(data: bytes, gray: bool) -> np.ndarray:
 
     with Image.open(io.BytesIO(data)) as im:
         return np.asarray(im.convert("L" if gray else "RGB"))
+
+
+def test_importing_the_package_imports_no_keras_or_torch():
+    """``import detaug.keras`` (and the old ``detaug.keras_data``) import neither Keras nor torch;
+    ``DetectionSequence`` brings its Keras when it is first asked for."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, detaug.keras as k, detaug.keras_data as kd, detaug.keras.data as d\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('keras', 'tf_keras', 'torch', 'tensorflow', 'jax')))\n"
+        "print(kd.to_tf_dataset is d.to_tf_dataset and kd.GrainBatchSource is d.GrainBatchSource, k.KERAS_FLAVOR)\n"
+        "from detaug.keras import DetectionSequence, BoxOverflowWarning, to_keras_boxes, KERAS_BOX_FORMATS\n"
+        "print('keras' in sys.modules, DetectionSequence.__mro__[1] is k._Base, DetectionSequence.__module__)\n"
+    )
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "KERAS_BACKEND": "torch", "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    env.pop("DETAUG_KERAS", None)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines() == ["[]", "True keras", "True True detaug.keras.sequence"], run.stdout
 
 
 def test_images_on_device_needs_a_gpu(source):

@@ -18,7 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from detaug.workers import PIPE_PAYLOAD_LIMIT, main_references, references_main, start_pool, stop_pool
+from detaug.workers import (
+    PIPE_PAYLOAD_LIMIT,
+    SHARED_MEMORY_PREFIX,
+    main_references,
+    references_main,
+    start_pool,
+    stop_pool,
+)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics (/proc, prctl)")
 
@@ -514,3 +521,68 @@ def test_large_initializer_payload(workdir: Path) -> None:
 
     assert results == {(len(payload), hashlib.sha256(payload).hexdigest())}
     assert time.monotonic() - start < 10
+
+
+def _shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _ours(pid: int) -> set[str]:
+    """The payload segments process ``pid`` made that are still in /dev/shm."""
+    return {name for name in _shm_entries() if name.startswith(f"{SHARED_MEMORY_PREFIX}{pid}_")}
+
+
+def _wait_until(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory is not in /dev/shm here")
+def test_large_payload_shared_memory_is_unlinked(workdir: Path) -> None:
+    """A payload over the pipe limit goes through a shared memory segment: it is unlinked as
+    soon as every worker has read it (the pool still running), and stopping the pool before the
+    workers have read it unlinks it too; its semaphore goes with it. Nothing of ours is left."""
+    import helper
+
+    payload = os.urandom(4 * PIPE_PAYLOAD_LIMIT)
+    for stop_at_once in (False, True):
+        pool = start_pool(2, helper.init, (1, payload))
+        shared = pool._detaug_state.shared
+        assert shared is not None and shared.name.startswith(f"{SHARED_MEMORY_PREFIX}{os.getpid()}_")
+        sem_file = "sem." + shared.sem_name.lstrip("/")
+        if not stop_at_once:
+            assert pool.submit(helper.payload_digest).result(timeout=60)[0] == len(payload)
+            assert _wait_until(lambda name=shared.name: name not in _shm_entries(), 10.0), "not unlinked once read"
+            assert pool.submit(helper.payload_digest).result(timeout=60)[0] == len(payload)  # the pool goes on
+        stop_pool(pool, wait=True)
+        del pool
+        gc.collect()
+        assert shared.name not in _shm_entries() and not _ours(os.getpid())
+        assert _wait_until(lambda name=sem_file: name not in _shm_entries(), 5.0), f"{sem_file} left in /dev/shm"
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory is not in /dev/shm here")
+def test_shared_memory_start_stop_loop_in_a_process_leaves_nothing(workdir: Path) -> None:
+    """Start, use and stop pools with a large payload 20 times in a fresh process, then exit:
+    no segment of that process is left, and multiprocessing's resource tracker does not warn
+    (of leaked segments, or of unlinking one twice)."""
+    script = textwrap.dedent("""
+        import os, helper
+        from detaug.workers import start_pool, stop_pool
+        payload = os.urandom(200_000)
+        for k in range(20):
+            pool = start_pool(1 + k % 2, helper.init, (1, payload))
+            if k % 3:
+                assert pool.submit(helper.payload_digest).result(timeout=60)[0] == len(payload)
+            stop_pool(pool, wait=True)
+        print("PID", os.getpid(), flush=True)
+    """)
+    proc = _run(workdir, ["-c", script], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    pid = int(proc.stdout.split()[1])
+    assert not _ours(pid)
+    assert "resource_tracker" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr

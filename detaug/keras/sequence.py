@@ -1,15 +1,16 @@
-"""Keras adapter: an indexable ``PyDataset`` (``Sequence``) of augmented detection batches.
+"""The Keras face: :class:`DetectionSequence`, an indexable ``PyDataset`` (``Sequence``) of
+augmented detection batches.
 
 A Keras ``Sequence`` is random access: ``seq[i]`` may be asked for any batch, in any order, and
 ``on_epoch_end()`` reshuffles. DALI pipelines are iterators. :class:`DetectionSequence` bridges
 the two: batch ``i`` of an epoch is a pure function of the source, the recipe and
 ``(seed, epoch)`` (the epoch and shard rules of :mod:`detaug.epochs`, each sample augmented from
 its key ``(seed, epoch, image_id)``, :mod:`detaug.planning`), and ``seq[i]`` feeds it to a
-pipeline's external sources and runs it once. The same ``i`` in the same epoch therefore always gives the same
-samples and the same augmentation; a new epoch gives a new order (``shuffle=True``) and new
-augmentations.
+pipeline's external sources and runs it once. The same ``i`` in the same epoch therefore always
+gives the same samples and the same augmentation; a new epoch gives a new order
+(``shuffle=True``) and new augmentations.
 
-Access pattern, concurrency and prefetching:
+Access pattern, concurrency and prefetching (the pipelines: :mod:`detaug.keras.pool`):
 
 1. ``seq[i]`` may be called from several threads at once (Keras' ``workers > 1``, which
    ``fit(shuffle=True)`` drives in a random batch order): the sequence holds up to ``workers``
@@ -22,160 +23,65 @@ Access pattern, concurrency and prefetching:
    batch or the epoch changes (``prefetch_wasted`` counts them);
 4. ``on_epoch_end()`` drops pending prefetches, moves to the next epoch and draws its order.
 
-Planning ahead: the samples and seeds of every batch of an epoch (and of the next one) are known
-in advance, so with ``plan_workers > 0`` the host-side work (reading the image files and their
-headers, ``Compose.plan_batch``) runs in worker processes, ahead of the ``seq[i]`` calls, from
-:meth:`DetectionSequence.start_workers` or the first ``seq[i]`` of an epoch on, for the rest of
-that epoch and then the next; ``seq[i]`` then only feeds and runs a pipeline and copies out the
-images (little Python in the calling threads, which share one interpreter lock with Keras'). A
-batch whose plan is not ready is planned in the calling thread, as with ``plan_workers=0``: the
-results are the same either way.
+Planning ahead (:mod:`detaug.keras.prefetch`): the samples and seeds of every batch of an epoch
+(and of the next one) are known in advance, so with ``plan_workers > 0`` the host-side work
+(reading the image files and their headers, ``Compose.plan_batch``) runs in worker processes,
+ahead of the ``seq[i]`` calls, from :meth:`DetectionSequence.start_workers` or the first
+``seq[i]`` of an epoch on, for the rest of that epoch and then the next; ``seq[i]`` then only
+feeds and runs a pipeline and copies out the images (little Python in the calling threads, which
+share one interpreter lock with Keras'). A batch whose plan is not ready is planned in the
+calling thread, as with ``plan_workers=0``: the results are the same either way.
 
-Targets are padded to ``max_boxes`` with ``-1`` as Keras 3 and KerasHub detectors take them
-(``keras.layers.MaxNumBoundingBoxes`` pads the same way). A sample with more boxes than
-``max_boxes`` is handled by ``overflow``: ``"raise"`` (default), ``"warn"`` or ``"truncate"``
-(both keep the first ``max_boxes`` boxes, in annotation order, and count what they cut).
+Targets (:mod:`detaug.keras.targets`) are padded to ``max_boxes`` with ``-1`` as Keras 3 and
+KerasHub detectors take them. A sample with more boxes than ``max_boxes`` is handled by
+``overflow``: ``"raise"`` (default), ``"warn"`` or ``"truncate"`` (both keep the first
+``max_boxes`` boxes, in annotation order, and count what they cut).
+
+Importing this module imports the Keras that :data:`~detaug.keras.flavor.KERAS_FLAVOR` names
+(its base class is chosen here); :mod:`detaug.keras` imports it when ``DetectionSequence`` is
+first asked for.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import operator
 import os
 import threading
 import warnings
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Future, wait
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, wait
 from typing import Any
 
 import numpy as np
 
-from detaug.boxes import convert_format
 from detaug.epochs import check_shard
 from detaug.errors import DataWarning
+from detaug.keras.flavor import keras_backend, keras_base, keras_module
+from detaug.keras.pool import PipelinePool
+from detaug.keras.prefetch import PlanAhead
+from detaug.keras.targets import (
+    OVERFLOW_POLICIES,
+    BoxOverflowWarning,
+    check_box_format,
+    overflowing,
+    pad_targets,
+)
 from detaug.labels import LabelMap
-from detaug.pipeline import build_pipeline, feed, pick_device, resolve_device
-from detaug.plan_ahead import PlanPool
-from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, undecodable
+from detaug.pipeline import build_pipeline, pick_device, resolve_device
+from detaug.planning import (
+    BatchPlanner,
+    DecodeFailure,
+    EpochSpec,
+    PlannedBatch,
+    undecodable,
+)
 from detaug.transforms import Compose
 
-__all__ = ["KERAS_BOX_FORMATS", "KERAS_FLAVOR", "BoxOverflowWarning", "DetectionSequence", "to_keras_boxes"]
+__all__ = ["DetectionSequence"]
 
-#: ``bounding_box_format`` names, as in ``keras.utils.bounding_boxes.convert_format``.
-KERAS_BOX_FORMATS = (
-    "xyxy",
-    "yxyx",
-    "xywh",
-    "center_xywh",
-    "center_yxhw",
-    "rel_xyxy",
-    "rel_yxyx",
-    "rel_xywh",
-    "rel_center_xywh",
-)
-
-#: ``overflow`` policies for samples with more than ``max_boxes`` boxes.
-OVERFLOW_POLICIES = ("raise", "warn", "truncate")
-
-PAD_VALUE = -1
-
-#: Planned batches (done or in flight) held at most, per sequence: the current and the next epoch
-#: are planned ahead whole up to this many batches; past it, further plans wait for the held ones
-#: to be used (held plans are small: parameter vectors, boxes and labels).
-PLAN_AHEAD_BATCHES = 4096
-
-class BoxOverflowWarning(UserWarning):
-    """Boxes beyond ``max_boxes`` were cut from a batch (``overflow="warn"``)."""
-
-
-#: Environment variable that picks the Keras class ``DetectionSequence`` subclasses, read when
-#: :mod:`detaug.keras` is first imported: ``"keras"`` (Keras 3's ``PyDataset``), ``"tf_keras"``
-#: (legacy Keras 2's ``tf_keras.utils.Sequence``, for ``fit_generator`` code) or ``"auto"``
-#: (default: ``tf_keras`` when ``TF_USE_LEGACY_KERAS`` is set to ``1``/``true`` and tf-keras is
-#: installed, as ``tf.keras`` then is; else Keras 3 when installed).
-KERAS_FLAVOR_ENV = "DETAUG_KERAS"
-KERAS_FLAVORS = ("auto", "keras", "tf_keras")
-
-
-def _keras_flavor() -> str | None:
-    """``"keras"`` (Keras 3), ``"tf_keras"`` (legacy Keras 2) or ``None`` (no Keras installed),
-    from :data:`KERAS_FLAVOR_ENV` and ``TF_USE_LEGACY_KERAS``."""
-    choice = os.environ.get(KERAS_FLAVOR_ENV, "auto").strip().lower() or "auto"
-    if choice not in KERAS_FLAVORS:
-        raise ImportError(f"{KERAS_FLAVOR_ENV}={choice!r}: expected one of {', '.join(KERAS_FLAVORS)}")
-    has_tf_keras = importlib.util.find_spec("tf_keras") is not None
-    if choice == "tf_keras":
-        if not has_tf_keras:
-            raise ImportError(f"{KERAS_FLAVOR_ENV}=tf_keras but tf-keras is not installed (pip install tf-keras)")
-        return "tf_keras"
-    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
-    if choice == "auto" and legacy and has_tf_keras:
-        return "tf_keras"
-    if importlib.util.find_spec("keras") is not None:
-        return "keras"
-    return None
-
-
-def _keras_base() -> type:
-    """``keras.utils.PyDataset`` (Keras 3), ``tf_keras.utils.Sequence`` (legacy Keras 2, see
-    :data:`KERAS_FLAVOR_ENV`), or ``object`` when Keras is not installed (the classic protocol
-    is then implemented here alone)."""
-    if KERAS_FLAVOR is None:
-        return object
-    if KERAS_FLAVOR == "tf_keras":
-        import tf_keras
-
-        return tf_keras.utils.Sequence
-    try:
-        import keras
-    except ImportError as err:  # installed, but its backend is missing (TensorFlow by default)
-        raise ImportError(
-            f"keras is installed but cannot be imported ({err}); set KERAS_BACKEND to an "
-            "installed backend before importing it, e.g. KERAS_BACKEND=torch"
-        ) from err
-    return getattr(keras.utils, "PyDataset", None) or keras.utils.Sequence
-
-
-#: The Keras the sequence is made for: ``"keras"``, ``"tf_keras"`` or ``None`` (no Keras).
-KERAS_FLAVOR = _keras_flavor()
-_Base = _keras_base()
-
-
-def _keras_module() -> Any:
-    """The active Keras module (``keras`` or ``tf_keras``)."""
-    return importlib.import_module("tf_keras" if KERAS_FLAVOR == "tf_keras" else "keras")
-
-
-def _keras_backend() -> str | None:
-    """Keras' backend name, ``None`` without Keras (legacy Keras: ``"tensorflow"``)."""
-    if _Base is object:
-        return None
-    if KERAS_FLAVOR == "tf_keras":
-        return "tensorflow"
-    import keras
-
-    return keras.backend.backend()
-
-
-def to_keras_boxes(boxes_xyxy: np.ndarray, bounding_box_format: str, canvas_size: tuple[int, int]) -> np.ndarray:
-    """Absolute ``xyxy`` boxes ``[..., 4]`` in a Keras format (see :data:`KERAS_BOX_FORMATS`);
-    ``canvas_size`` is the image's ``(height, width)``, used by the ``rel_*`` formats."""
-    fmt = _check_box_format(bounding_box_format)
-    rel = "rel_" if fmt.startswith("rel_") else ""
-    base = fmt[len(rel) :]
-    if base == "center_yxhw":
-        return convert_format(boxes_xyxy, "cxcywh", canvas_size)[..., [1, 0, 3, 2]]
-    return convert_format(boxes_xyxy, rel + ("cxcywh" if base == "center_xywh" else base), canvas_size)
-
-
-def _check_box_format(bounding_box_format: str) -> str:
-    fmt = str(bounding_box_format).lower()
-    if fmt not in KERAS_BOX_FORMATS:
-        raise ValueError(
-            f"unknown bounding_box_format {bounding_box_format!r}; expected one of Keras' "
-            f"{', '.join(KERAS_BOX_FORMATS)}"
-        )
-    return fmt
+#: The class ``DetectionSequence`` subclasses: Keras 3's ``PyDataset``, ``tf_keras.utils.Sequence``
+#: or ``object`` (see :mod:`detaug.keras.flavor`).
+_Base = keras_base()
 
 
 class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
@@ -316,7 +222,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         if images_on_device and device == "cpu":
             raise ValueError("images_on_device=True needs device='gpu' (CPU images are host arrays already)")
         if images_on_device is None:
-            images_on_device = device != "cpu" and _keras_backend() == "torch"
+            images_on_device = device != "cpu" and keras_backend() == "torch"
         self.images_on_device = bool(images_on_device)
         if plan_workers is not None and (
             isinstance(plan_workers, bool) or not isinstance(plan_workers, (int, np.integer)) or plan_workers < 0
@@ -324,7 +230,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             raise ValueError(f"plan_workers must be an integer >= 0 or None, got {plan_workers!r}")
         if not isinstance(transforms, Compose):
             raise TypeError(f"transforms must be a detaug.transforms.Compose, got {type(transforms).__name__}")
-        self.bounding_box_format = _check_box_format(bounding_box_format)
+        self.bounding_box_format = check_box_format(bounding_box_format)
 
         # 2. Source, shard and shuffle flag (the epoch rules of detaug.epochs, as the PyTorch loader's).
         if not hasattr(source, "samples") or not hasattr(source, "load"):
@@ -382,19 +288,17 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self.boxes_truncated = 0
         self.samples_truncated = 0
         self.prefetch_hits = 0
-        self.prefetch_wasted = 0
         self.planned_ahead = 0
         self.planned_inline = 0
-        self._lock = threading.Condition()  # guards the counters, the epoch and the pipelines below
-        self._planner = _Planner(self.planner, self.plan_workers, num_batches=len(self)) if self.plan_workers and len(self) > 1 else None
+        self._lock = threading.Condition()  # guards the counters, the epoch and the pipelines' states
+        self._planner = (
+            PlanAhead(self.planner, self.plan_workers, num_batches=len(self)) if self.plan_workers and len(self) > 1 else None
+        )
         self._last = -1  # last index asked for in this epoch
         self._calls = 0  # seq[i] calls in progress
         self.epoch = 0
-        # Pipelines: each is idle, running a seq[i] call's batch, or holding a prefetched batch.
-        self._idle: list[Any] = [self._build()]  # fail here, not in the first seq[i]
-        self._prefetched: dict[tuple[int, int], tuple[Any, PlannedBatch]] = {}  # (epoch, index) -> (pipeline, batch fed)
-        self._pipelines = 1  # built or being built, in any of the three states
-        self._streams = threading.local()  # a CUDA stream per calling thread, for the copies
+        self._pool = PipelinePool(self._build, self.workers, self._lock, device_id=self.device_id,
+                                  images_on_device=self.images_on_device)
 
     # -- the classic Sequence protocol ------------------------------------------------------------
 
@@ -407,6 +311,11 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     def category_ids(self) -> list[int]:
         """The category id of each class index, ``-1`` for none (see the class docstring); a new list."""
         return self.label_mapping.category_ids
+
+    @property
+    def prefetch_wasted(self) -> int:
+        """Prefetched batches dropped because nobody asked for them next."""
+        return self._pool.wasted
 
     def __len__(self) -> int:
         """Batches per epoch (the same on every shard)."""
@@ -422,6 +331,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         moving the sequence's epoch: the same batch ``seq[index]`` gives after
         ``set_epoch(epoch)``. Only calls in the current epoch count as sequential (prefetching)."""
         i = self._check_index(index)
+        pool = self._pool
         with self._lock:
             epoch = self.epoch if epoch is None else int(epoch)
             current = epoch == self.epoch
@@ -429,36 +339,36 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             if current:
                 self._last = i
             self._calls += 1
-            pipe, columns = self._prefetched.pop((epoch, i), (None, None))
+            pipe, planned = pool.take((epoch, i))
             if pipe is not None:
                 self.prefetch_hits += 1
         try:
             if pipe is None:
-                columns = self._columns(i, epoch)
-                pipe = self._acquire()
-                self._schedule(pipe, columns)
+                planned = self._plan(i, epoch)
+                pipe = pool.acquire()
+                pool.schedule(pipe, planned)
             while True:
                 try:
-                    outputs = self._collect(pipe, columns, i, epoch)
+                    images = pool.collect(pipe, planned)
                     break
                 except DecodeFailure as failure:  # DALI failed on an image whose header was fine
-                    self._discard(pipe)  # DALI: "Current pipeline object is no longer valid"
-                    columns = self._without_undecodable(columns, failure)
-                    pipe = self._acquire()
-                    self._schedule(pipe, columns)
+                    pool.discard(pipe)  # DALI: "Current pipeline object is no longer valid"
+                    planned = self._without_undecodable(planned, failure)
+                    pipe = pool.acquire()
+                    pool.schedule(pipe, planned)
                 except BaseException:
-                    self._discard(pipe)
+                    pool.discard(pipe)
                     raise
             handed_over = self.prefetch and sequential and i + 1 < len(self) and self._prefetch_next(pipe, i + 1, epoch)
             if not handed_over:
-                self._release(pipe)
-            self._record(columns)
-            return self._to_keras(i, epoch, columns, outputs)
+                pool.release(pipe)
+            self._record(planned)
+            return images, self._targets(i, epoch, planned, images)
         finally:
             with self._lock:
                 self._calls -= 1
 
-    def __iter__(self) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+    def __iter__(self) -> Iterator[tuple[Any, dict[str, np.ndarray]]]:
         """The batches of the current epoch, in order (one epoch; call ``on_epoch_end`` after)."""
         for i in range(len(self)):
             yield self[i]
@@ -470,7 +380,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     def set_epoch(self, epoch: int) -> None:
         """Jump to ``epoch`` (e.g. when resuming with ``fit(initial_epoch=...)``)."""
         with self._lock:
-            self._drop_prefetched()
+            self._pool.drop_prefetched()
             if self._planner is not None:
                 self._planner.set_epoch(int(epoch))  # keeps the plans of the next epoch, cancels others
             self.epoch = int(epoch)
@@ -481,7 +391,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         epoch begins. ``fit`` also calls ``on_epoch_end`` once before training (and the epoch
         count then drifts from Keras'); with this callback, epoch ``e`` of ``fit`` always sees
         the same orders and augmentations, also when resumed with ``initial_epoch=e``."""
-        keras = _keras_module()
+        keras = keras_module()
 
         return keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs=None: self.set_epoch(epoch))
 
@@ -509,24 +419,22 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         """Release the DALI pipelines (and their GPU memory) and stop the planning workers; a
         later ``seq[i]`` builds and starts new ones. Call it when no ``seq[i]`` is in progress."""
         with self._lock:
-            self._drop_prefetched()
-            self._pipelines -= len(self._idle)
-            self._idle = []
+            self._pool.close()
             if self._planner is not None:
                 self._planner.close()
 
     def to_tf_dataset(self, prefetch: int | None = -1) -> Any:
         """A ``tf.data.Dataset`` of this sequence's batches, for ``model.fit(ds)`` where a Keras
         ``PyDataset`` is not taken (KerasHub detectors, plain TensorFlow loops); see
-        :func:`detaug.keras_data.to_tf_dataset` (each iteration of the dataset is one epoch)."""
-        from detaug.keras_data import to_tf_dataset
+        :func:`detaug.keras.data.to_tf_dataset` (each iteration of the dataset is one epoch)."""
+        from detaug.keras.data import to_tf_dataset
 
         return to_tf_dataset(self, prefetch=prefetch)
 
     def grain_source(self, epochs: int = 1, first_epoch: int | None = None) -> Any:
         """A Grain random-access source of this sequence's batches over ``epochs`` epochs, for
-        ``grain.MapDataset.source(...)``; see :class:`detaug.keras_data.GrainBatchSource`."""
-        from detaug.keras_data import GrainBatchSource
+        ``grain.MapDataset.source(...)``; see :class:`detaug.keras.data.GrainBatchSource`."""
+        from detaug.keras.data import GrainBatchSource
 
         return GrainBatchSource(self, epochs=epochs, first_epoch=first_epoch)
 
@@ -537,7 +445,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             f"device={self.device!r}, epoch={self.epoch})"
         )
 
-    # -- pipeline ---------------------------------------------------------------------------------
+    # -- plans and pipelines ------------------------------------------------------------------------
 
     def _build(self) -> Any:
         pipe = build_pipeline(
@@ -558,9 +466,10 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             raise IndexError(f"batch index {index} out of range for a sequence of {n} batches")
         return i + n if i < 0 else i
 
-    def _columns(self, i: int, epoch: int) -> PlannedBatch:
-        """Batch ``i`` of ``epoch``, planned: a worker's plan (with the image bytes it read;
-        decoded arrays are taken here), or, when none is ready, planned here."""
+    def _plan(self, i: int, epoch: int) -> PlannedBatch:
+        """Batch ``i`` of ``epoch``, planned, with its image data: a worker's plan (the image
+        bytes it read, or, when it left them out, read here; decoded arrays are taken here), or,
+        when none is ready, planned here."""
         with self._lock:
             current = epoch == self.epoch  # a call that began before set_epoch plans its own batch
             planned = None if self._planner is None or not current else self._planner.take(i, epoch)  # raises the job's error
@@ -574,7 +483,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
                 self.planned_ahead += 1
             else:
                 self.planned_inline += 1
-        if planned.data is None:  # decoded arrays: the workers planned on their shapes
+        if planned.data is None:  # decoded arrays, or a plan made without the bytes: read them here
             planned.data = self.planner.load_data(planned.positions)
         return planned
 
@@ -605,133 +514,37 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         for message in messages:
             warnings.warn(message, DataWarning, stacklevel=3)
 
-    # -- the pipelines ----------------------------------------------------------------------------
-
-    def _acquire(self) -> Any:
-        """An idle pipeline for this call: a free one, a new one (fewer than ``workers``), or one
-        whose prefetched batch nobody asked for; else wait for one to be released."""
-        with self._lock:
-            while True:
-                if self._idle:
-                    return self._idle.pop()
-                if self._pipelines < self.workers:
-                    self._pipelines += 1
-                    break
-                if self._prefetched:
-                    pipe, _ = self._prefetched.pop(next(iter(self._prefetched)))
-                    if self._reclaim(pipe):
-                        return pipe
-                    continue
-                self._lock.wait()
-        try:
-            return self._build()
-        except BaseException:
-            self._discard(None)
-            raise
-
-    def _release(self, pipe: Any) -> None:
-        with self._lock:
-            self._idle.append(pipe)
-            self._lock.notify()
-
-    def _discard(self, pipe: Any) -> None:
-        """Forget a pipeline that failed (or was never built): the next caller builds a new one."""
-        with self._lock:
-            self._pipelines -= 1
-            self._lock.notify()
-
-    def _schedule(self, pipe: Any, planned: PlannedBatch) -> None:
-        """Feed a batch's image data and parameter vectors and start ``pipe`` on it (returns at once)."""
-        try:
-            feed(pipe, planned.data, planned.params)
-        except BaseException:
-            self._discard(pipe)  # possibly half fed: start over with a fresh pipeline
-            raise
-
     def _prefetch_next(self, pipe: Any, i: int, epoch: int) -> bool:
         """Schedule batch ``i`` on ``pipe`` for the next call. ``True`` when ``pipe`` is no longer
         the caller's: it holds batch ``i``, or feeding it failed and it was discarded. ``False``
         when nothing was fed (the epoch changed, or planning failed): the caller releases it.
         Errors are not this call's: batch ``i`` raises them when it is asked for."""
         try:
-            columns = self._columns(i, epoch)
+            planned = self._plan(i, epoch)
         except Exception:  # noqa: BLE001 - batch i's error, raised again when batch i is asked for
             return False
         with self._lock:
             if epoch != self.epoch:
                 return False
             try:
-                self._schedule(pipe, columns)
-            except Exception:  # noqa: BLE001 - _schedule discarded the pipeline; batch i raises it when asked for
+                self._pool.schedule(pipe, planned)
+            except Exception:  # noqa: BLE001 - schedule discarded the pipeline; batch i raises it when asked for
                 return True
-            self._prefetched[epoch, i] = (pipe, columns)
+            self._pool.hold((epoch, i), pipe, planned)
             return True
-
-    def _reclaim(self, pipe: Any) -> bool:
-        """Wait for and drop the unwanted prefetched batch of ``pipe`` (counted as wasted);
-        ``True`` when the pipeline is usable again, else it is forgotten (caller holds the lock)."""
-        self.prefetch_wasted += 1
-        if _drain(pipe):
-            return True
-        self._pipelines -= 1
-        return False
-
-    def _drop_prefetched(self) -> None:
-        """Wait for and drop the prefetched batches (caller holds the lock)."""
-        for pipe, _ in self._prefetched.values():
-            if self._reclaim(pipe):
-                self._idle.append(pipe)
-        self._prefetched = {}
-        self._lock.notify_all()
-
-    def _collect(
-        self, pipe: Any, planned: PlannedBatch, i: int, epoch: int
-    ) -> tuple[Any, list[np.ndarray], list[np.ndarray]]:
-        """Wait for ``pipe``'s batch: a copy of its images (float32 ``[B, H, W, 3]``, NumPy or a
-        CUDA tensor; DALI reuses its buffers at the next run), and its boxes and labels, which
-        are the plan's (the pipeline only moves pixels)."""
-        try:
-            images = pipe.outputs()[0]
-        except (RuntimeError, IndexError) as err:  # DALI's message names the operator, not the samples
-            raise DecodeFailure(planned, err) from err
-        if not images.is_dense_tensor():
-            shapes = sorted({tuple(images[k].shape()) for k in range(len(images))})
-            raise ValueError(
-                f"the batch's images have different shapes {shapes}; a Keras batch is one "
-                "[B, H, W, 3] array: end the recipe with Resize((h, w)), LetterBox or RandomResizedCrop"
-            )
-        boxes_out, labels_out = planned.boxes, planned.labels
-        if self.device_id is None:
-            return np.array(images.as_tensor(), dtype=np.float32), boxes_out, labels_out
-        return _gpu_float32(images, self.device_id, self._streams, on_host=not self.images_on_device), boxes_out, labels_out
 
     # -- Keras targets ----------------------------------------------------------------------------
 
-    def _to_keras(
-        self, i: int, epoch: int, planned: PlannedBatch, outputs: tuple[Any, list[np.ndarray], list[np.ndarray]]
-    ) -> tuple[Any, dict[str, np.ndarray]]:
-        """Pad the batch's boxes (xyxy ``[N_k, 4]`` per sample) and labels to ``max_boxes`` rows,
-        boxes in ``bounding_box_format``, labels mapped to class indices (``label_map``):
-        whole-batch array operations, no per-sample ones."""
-        images, boxes, labels = outputs
-        count = len(images)
-        height, width = images.shape[1:3]
-        out_boxes = np.full((count, self.max_boxes, 4), PAD_VALUE, dtype=np.float32)
-        out_labels = np.full((count, self.max_boxes), PAD_VALUE, dtype=np.int32)
-        counts = np.fromiter(map(len, boxes), dtype=np.int64, count=count)
-        over = np.flatnonzero(counts > self.max_boxes).tolist()
+    def _targets(self, i: int, epoch: int, planned: PlannedBatch, images: Any) -> dict[str, np.ndarray]:
+        """The batch's boxes (xyxy ``[N_k, 4]`` per sample, the plan's: the pipeline only moves
+        pixels) and labels padded to ``max_boxes`` rows (:func:`~detaug.keras.targets.pad_targets`),
+        after the ``overflow`` policy."""
+        over = overflowing(planned.boxes, self.max_boxes)
         if over:
-            self._overflow(i, epoch, planned.image_ids, over, boxes)
-            boxes = [b[: self.max_boxes] for b in boxes]
-            labels = [lab[: self.max_boxes] for lab in labels]
-            counts = np.minimum(counts, self.max_boxes)
-        if counts.sum():
-            rows = np.repeat(np.arange(count), counts)
-            slots = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-            every = np.concatenate(boxes).reshape(-1, 4).astype(np.float32, copy=False)
-            out_boxes[rows, slots] = to_keras_boxes(every, self.bounding_box_format, (height, width))
-            out_labels[rows, slots] = self.label_mapping.map(np.concatenate(labels).reshape(-1))
-        return images, {"boxes": out_boxes, "labels": out_labels}
+            self._overflow(i, epoch, planned.image_ids, over, planned.boxes)
+        height, width = images.shape[1:3]
+        return pad_targets(planned.boxes, planned.labels, self.max_boxes, self.bounding_box_format, (height, width),
+                           self.label_mapping)
 
     def _overflow(self, i: int, epoch: int, image_ids: np.ndarray, over: list[int], boxes: list[np.ndarray]) -> None:
         detail = ", ".join(
@@ -753,137 +566,5 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
                 f"batch {i} (epoch {epoch}): cut {cut} box(es) beyond max_boxes={self.max_boxes} "
                 f"from {len(over)} sample(s) ({detail}); {so_far} cut so far",
                 BoxOverflowWarning,
-                stacklevel=4,  # the caller of seq[i]
+                stacklevel=5,  # the caller of seq[i]: _overflow < _targets < batch < __getitem__
             )
-
-
-def _drain(pipe: Any) -> bool:
-    """Wait for ``pipe``'s scheduled batch and drop it; ``False`` when the run failed (the
-    pipeline is then unusable)."""
-    try:
-        pipe.outputs()
-    except Exception:  # noqa: BLE001 - a batch nobody asked for: it raises again if it is
-        return False
-    return True
-
-
-def _gpu_float32(images: Any, device_id: int, streams: threading.local, *, on_host: bool) -> Any:
-    """A dense DALI GPU ``TensorList`` copied as float32 ``[B, H, W, 3]``: a NumPy array on the
-    host (``on_host``), else a ``torch`` tensor on its GPU, ready to use on the default stream.
-
-    Each calling thread copies on a CUDA stream of its own, so one thread's ~200 MB host copy
-    (64 float images of 512x512) does not hold up another's device copy. The host copy goes
-    into page-locked memory, several times faster than a pageable one."""
-    import torch
-
-    from detaug.torch import dali_images_to_torch
-
-    device = torch.device("cuda", device_id)
-    stream = getattr(streams, "stream", None)
-    if stream is None:
-        stream = streams.stream = torch.cuda.Stream(device)
-    with torch.cuda.stream(stream):
-        on_gpu = dali_images_to_torch(images, device).float()
-        if on_host:
-            host = torch.empty(on_gpu.shape, dtype=torch.float32, pin_memory=True)
-            host.copy_(on_gpu, non_blocking=True)
-    stream.synchronize()  # complete when returned
-    if on_host:
-        return host.numpy()
-    on_gpu.record_stream(torch.cuda.default_stream(device))  # not reused while the caller's work runs
-    return on_gpu
-
-
-class _Planner:
-    """The planning workers of one sequence and the plans of its current and next epochs.
-
-    Jobs are submitted in batch order, the current epoch's first (those not yet taken), then the
-    next epoch's, with at most ``window`` jobs in flight and :data:`PLAN_AHEAD_BATCHES` plans held;
-    each :meth:`take` tops them up. Moving to the next epoch keeps its plans; any other epoch
-    change drops them all. A plan is used once: a batch taken again (or a plan not finished when
-    taken) is planned by the caller. Holds no reference to the sequence, so the pool's finalizer
-    does not keep the sequence (and its DALI pipeline) alive.
-    """
-
-    def __init__(self, planner: BatchPlanner, workers: int, *, num_batches: int) -> None:
-        self.pool = PlanPool(planner, workers)
-        self.num_batches = num_batches
-        self.window = max(64, 4 * workers)
-        self.plans: dict[tuple[int, int], Future] = {}  # (epoch, batch) -> job
-        self.reset()
-
-    @property
-    def disabled(self) -> bool:
-        """The workers could not start or died: the caller plans everything."""
-        return self.pool.disabled
-
-    def reset(self) -> None:
-        """Forget every plan (jobs not started are cancelled)."""
-        for future in self.plans.values():
-            future.cancel()
-        self.plans = {}
-        self.in_flight: list[Future] = []
-        self.taken: set[int] = set()  # batches of the current epoch taken (not to plan any more)
-        self.epoch: int | None = None
-        self.cursor: tuple[int, int, int] | None = None  # (epoch, next batch to submit, batches left)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Move to ``epoch``: the next epoch keeps its plans, any other starts afresh."""
-        if epoch == self.epoch:
-            return
-        if self.epoch is None or epoch != self.epoch + 1:
-            self.reset()
-        else:
-            for key in [k for k in self.plans if k[0] != epoch]:
-                self.plans.pop(key).cancel()
-            self.taken = set()
-        self.epoch = epoch
-        if self.cursor is None or self.cursor[0] != epoch:
-            self.cursor = (epoch, 0, self.num_batches)
-
-    def take(self, i: int, epoch: int) -> PlannedBatch | None:
-        """Batch ``i``'s plan in ``epoch``, ``None`` when the caller must plan it; raises the
-        error of its job (an image that cannot be read, with ``on_error="raise"``)."""
-        if self.disabled:
-            return None
-        self.set_epoch(epoch)
-        self.taken.add(i)
-        future = self.plans.pop((epoch, i), None)
-        self._top_up()
-        if future is None or future.cancel() or not future.done():
-            return None  # not submitted, queued or running: planning here is as soon as waiting
-        err = future.exception()
-        if isinstance(err, BrokenExecutor):
-            self.pool.give_up(f"the planning workers stopped ({err})")
-            return None
-        return future.result()
-
-    def start(self, epoch: int) -> list[Future]:
-        """Submit ``epoch``'s plans (starting the workers); the jobs in flight."""
-        if self.disabled:
-            return []
-        self.set_epoch(epoch)
-        self._top_up()
-        return list(self.in_flight)
-
-    def close(self) -> None:
-        """Stop the workers; the next :meth:`take` starts new ones."""
-        self.reset()
-        self.pool.close()
-
-    def _top_up(self) -> None:
-        self.in_flight = [f for f in self.in_flight if not f.done()]
-        while len(self.in_flight) < self.window and len(self.plans) < PLAN_AHEAD_BATCHES:
-            epoch, j, left = self.cursor
-            if not left:
-                if epoch != self.epoch:
-                    return  # the next epoch is submitted: no further
-                epoch, j, left = epoch + 1, 0, self.num_batches
-            self.cursor = (epoch, j + 1, left - 1)
-            if epoch == self.epoch and j in self.taken:
-                continue
-            future = self.pool.submit(epoch, j)
-            if future is None:  # the pool is disabled (it said why)
-                return
-            self.plans[epoch, j] = future
-            self.in_flight.append(future)

@@ -1,0 +1,188 @@
+"""The DALI pipelines of one sequence: Keras' ``workers``, one batch each, and their prefetches.
+
+A :class:`PipelinePool` holds up to ``size`` pipelines, each *idle*, *running* a ``seq[i]``
+call's batch, or *holding a prefetched batch* (fed and scheduled for a call expected next). A
+call :meth:`~PipelinePool.acquire` s an idle pipeline, builds a new one (fewer than ``size``),
+or takes one whose prefetched batch nobody asked for (dropped, counted in ``wasted``), else
+waits for one to be released. Pipelines share the sequence's lock (a ``threading.Condition``):
+the methods that say so expect the caller to hold it.
+
+Memory: each pipeline holds its own buffers for one batch (``prefetch_queue_depth=1``); a
+batch's images leave it as one copy (:meth:`~PipelinePool.collect`), since DALI reuses them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from detaug.pipeline import feed
+from detaug.planning import DecodeFailure, PlannedBatch
+
+__all__ = ["PipelinePool"]
+
+
+class PipelinePool:
+    """Up to ``size`` DALI pipelines made by ``build()``; one is built now (errors show here).
+
+    Args:
+        build: makes and builds one pipeline.
+        size: the most pipelines at once (>= 1).
+        lock: the owner's condition; guards the pipelines' states.
+        device_id: the GPU the pipelines run on, ``None`` for the CPU.
+        images_on_device: :meth:`collect` returns a CUDA ``torch`` tensor, not a NumPy array.
+
+    Attributes:
+        wasted: prefetched batches dropped unused.
+    """
+
+    def __init__(
+        self, build: Callable[[], Any], size: int, lock: threading.Condition, *, device_id: int | None, images_on_device: bool
+    ) -> None:
+        self.build, self.size, self.lock = build, int(size), lock
+        self.device_id, self.images_on_device = device_id, bool(images_on_device)
+        self.wasted = 0
+        self.idle: list[Any] = [build()]  # fail here, not in the first seq[i]
+        self.prefetched: dict[tuple[int, int], tuple[Any, PlannedBatch]] = {}  # (epoch, index) -> (pipeline, batch fed)
+        self.count = 1  # built or being built, in any of the three states
+        self._streams = threading.local()  # a CUDA stream per calling thread, for the copies
+
+    # -- idle and running ---------------------------------------------------------------------------
+
+    def acquire(self) -> Any:
+        """An idle pipeline for the caller (takes the lock): a free one, a new one (fewer than
+        ``size``), or one whose prefetched batch nobody asked for; else wait for a release."""
+        with self.lock:
+            while True:
+                if self.idle:
+                    return self.idle.pop()
+                if self.count < self.size:
+                    self.count += 1
+                    break
+                if self.prefetched:
+                    pipe, _ = self.prefetched.pop(next(iter(self.prefetched)))
+                    if self._reclaim(pipe):
+                        return pipe
+                    continue
+                self.lock.wait()
+        try:
+            return self.build()
+        except BaseException:
+            self.discard(None)
+            raise
+
+    def release(self, pipe: Any) -> None:
+        """Hand back a pipeline whose batch was collected (takes the lock)."""
+        with self.lock:
+            self.idle.append(pipe)
+            self.lock.notify()
+
+    def discard(self, pipe: Any) -> None:
+        """Forget a pipeline that failed (or was never built): the next caller builds a new one
+        (takes the lock)."""
+        with self.lock:
+            self.count -= 1
+            self.lock.notify()
+
+    def schedule(self, pipe: Any, planned: PlannedBatch) -> None:
+        """Feed a batch's image data and parameter vectors and start ``pipe`` on it (returns at
+        once); a pipeline that could not be fed is discarded."""
+        try:
+            feed(pipe, planned.data, planned.params)
+        except BaseException:
+            self.discard(pipe)  # possibly half fed: start over with a fresh pipeline
+            raise
+
+    def collect(self, pipe: Any, planned: PlannedBatch) -> Any:
+        """Wait for ``pipe``'s batch: its images as float32 ``[B, H, W, 3]``, a NumPy array or a
+        CUDA tensor (``images_on_device``), copied once (DALI reuses its buffers at the next run).
+        :class:`~detaug.planning.DecodeFailure` when DALI failed on the batch; ``ValueError``
+        when its images differ in shape."""
+        try:
+            images = pipe.outputs()[0]
+        except (RuntimeError, IndexError) as err:  # DALI's message names the operator, not the samples
+            raise DecodeFailure(planned, err) from err
+        if not images.is_dense_tensor():
+            shapes = sorted({tuple(images[k].shape()) for k in range(len(images))})
+            raise ValueError(
+                f"the batch's images have different shapes {shapes}; a Keras batch is one "
+                "[B, H, W, 3] array: end the recipe with Resize((h, w)), LetterBox or RandomResizedCrop"
+            )
+        if self.device_id is None:
+            return np.array(images.as_tensor(), dtype=np.float32)  # one pass: copy and convert
+        return _gpu_float32(images, self.device_id, self._streams, on_host=not self.images_on_device)
+
+    # -- prefetched batches (the caller holds the lock) ---------------------------------------------
+
+    def hold(self, key: tuple[int, int], pipe: Any, planned: PlannedBatch) -> None:
+        """Keep ``pipe``, scheduled on ``planned``, for the call that asks for ``key``
+        ``(epoch, index)``."""
+        self.prefetched[key] = (pipe, planned)
+
+    def take(self, key: tuple[int, int]) -> tuple[Any, PlannedBatch | None]:
+        """The pipeline holding ``key``'s batch and its plan, or ``(None, None)``."""
+        return self.prefetched.pop(key, (None, None))
+
+    def drop_prefetched(self) -> None:
+        """Wait for and drop the prefetched batches (counted in ``wasted``)."""
+        for pipe, _ in self.prefetched.values():
+            if self._reclaim(pipe):
+                self.idle.append(pipe)
+        self.prefetched = {}
+        self.lock.notify_all()
+
+    def close(self) -> None:
+        """Drop the prefetched batches and forget the idle pipelines (their memory goes when
+        collected); pipelines running a call's batch are kept by that call."""
+        self.drop_prefetched()
+        self.count -= len(self.idle)
+        self.idle = []
+
+    def _reclaim(self, pipe: Any) -> bool:
+        """Wait for and drop the unwanted prefetched batch of ``pipe`` (counted as wasted);
+        ``True`` when the pipeline is usable again, else it is forgotten."""
+        self.wasted += 1
+        if _drain(pipe):
+            return True
+        self.count -= 1
+        return False
+
+
+def _drain(pipe: Any) -> bool:
+    """Wait for ``pipe``'s scheduled batch and drop it; ``False`` when the run failed (the
+    pipeline is then unusable)."""
+    try:
+        pipe.outputs()
+    except Exception:  # noqa: BLE001 - a batch nobody asked for: it raises again if it is
+        return False
+    return True
+
+
+def _gpu_float32(images: Any, device_id: int, streams: threading.local, *, on_host: bool) -> Any:
+    """A dense DALI GPU ``TensorList`` copied as float32 ``[B, H, W, 3]``: a NumPy array on the
+    host (``on_host``), else a ``torch`` tensor on its GPU, ready to use on the default stream.
+
+    Each calling thread copies on a CUDA stream of its own, so one thread's ~200 MB host copy
+    (64 float images of 512x512) does not hold up another's device copy. The host copy goes
+    into page-locked memory, several times faster than a pageable one."""
+    import torch
+
+    from detaug.torch import dali_images_to_torch
+
+    device = torch.device("cuda", device_id)
+    stream = getattr(streams, "stream", None)
+    if stream is None:
+        stream = streams.stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):
+        on_gpu = dali_images_to_torch(images, device).float()  # uint8 (float32 after Normalize: no second copy)
+        if on_host:
+            host = torch.empty(on_gpu.shape, dtype=torch.float32, pin_memory=True)
+            host.copy_(on_gpu, non_blocking=True)
+    stream.synchronize()  # complete when returned
+    if on_host:
+        return host.numpy()
+    on_gpu.record_stream(torch.cuda.default_stream(device))  # not reused while the caller's work runs
+    return on_gpu
