@@ -33,17 +33,22 @@ class PipelinePool:
         size: the most pipelines at once (>= 1).
         lock: the owner's condition; guards the pipelines' states.
         device_id: the GPU the pipelines run on, ``None`` for the CPU.
-        images_on_device: :meth:`collect` returns a CUDA ``torch`` tensor, not a NumPy array.
+        images_on_device: :meth:`collect` returns the images on the GPU in ``backend``'s tensor
+            type (a CUDA ``torch`` tensor, a TensorFlow or JAX GPU array handed over by DLPack,
+            no copy), not a NumPy array.
+        backend: Keras' backend (``"torch"``, ``"tensorflow"``, ``"jax"``).
 
     Attributes:
         wasted: prefetched batches dropped unused.
     """
 
     def __init__(
-        self, build: Callable[[], Any], size: int, lock: threading.Condition, *, device_id: int | None, images_on_device: bool
+        self, build: Callable[[], Any], size: int, lock: threading.Condition, *, device_id: int | None, images_on_device: bool,
+        backend: str | None = "torch",
     ) -> None:
         self.build, self.size, self.lock = build, int(size), lock
         self.device_id, self.images_on_device = device_id, bool(images_on_device)
+        self.backend = backend
         self.wasted = 0
         self.idle: list[Any] = [build()]  # fail here, not in the first seq[i]
         self.prefetched: dict[tuple[int, int], tuple[Any, PlannedBatch]] = {}  # (epoch, index) -> (pipeline, batch fed)
@@ -113,7 +118,8 @@ class PipelinePool:
             )
         if self.device_id is None:
             return np.array(images.as_tensor(), dtype=np.float32)  # one pass: copy and convert
-        return _gpu_float32(images, self.device_id, self._streams, on_host=not self.images_on_device)
+        out = _gpu_float32(images, self.device_id, self._streams, on_host=not self.images_on_device)
+        return hand_over(out, self.backend) if self.images_on_device else out
 
     # -- prefetched batches (the caller holds the lock) ---------------------------------------------
 
@@ -159,6 +165,30 @@ def _drain(pipe: Any) -> bool:
     except Exception:  # noqa: BLE001 - a batch nobody asked for: it raises again if it is
         return False
     return True
+
+
+#: Backends whose GPU tensors take a torch CUDA tensor through DLPack without a copy.
+DLPACK_BACKENDS = ("torch", "tensorflow", "jax")
+
+
+def hand_over(images: Any, backend: str | None) -> Any:
+    """A ``torch`` tensor as ``backend``'s tensor through DLPack (same memory, no copy):
+    ``tf.experimental.dlpack.from_dlpack`` for TensorFlow, ``jax.dlpack.from_dlpack`` for JAX;
+    the tensor itself for torch (or no Keras). Works on the host and on the GPU alike."""
+    if backend in (None, "torch"):
+        return images
+    import torch.utils.dlpack
+
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.experimental.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(images.contiguous()))
+    if backend == "jax":
+        import jax.dlpack
+
+        return jax.dlpack.from_dlpack(images.contiguous())
+    raise ValueError(f"images_on_device: no DLPack hand-over to Keras backend {backend!r}; "
+                     f"supported: {', '.join(DLPACK_BACKENDS)}")
 
 
 def _gpu_float32(images: Any, device_id: int, streams: threading.local, *, on_host: bool) -> Any:

@@ -57,7 +57,7 @@ import numpy as np
 from detaug.epochs import check_shard
 from detaug.errors import DataWarning
 from detaug.keras.flavor import keras_backend, keras_base, keras_module
-from detaug.keras.pool import PipelinePool
+from detaug.keras.pool import DLPACK_BACKENDS, PipelinePool
 from detaug.keras.prefetch import PlanAhead
 from detaug.keras.targets import (
     OVERFLOW_POLICIES,
@@ -130,10 +130,12 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             :meth:`start_workers` or the first ``seq[i]`` (batches are planned in the calling
             thread until they are up, a few seconds when the main script imports Keras);
             stopped by :meth:`close` or when the sequence is collected.
-        images_on_device: return the images as a ``torch`` float32 tensor ``[B, H, W, 3]`` on the
-            GPU (Keras' torch backend takes it as is) instead of a NumPy array. ``None``: on with
-            ``device="gpu"`` when Keras runs on its torch backend (it would otherwise copy each
-            NumPy batch back to the GPU itself, ~100 ms for 64 float images of 512x512), else off.
+        images_on_device: return the images as a float32 ``[B, H, W, 3]`` tensor on the GPU of
+            Keras' backend instead of a NumPy array: a ``torch`` CUDA tensor (torch backend), a
+            TensorFlow or JAX GPU tensor handed over through DLPack (the same GPU memory, no host
+            copy). ``None``: on with ``device="gpu"`` when Keras runs on torch, TensorFlow or JAX
+            (each would otherwise copy each NumPy batch back to the GPU itself, ~100 ms for 64
+            float images of 512x512), else off.
         workers: Keras' ``PyDataset`` argument: the threads that call ``seq[i]`` (Keras' ordered
             enqueuer) and, here, the most DALI pipelines the sequence runs at once, one batch
             each (each holds its own GPU buffers). ``None``: 4 with ``device="gpu"`` (random
@@ -148,8 +150,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     ``seq[i]`` returns ``(images, targets)``:
 
     * ``images``: float32 ``[B, H, W, 3]``, channels last: normalised when the recipe ends with
-      ``Normalize``, else ``0..255``. A NumPy array, or with ``images_on_device`` a ``torch``
-      CUDA tensor (``images.cpu().numpy()`` gives the array).
+      ``Normalize``, else ``0..255``. A NumPy array, or with ``images_on_device`` a GPU tensor of
+      Keras' backend (``keras.ops.convert_to_numpy(images)`` gives the array).
     * ``targets``: ``{"boxes": float32 [B, max_boxes, 4], "labels": int32 [B, max_boxes]}``, boxes
       in ``bounding_box_format`` on the output image, labels the class indices of ``label_map``
       (the source's category ids by default); rows past a sample's boxes are ``-1``.
@@ -222,7 +224,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         if images_on_device and device == "cpu":
             raise ValueError("images_on_device=True needs device='gpu' (CPU images are host arrays already)")
         if images_on_device is None:
-            images_on_device = device != "cpu" and keras_backend() == "torch"
+            images_on_device = device != "cpu" and keras_backend() in DLPACK_BACKENDS
         self.images_on_device = bool(images_on_device)
         if plan_workers is not None and (
             isinstance(plan_workers, bool) or not isinstance(plan_workers, (int, np.integer)) or plan_workers < 0
@@ -298,7 +300,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self._calls = 0  # seq[i] calls in progress
         self.epoch = 0
         self._pool = PipelinePool(self._build, self.workers, self._lock, device_id=self.device_id,
-                                  images_on_device=self.images_on_device)
+                                  images_on_device=self.images_on_device, backend=keras_backend())
 
     # -- the classic Sequence protocol ------------------------------------------------------------
 

@@ -69,6 +69,7 @@ def test_keras3_on_torch_fits(tmp_path):
 def test_keras3_on_jax_fits(tmp_path):
     report = run_mode(tmp_path, "keras3", KERAS_BACKEND="jax")
     assert report["flavor"] == "keras" and report["backend"] == "jax" and report["images_type"] == "numpy.ndarray"
+    assert report["dlpack"]["equal"] and report["dlpack"]["type"].startswith("jax")
     check_training(report)
     check_targets(report)
 
@@ -79,6 +80,9 @@ def test_keras3_on_tensorflow_fits_sequence_and_tf_dataset(tmp_path):
     report = run_mode(tmp_path, "keras3", KERAS_BACKEND="tensorflow")
     assert report["flavor"] == "keras" and report["backend"] == "tensorflow"
     assert report["images_type"] == "numpy.ndarray"  # TensorFlow gets NumPy arrays, not torch tensors
+    # images_on_device (a GPU default with TensorFlow): handed over through DLPack, no copy
+    assert report["dlpack"] == {"type": report["dlpack"]["type"], "equal": True, "shared": True}
+    assert "tensorflow" in report["dlpack"]["type"]
     check_training(report)
     check_targets(report)
     # to_tf_dataset: the same batches as seq.batch(i, e), one epoch per iteration, and fit takes it.
@@ -217,6 +221,21 @@ def _model(keras_module, max_boxes: int, ops):
     return model
 
 
+def _check_dlpack(backend: str) -> dict:
+    """The GPU hand-over (``images_on_device``) run on host memory: values equal, memory shared."""
+    import numpy as np
+    import torch
+
+    from detaug.keras.pool import hand_over
+
+    images = torch.arange(24, dtype=torch.float32).reshape(1, 2, 4, 3)
+    out = hand_over(images, backend)
+    equal = bool(np.array_equal(np.asarray(out), images.numpy()))
+    images[0, 0, 0, 0] = -7.0  # shared memory: the backend's tensor sees it
+    return {"type": f"{type(out).__module__}.{type(out).__name__}", "equal": equal,
+            "shared": float(np.asarray(out)[0, 0, 0, 0]) == -7.0}
+
+
 def _main(mode: str, out: str) -> None:
     import numpy as np
 
@@ -250,6 +269,8 @@ def _main(mode: str, out: str) -> None:
         import keras
 
         report["backend"] = keras.backend.backend()
+        if report["backend"] in ("tensorflow", "jax"):
+            report["dlpack"] = _check_dlpack(report["backend"])
         train = _sequence(source, aug)
         model = _model(keras, MAX_BOXES, keras.ops)
         history = model.fit(train, epochs=1, verbose=0)
