@@ -16,11 +16,11 @@ from detaug.transforms.base import (
 )
 from detaug.transforms.color import ColorJitter
 from detaug.transforms.compose import Compose, default_detection_recipe
-from detaug.transforms.crop import RandomIoUCrop, RandomResizedCrop
+from detaug.transforms.crop import CenterCrop, FixedSizeCrop, RandomCrop, RandomIoUCrop, RandomResizedCrop
 from detaug.transforms.flip import RandomHorizontalFlip, RandomVerticalFlip
 from detaug.transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from detaug.transforms.pad import RandomZoomOut
-from detaug.transforms.resize import LetterBox, Resize
+from detaug.transforms.pad import Pad, RandomZoomOut
+from detaug.transforms.resize import LetterBox, RandomShortestSize, Resize, ScaleJitter
 
 __all__ = [
     "Transform",
@@ -38,8 +38,14 @@ __all__ = [
     "RandomZoomOut",
     "RandomIoUCrop",
     "RandomResizedCrop",
+    "RandomCrop",
+    "CenterCrop",
+    "FixedSizeCrop",
+    "Pad",
     "Resize",
     "LetterBox",
+    "ScaleJitter",
+    "RandomShortestSize",
     "ColorJitter",
     "Normalize",
     "IMAGENET_MEAN",

@@ -101,8 +101,14 @@ class RandomAffine(GeometricTransform):
 class RandomRotation(GeometricTransform):
     """Rotate by an angle drawn from ``degrees`` (``d`` means ``(-d, d)``) about ``center``.
 
-    With ``expand=True`` the canvas grows to hold the whole rotated image (as torchvision): no
-    box is cut; with ``expand=False`` the canvas keeps its size and corners are cut.
+    With ``expand=False`` the canvas keeps its size and corners are cut. With ``expand=True``
+    the canvas grows to hold the whole rotated image and no box is cut. Its size is
+    torchvision's rule: with ``lo``, ``hi`` the extremes of the rotated canvas corners (pixel
+    ``i`` spans ``[i, i + 1)``, in the input's frame), ``ceil(hi) - floor(lo)`` per axis after
+    truncating both to 1e-4; exact quarter turns give ``(H, W)`` or ``(W, H)`` (torchvision's
+    ``rot90``). The rotated image is centred on the canvas. With a ``center`` other than the
+    canvas centre, detaug's canvas still holds the whole rotated image (torchvision's assumes a
+    rotation about the centre and may cut it).
     """
 
     schema = (
@@ -128,13 +134,27 @@ class RandomRotation(GeometricTransform):
         apply = rand.random() < self.p
         angle = np.where(apply, rand.uniform(*self.degrees), 0.0)
         c = np.stack([w / 2, h / 2], -1) if self.center is None else np.tile(self.center, (n, 1))
-        step = about_center(c, rotation_matrix(angle))
+        rotation = rotation_matrix(angle)
+        quarter = np.mod(angle, 90.0) == 0  # exact quarter turns: cos and sin exactly 0 or +-1
+        rotation[quarter] = np.round(rotation[quarter])
+        step = about_center(c, rotation)
         if not self.expand:
             return step, state.canvas_hw
         corners = np.stack([np.zeros(n), np.zeros(n), w, np.zeros(n), w, h, np.zeros(n), h], -1).reshape(n, 4, 2)
         moved = (step[:, None, :2, :2] @ corners[..., None])[..., 0] + step[:, None, :2, 2]
-        lo, hi = moved.min(axis=1), moved.max(axis=1)
-        size = np.ceil(hi - lo - 1e-9)  # holds the whole rotated canvas (to 1e-9 px)
+        lo, hi = moved.min(axis=1), moved.max(axis=1)  # (x, y) in the input's frame
+        size = expanded_size(lo, hi)  # (width, height)
+        if self.center is None:  # torchvision's quarter turns are rot90: (W, H) or (H, W), also when odd
+            half_turn = (np.mod(angle, 180.0) == 0)[:, None]
+            turned = np.where(half_turn, np.stack([w, h], -1), np.stack([h, w], -1))
+            size[quarter] = turned[quarter]
         step = translation_matrix(-lo[:, 0] + (size[:, 0] - (hi - lo)[:, 0]) / 2,
                                   -lo[:, 1] + (size[:, 1] - (hi - lo)[:, 1]) / 2) @ step
         return step, np.stack([size[:, 1], size[:, 0]], -1)
+
+
+def expanded_size(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """torchvision's canvas for ``rotate(expand=True)``: ``ceil(hi) - floor(lo)`` per axis after
+    truncating both (towards zero) to 1e-4, for extremes ``lo``, ``hi`` ``[B, 2]`` of the
+    rotated corners; float64 ``[B, 2]`` in the same axis order."""
+    return np.ceil(np.trunc(hi * 1e4) / 1e4) - np.floor(np.trunc(lo * 1e4) / 1e4)

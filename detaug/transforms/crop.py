@@ -1,4 +1,9 @@
-"""Crops: the output canvas is part of the input (boxes outside it are cut or dropped)."""
+"""Crops: the output canvas is part of the input (boxes outside it are cut or dropped).
+
+Coordinates: pixel ``i`` spans ``[i, i + 1)``; sizes are ``(height, width)``; crop offsets are
+whole pixels, so a crop moves pixels without resampling them. A box cut by the crop becomes its
+visible part (clipped); a box with no visible part is removed.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,12 @@ import numpy as np
 from detaug.boxes import scale_matrix, translation_matrix
 from detaug.plan import PlanState
 from detaug.transforms.base import GeometricTransform, Param, register
+from detaug.transforms.pad import PADDING_DOC, PADDING_MODE, ScalarOrList, padding_ltrb, whole_numbers
 from detaug.transforms.schema import REQUIRED
 
-__all__ = ["RandomIoUCrop", "RandomResizedCrop"]
+__all__ = ["RandomIoUCrop", "RandomResizedCrop", "RandomCrop", "CenterCrop", "FixedSizeCrop"]
+
+SIZE = Param("size", "size", REQUIRED, "output (height, width); an int for a square")
 
 
 @register
@@ -21,8 +29,18 @@ class RandomIoUCrop(GeometricTransform):
 
     Each sample tries ``trials`` candidate crops per threshold, for up to 10 thresholds
     (vectorised over the batch); a sample that finds none, or has no boxes, is left
-    uncropped. Boxes whose centre falls outside the crop
-    are dropped, as in torchvision and DALI's ``random_bbox_crop``.
+    uncropped. The search is torchvision's: a candidate counts only the boxes whose centre lies
+    strictly inside it. Crops are whole pixels (pixel ``i`` spans ``[i, i + 1)``); the output
+    canvas is the crop, ``(height, width)``.
+
+    ``drop`` decides which boxes survive the crop:
+
+    * ``"center"`` (default; torchvision, SSD and DALI's ``random_bbox_crop``): a box whose
+      centre falls outside the crop is dropped, even when part of its object stays visible;
+    * ``"invisible"``: every box that keeps a visible part is kept, clipped to the crop; the
+      recipe's ``min_size`` and ``min_visibility`` then decide as for any other transform.
+
+    The crops drawn are the same for both rules (same seed, same crop).
     """
 
     schema = (
@@ -33,6 +51,8 @@ class RandomIoUCrop(GeometricTransform):
         Param("sampler_options", "numbers", (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0),
               "minimal IoU thresholds to draw from (>= 1: no crop)", lengths=tuple(range(1, 33)), low=0),
         Param("trials", "int", 40, "candidate crops per threshold", low=1),
+        Param("drop", "choice", "center", "which boxes the crop removes: 'center' (centre outside the crop, as "
+              "torchvision) or 'invisible' (only boxes with no visible part)", choices=("center", "invisible")),
     )
     crops = True
 
@@ -90,14 +110,17 @@ class RandomIoUCrop(GeometricTransform):
             crop[act[found]] = cand[:, found, k[found]].T
             todo[act[found]] = False
         rand.advance_to(start + rounds * per_round)
+        step = translation_matrix(-crop[:, 0], -crop[:, 1])
+        canvas = np.stack([crop[:, 3] - crop[:, 1], crop[:, 2] - crop[:, 0]], -1)
+        if self.drop == "invisible":  # boxes are clipped; the plan drops those with nothing visible
+            return step, canvas
         centre_x = (boxes[:, 0] + boxes[:, 2]) / 2
         centre_y = (boxes[:, 1] + boxes[:, 3]) / 2
         cs = crop[sample]
         inside = (cs[:, 0] < centre_x) & (centre_x < cs[:, 2]) & (cs[:, 1] < centre_y) & (centre_y < cs[:, 3])
         alive_idx = np.flatnonzero(ok)
         state.alive[alive_idx[~inside]] = False
-        step = translation_matrix(-crop[:, 0], -crop[:, 1])
-        return step, np.stack([crop[:, 3] - crop[:, 1], crop[:, 2] - crop[:, 0]], -1)
+        return step, canvas
 
 
 def _iou_if_centre_inside(boxes: np.ndarray, crops: np.ndarray) -> np.ndarray:
@@ -155,3 +178,108 @@ class RandomResizedCrop(GeometricTransform):
         out_h, out_w = self.size
         step = scale_matrix(out_w / cw, out_h / ch) @ translation_matrix(-left, -top)
         return step, np.tile([float(out_h), float(out_w)], (n, 1))
+
+
+@register
+class RandomCrop(ScalarOrList, GeometricTransform):
+    """Crop a ``size`` ``(height, width)`` window at a random whole-pixel position (torchvision
+    ``RandomCrop``), after optional constant padding.
+
+    The image is first padded by ``padding`` (as ``Pad``); with ``pad_if_needed`` a side still
+    shorter than the crop is padded by the missing length on *both* ends (torchvision's rule).
+    Then ``top ~ U{0, ..., H' - h}`` and ``left ~ U{0, ..., W' - w}`` on the padded ``(H', W')``.
+    Padding and crop are one translation by ``(pad_left - left, pad_top - top)``. A crop larger
+    than the (padded) image is an error, as in torchvision.
+    """
+
+    schema = (
+        SIZE,
+        Param("padding", "numbers", None, PADDING_DOC + "; null: none", lengths=(1, 2, 4), low=0, optional=True),
+        Param("pad_if_needed", "bool", False, "pad a side shorter than the crop (on both ends) instead of failing"),
+        Param("fill", "number", 0, "grey level (0-255) of the padding", low=0, high=255),
+        PADDING_MODE,
+    )
+    scalar_fields = ("padding",)
+    crops = True
+
+    def setup(self) -> None:
+        if self.padding is not None:
+            self.padding = whole_numbers(self, "padding", self.padding)
+        self.ltrb = (0, 0, 0, 0) if self.padding is None else padding_ltrb(self.padding)
+        self.reveals = self.pad_if_needed or any(self.ltrb)  # type: ignore[misc]
+
+    def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.size
+
+    def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
+        hw = state.canvas_hw
+        left, top, right, bottom = (np.full(state.batch_size, float(v)) for v in self.ltrb)
+        crop = np.asarray(self.size, dtype=np.float64)
+        padded = hw + np.stack([top + bottom, left + right], -1)
+        if self.pad_if_needed:
+            missing = np.maximum(crop - padded, 0)  # (h, w): added on both ends
+            top, left = top + missing[:, 0], left + missing[:, 1]
+            padded = padded + 2 * missing
+        small = (padded < crop).any(axis=1)
+        if small.any():
+            k = int(np.argmax(small))
+            what = "padded image" if self.padding is not None else "image"
+            raise self.error("size", f"the crop {tuple(self.size)} is larger than a sample's {what} "
+                             f"{tuple(int(v) for v in padded[k])} (height, width); set pad_if_needed: true")
+        pos = np.floor(state.rand.random(2) * (padded - crop + 1))  # (top, left) of the crop
+        step = translation_matrix(left - pos[:, 1], top - pos[:, 0])
+        return step, np.tile(crop, (state.batch_size, 1))
+
+
+@register
+class CenterCrop(GeometricTransform):
+    """Crop the centre ``size`` ``(height, width)`` window (torchvision ``CenterCrop``).
+
+    The window starts at ``round((H - h) / 2)`` (Python's rounding: halves to even) and
+    ``round((W - w) / 2)``. A side shorter than the crop is first padded with 0 (black, as
+    torchvision), ``(h - H) // 2`` before and the rest after, and then not cropped.
+    """
+
+    schema = (SIZE,)
+    crops = True
+    reveals = True  # pads an image smaller than the crop, with fill 0
+
+    def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.size
+
+    def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
+        hw = state.canvas_hw
+        crop = np.asarray(self.size, dtype=np.float64)
+        before = np.where(crop > hw, (crop - hw) // 2, 0)  # (top, left) padding
+        start = np.round((np.maximum(hw, crop) - crop) / 2)  # np.round: halves to even, as round()
+        shift = before - start
+        return translation_matrix(shift[:, 1], shift[:, 0]), np.tile(crop, (state.batch_size, 1))
+
+
+@register
+class FixedSizeCrop(GeometricTransform):
+    """Crop to at most ``size`` at a random position, then pad the bottom and right with ``fill``
+    up to ``size`` ``(height, width)`` (torchvision's detection ``FixedSizeCrop``, used after
+    ``ScaleJitter`` in its ``lsj`` preset).
+
+    With ``(H, W)`` the input, ``top = int(max(H - h, 0) * r)`` and ``left = int(max(W - w, 0) * r)``
+    with *one* ``r ~ U(0, 1)`` for both (torchvision's and detectron2's rule). It crops and pads
+    in one translation by ``(-left, -top)``; boxes are clipped, and dropped when nothing is left.
+    """
+
+    schema = (
+        SIZE,
+        Param("fill", "number", 0, "grey level (0-255) of the padding", low=0, high=255),
+        PADDING_MODE,
+    )
+    crops = True
+    reveals = True
+
+    def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.size
+
+    def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
+        crop = np.asarray(self.size, dtype=np.float64)
+        offset = np.maximum(state.canvas_hw - crop, 0)  # (h, w) room for the crop's corner
+        pos = np.floor(offset * state.rand.random()[:, None])  # (top, left), one draw for both
+        return translation_matrix(-pos[:, 1], -pos[:, 0]), np.tile(crop, (state.batch_size, 1))

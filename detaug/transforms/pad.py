@@ -1,6 +1,13 @@
-"""Transforms that put the image on a larger canvas painted with ``fill`` (nothing is cut)."""
+"""Transforms that put the image on a larger canvas painted with ``fill`` (nothing is cut).
+
+Coordinates: pixel ``i`` spans ``[i, i + 1)``; sizes are ``(height, width)``; padding is in whole
+pixels. Padding is constant only (one grey level, ``fill``): the pixels are painted by the same
+affine warp that moves the image, which has no ``edge``/``reflect``/``symmetric`` modes.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -8,8 +15,58 @@ from detaug.boxes import translation_matrix
 from detaug.plan import PlanState
 from detaug.transforms.affine import FILL
 from detaug.transforms.base import GeometricTransform, Param, register
+from detaug.transforms.schema import REQUIRED
 
-__all__ = ["RandomZoomOut"]
+__all__ = ["RandomZoomOut", "Pad", "padding_ltrb"]
+
+#: torchvision's ``padding`` argument: an int (all sides), [left/right, top/bottom] or
+#: [left, top, right, bottom], in whole pixels.
+PADDING_DOC = "pixels added: p (every side), [left/right, top/bottom] or [left, top, right, bottom]"
+
+#: ``padding_mode``: only torchvision's default is possible here (see the module docstring).
+PADDING_MODE = Param("padding_mode", "choice", "constant",
+                     "only 'constant' (painted with fill); edge/reflect/symmetric are not supported",
+                     choices=("constant",))
+
+
+class ScalarOrList:
+    """Mixin: the fields named in ``scalar_fields`` (``"numbers"`` params) also take a single
+    number, as torchvision's ``padding=4`` or ``min_size=800``; it is stored as a 1-list."""
+
+    scalar_fields: tuple[str, ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        names = [p.name for p in self.schema]  # type: ignore[attr-defined]
+        args = list(args)
+        for field in self.scalar_fields:
+            i = names.index(field)
+            if field in kwargs and _is_scalar(kwargs[field]):
+                kwargs[field] = [kwargs[field]]
+            elif i < len(args) and _is_scalar(args[i]):
+                args[i] = [args[i]]
+        super().__init__(*args, **kwargs)
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def whole_numbers(transform: GeometricTransform, field: str, values: tuple[float, ...]) -> tuple[int, ...]:
+    """``values`` as ints, or a :class:`~detaug.errors.RecipeError` on ``field`` naming the first
+    fractional one."""
+    for v in values:
+        if v != int(v):
+            raise transform.error(field, f"expected whole pixels, got {v:g} in {[float(x) for x in values]!r}")
+    return tuple(int(v) for v in values)
+
+
+def padding_ltrb(padding: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """torchvision's ``padding`` (1, 2 or 4 ints) as ``(left, top, right, bottom)``."""
+    if len(padding) == 1:
+        return (padding[0],) * 4  # type: ignore[return-value]
+    if len(padding) == 2:
+        return padding[0], padding[1], padding[0], padding[1]
+    return padding[0], padding[1], padding[2], padding[3]
 
 
 @register
@@ -34,3 +91,39 @@ class RandomZoomOut(GeometricTransform):
         canvas = np.floor(hw * r[:, None])
         offset = np.floor((canvas - hw) * rand.random(2))  # (top, left)
         return translation_matrix(offset[:, 1], offset[:, 0]), canvas
+
+
+@register
+class Pad(ScalarOrList, GeometricTransform):
+    """Pad every side by a fixed number of pixels painted with ``fill`` (torchvision ``Pad``,
+    constant mode only).
+
+    ``padding``: ``p`` pads every side by ``p``; ``[a, b]`` pads left and right by ``a``, top and
+    bottom by ``b``; ``[l, t, r, b]`` each side on its own. An ``(H, W)`` canvas becomes
+    ``(H + t + b, W + l + r)`` and a box moves by ``(+l, +t)``. Negative padding (torchvision's
+    crop) is not allowed: use ``CenterCrop``/``RandomCrop``.
+    """
+
+    schema = (
+        Param("padding", "numbers", REQUIRED, PADDING_DOC, lengths=(1, 2, 4), low=0),
+        Param("fill", "number", 0, "grey level (0-255) of the padding", low=0, high=255),
+        PADDING_MODE,
+    )
+    scalar_fields = ("padding",)
+    reveals = True
+
+    def setup(self) -> None:
+        self.padding = whole_numbers(self, "padding", self.padding)
+        self.ltrb = padding_ltrb(self.padding)
+
+    def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        if in_size is None:
+            return None
+        left, top, right, bottom = self.ltrb
+        return in_size[0] + top + bottom, in_size[1] + left + right
+
+    def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
+        left, top, right, bottom = self.ltrb
+        n = state.batch_size
+        step = translation_matrix(np.full(n, float(left)), np.full(n, float(top)))
+        return step, state.canvas_hw + np.array([top + bottom, left + right], dtype=np.float64)

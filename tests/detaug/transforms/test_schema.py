@@ -15,7 +15,9 @@ from detaug.transforms.schema import REQUIRED
 
 #: The smallest valid arguments of transforms that have required fields.
 REQUIRED_ARGS = {"RandomResizedCrop": {"size": 64}, "Resize": {"size": 64}, "LetterBox": {"size": 64},
-                 "RandomRotation": {"degrees": 10}}
+                 "RandomRotation": {"degrees": 10},
+                 "RandomCrop": {"size": 32}, "CenterCrop": {"size": 32}, "FixedSizeCrop": {"size": 32},
+                 "Pad": {"padding": 4}, "ScaleJitter": {"target_size": 64}, "RandomShortestSize": {"min_size": 32}}
 
 
 def minimal(name: str) -> dict:
@@ -88,10 +90,10 @@ def test_errors_from_a_file_give_the_file_and_the_line(tmp_path):
     e = err.value
     assert (e.file, e.line, e.index, e.transform, e.field) == (str(path), 5, 1, "RandomAffine", "degrees")
     assert str(e).startswith(f"{path}: line 5: transforms[1] RandomAffine.degrees: ")
-    recipe = {"transforms": [{"name": "Resize", "size": 8}, {"name": "Pad", "padding": 3}]}
+    recipe = {"transforms": [{"name": "Resize", "size": 8}, {"name": "Padd", "padding": 3}]}
     path = tmp_path / "r.json"
     path.write_text(json.dumps(recipe, indent=2))
-    with pytest.raises(RecipeError, match=r"r\.json: line 8: transforms\[1\]: unknown transform 'Pad'") as err:
+    with pytest.raises(RecipeError, match=r"r\.json: line 8: transforms\[1\]: unknown transform 'Padd' \(did you mean 'Pad'\?\)") as err:
         Compose.load(path)
 
 
