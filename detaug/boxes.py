@@ -31,6 +31,8 @@ __all__ = [
     "rotation_matrix",
     "shear_matrix",
     "canvas_halfplanes",
+    "is_affine",
+    "homography",
     "boxes_to_polygons",
     "clip_polygons",
     "polygon_area",
@@ -152,22 +154,56 @@ def shear_matrix(shear_x_degrees: np.ndarray, shear_y_degrees: np.ndarray) -> np
 def canvas_halfplanes(to_canvas: np.ndarray, canvas_hw: np.ndarray) -> np.ndarray:
     """Half-planes ``[B, 4, 3]`` (in source coordinates) of the canvases ``[0, W] x [0, H]``.
 
-    ``to_canvas`` ``[B, 3, 3]`` maps source coordinates to canvas coordinates; ``canvas_hw``
-    ``[B, 2]`` holds each canvas' ``(height, width)``. A source point ``p`` lies on canvas ``k``
-    iff ``0 <= (M p)_x <= W`` and ``0 <= (M p)_y <= H``.
+    ``to_canvas`` ``[B, 3, 3]`` maps source coordinates to canvas coordinates (affine, or
+    projective: ``(u, v, w) = M (x, y, 1)``, the canvas point is ``(u / w, v / w)``);
+    ``canvas_hw`` ``[B, 2]`` holds each canvas' ``(height, width)``. A source point ``p`` lies on
+    canvas ``k`` iff ``0 <= u <= W w`` and ``0 <= v <= H w``: four linear constraints, which also
+    exclude every point behind the horizon (``w < 0``: ``0 <= u <= W w`` has no solution there),
+    so a polygon clipped by them can be mapped forward with the perspective division. For an
+    affine ``M`` (``w = 1``) these are the usual ``0 <= u <= W``, ``0 <= v <= H``.
     """
-    rx, ry = to_canvas[:, 0, :], to_canvas[:, 1, :]  # rows: (a, b, t) with u = a x + b y + t
+    rx, ry, rz = to_canvas[:, 0, :], to_canvas[:, 1, :], to_canvas[:, 2, :]  # rows (a, b, t): u = a x + b y + t
     h, w = canvas_hw[:, 0], canvas_hw[:, 1]
+    if not (rz[:, 0].any() or rz[:, 1].any() or (rz[:, 2] != 1).any()):  # affine: as few operations as ever
+        hi_x = np.stack([rx[:, 0], rx[:, 1], w - rx[:, 2]], axis=-1)
+        hi_y = np.stack([ry[:, 0], ry[:, 1], h - ry[:, 2]], axis=-1)
+    else:  # u - W w <= 0
+        hi_x = np.stack([rx[:, 0] - w * rz[:, 0], rx[:, 1] - w * rz[:, 1], w * rz[:, 2] - rx[:, 2]], axis=-1)
+        hi_y = np.stack([ry[:, 0] - h * rz[:, 0], ry[:, 1] - h * rz[:, 1], h * rz[:, 2] - ry[:, 2]], axis=-1)
     planes = np.stack(
         [
             np.stack([-rx[:, 0], -rx[:, 1], rx[:, 2]], axis=-1),  # u >= 0
-            np.stack([rx[:, 0], rx[:, 1], w - rx[:, 2]], axis=-1),  # u <= W
+            hi_x,  # u <= W (w)
             np.stack([-ry[:, 0], -ry[:, 1], ry[:, 2]], axis=-1),  # v >= 0
-            np.stack([ry[:, 0], ry[:, 1], h - ry[:, 2]], axis=-1),  # v <= H
+            hi_y,  # v <= H (w)
         ],
         axis=1,
     )
     return planes
+
+
+def is_affine(matrix: np.ndarray) -> np.ndarray:
+    """bool ``[...]``: the ``[..., 3, 3]`` matrices whose last row is exactly ``(0, 0, 1)``."""
+    m = np.asarray(matrix)
+    return (m[..., 2, 0] == 0) & (m[..., 2, 1] == 0) & (m[..., 2, 2] == 1)
+
+
+def homography(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """``[B, 3, 3]`` projective maps taking the 4 points ``src`` ``[B, 4, 2]`` to ``dst``
+    ``[B, 4, 2]`` (normalised to ``M[2, 2] = 1``; the direct linear transform, exact for 4 points
+    no three of which are collinear)."""
+    src = np.asarray(src, dtype=np.float64)
+    dst = np.asarray(dst, dtype=np.float64)
+    n = len(src)
+    x, y = src[..., 0], src[..., 1]
+    u, v = dst[..., 0], dst[..., 1]
+    zeros, ones = np.zeros_like(x), np.ones_like(x)
+    rows_u = np.stack([x, y, ones, zeros, zeros, zeros, -u * x, -u * y], axis=-1)  # [B, 4, 8]
+    rows_v = np.stack([zeros, zeros, zeros, x, y, ones, -v * x, -v * y], axis=-1)
+    a = np.concatenate([rows_u, rows_v], axis=1)  # [B, 8, 8]
+    b = np.concatenate([u, v], axis=1)  # [B, 8]
+    h = np.linalg.solve(a, b[..., None])[..., 0] if n else np.zeros((0, 8))
+    return np.concatenate([h, np.ones((n, 1))], axis=1).reshape(n, 3, 3)
 
 
 def boxes_to_polygons(boxes_xyxy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -249,10 +285,18 @@ def polygon_area(poly: np.ndarray, count: np.ndarray) -> np.ndarray:
 
 
 def transform_points(matrix: np.ndarray, points: np.ndarray) -> np.ndarray:
-    """Apply ``[N, 3, 3]`` affine matrices to ``[N, V, 2]`` points."""
+    """Apply ``[N, 3, 3]`` matrices to ``[N, V, 2]`` points: affine ones directly, projective ones
+    with the perspective division (callers keep the points in front of the horizon, ``w > 0``;
+    see :func:`canvas_halfplanes`)."""
     x, y = points[..., 0], points[..., 1]
-    m = matrix[:, :2, :, None]  # [N, 2, 3, 1]: broadcast over vertices, no tiny matmuls
-    return np.stack([m[:, 0, 0] * x + m[:, 0, 1] * y + m[:, 0, 2], m[:, 1, 0] * x + m[:, 1, 1] * y + m[:, 1, 2]], axis=-1)
+    m = matrix[:, :, :, None]  # [N, 3, 3, 1]: broadcast over vertices, no tiny matmuls
+    u = m[:, 0, 0] * x + m[:, 0, 1] * y + m[:, 0, 2]
+    v = m[:, 1, 0] * x + m[:, 1, 1] * y + m[:, 1, 2]
+    if len(matrix) and not is_affine(matrix).all():
+        w = m[:, 2, 0] * x + m[:, 2, 1] * y + m[:, 2, 2]
+        w = np.where(w > 0, w, 1.0)  # only padding vertices (beyond a polygon's count) can be behind
+        u, v = u / w, v / w
+    return np.stack([u, v], axis=-1)
 
 
 def polygon_bounds(poly: np.ndarray, count: np.ndarray) -> np.ndarray:

@@ -236,7 +236,18 @@ def cmd_preview(args: argparse.Namespace) -> int:
 
 
 def cmd_recipe(args: argparse.Namespace) -> int:
-    recipe = load_recipe(args.recipe, args.size)
+    if args.preset and args.recipe:
+        raise CliError("give --recipe or --preset, not both")
+    if args.preset:
+        from detaug.errors import RecipeError
+        from detaug.transforms.presets import preset
+
+        try:
+            recipe = preset(args.preset)
+        except RecipeError as err:
+            raise CliError(f"--preset {err.problem}") from err
+    else:
+        recipe = load_recipe(args.recipe, args.size)
     sys.stdout.write(recipe.to_json() + "\n" if args.json else recipe.to_yaml())
     return 0
 
@@ -353,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     recipe = sub.add_parser("recipe", parents=[common], help="print a recipe (default: the default detection recipe) as YAML")
     recipe.add_argument("--recipe", help="a recipe file (.yaml/.yml/.json) to check, normalise and print")
+    recipe.add_argument("--preset", help="a named recipe: hflip, lsj, multiscale, ssd, ssdlite (torchvision's "
+                        "detection references) or yolo")
     recipe.add_argument("--size", type=positive_int, default=512)
     recipe.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     recipe.set_defaults(run=cmd_recipe)

@@ -7,7 +7,8 @@ same DALI pipeline (:func:`detaug.pipeline.build_pipeline`, built once per recip
 input kind in each process, batch size 1). With ``seed``, ``epoch`` and ``image_id`` the result is
 exactly what ``DetectionLoader`` / ``DetectionSequence`` give that sample on the same device.
 
-Per-box fields (``iscrowd``, ``difficult``, a track id, ...: any array of length ``N``) follow
+A recipe that mixes images (``Mosaic``, ``MixUp``) draws its partners from the one-sample
+source of the call: the image is its own partner. Per-box fields (``iscrowd``, ``difficult``, a track id, ...: any array of length ``N``) follow
 their boxes through every transform and filter; ``area``, when given, is recomputed in output
 pixels. Boxes come back in the ``box_format`` they were given in.
 """
@@ -137,11 +138,13 @@ def apply(
     source = SampleListSource([Sample(data, xyxy, rows, image_id=int(image_id))], orientation=orientation)
     planner = BatchPlanner(source, recipe, EpochSpec(n=1, batch_size=1, seed=int(seed)), on_error="raise")
     planned = planner.plan(int(epoch), 0)
+    if planned.data is None or planned.partners is None:
+        planner.fill_data(planned)
     layout = "CHW" if kind == "torch" else "HWC"
     from detaug.pipeline import feed, pick_device
 
     pipe = _pipeline(recipe, source, pick_device(device), layout)
-    feed(pipe, planned.data, planned.params)
+    feed(pipe, planned.data, planned.params, planned.partners)
     out = pipe.outputs()[0]
     kept = planned.labels[0].astype(np.int64)
     out_image = _image_out(out, kind, image)

@@ -22,6 +22,7 @@ same for every source and both adapters (:class:`~detaug.torch.DetectionLoader`,
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -48,16 +49,38 @@ def num_batches(n: int, num_shards: int, batch_size: int, *, drop_last: bool) ->
     return per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
 
 
+def grouped_order(sizes: Sequence[int], seed: int, epoch: int) -> np.ndarray:
+    """int64 ``[sum(sizes)]``: epoch ``epoch``'s order of a dataset stored as consecutive groups
+    of ``sizes`` samples (tar shards): the groups in a permutation, and each group's samples in a
+    permutation of their own, all drawn from ``order_generator(seed, epoch)`` (first the groups'
+    permutation, then one permutation per group in storage order). Every position once."""
+    from detaug.seeds import order_generator
+
+    sizes = np.asarray(sizes, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    rng = order_generator(seed, epoch)
+    groups = rng.permutation(len(sizes))
+    inner = [starts[g] + rng.permutation(int(sizes[g])) for g in range(len(sizes))]
+    return np.concatenate([inner[g] for g in groups] or [np.zeros(0, np.int64)]).astype(np.int64)
+
+
 def shard_order(
-    n: int, epoch: int, *, shard_id: int, num_shards: int, shuffle: bool, seed: int, drop_last: bool
+    n: int, epoch: int, *, shard_id: int, num_shards: int, shuffle: bool, seed: int, drop_last: bool,
+    groups: Sequence[int] | None = None,
 ) -> np.ndarray:
     """int64 ``[shard_size]``: the dataset positions rank ``shard_id`` visits in ``epoch``, in order
-    (rules 1-3 of the module docstring)."""
+    (rules 1-3 of the module docstring). ``groups``: sizes of consecutive groups stored together
+    (tar shards): a shuffled epoch then visits them group by group (:func:`grouped_order`)."""
     from detaug.seeds import order_generator
 
     if n < 1:
         raise ValueError("the dataset is empty")
-    order = order_generator(seed, epoch).permutation(n) if shuffle else np.arange(n)
+    if shuffle and groups is not None:
+        if sum(groups) != n:
+            raise ValueError(f"groups of {sum(groups)} samples for a dataset of {n}")
+        order = grouped_order(groups, seed, epoch)
+    else:
+        order = order_generator(seed, epoch).permutation(n) if shuffle else np.arange(n)
     total = shard_size(n, num_shards, drop_last=drop_last) * num_shards
     if total > n:  # pad by repeating from the start (several times over only when n < W - 1)
         order = np.resize(order, total)

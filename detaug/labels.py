@@ -98,8 +98,7 @@ class LabelMap:
     @classmethod
     def from_source(cls, source: Any, label_map: str | None = None, *, first: int = 0) -> LabelMap:
         """The mapping of a source of :mod:`detaug.sources` (its ``categories`` and samples' labels)."""
-        labels = [np.asarray(s.labels).reshape(-1) for s in source.samples]
-        present = np.concatenate(labels) if labels else np.zeros(0, np.int64)
+        present = np.asarray(source.present_labels(), dtype=np.int64)  # columnar sources: no pass over samples
         return cls(getattr(source, "categories", None) or {}, present, label_map, first=first)
 
     # -- the two lists ----------------------------------------------------------------------------

@@ -11,10 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from detaug.decoding import decoder_options, default_num_threads
 from detaug.errors import DeviceError
 from detaug.transforms import Compose
 
-__all__ = ["DEVICES", "build_pipeline", "cuda_devices", "feed", "pick_device", "resolve_device"]
+__all__ = ["DEVICES", "build_pipeline", "cuda_devices", "feed", "feed_inputs", "input_names", "pick_device",
+           "resolve_device"]
 
 
 DEVICES = ("auto", "gpu", "cuda", "cpu")
@@ -72,17 +74,20 @@ def build_pipeline(
     batch_size: int,
     device: str = "gpu",
     device_id: int | None = None,
-    num_threads: int = 4,
+    num_threads: int | None = None,
     seed: int = 0,
     layout: str = "CHW",
     prefetch_queue_depth: int = 2,
+    hw_decoder_load: float | None = None,
 ) -> Any:
     """Build (not yet run) the DALI pipeline of ``transforms`` for batches of ``source``.
 
-    The pipeline only moves pixels: its two external sources are fed, batch by batch, with
-    ``pipe.feed_input("data", ...)`` (per sample, encoded bytes uint8 ``[L]`` or a decoded
-    ``uint8 [H, W, 3]`` array) and ``pipe.feed_input("params", ...)`` (float32 ``[B, P]``: the
-    plan of :class:`~detaug.planning.PlannedBatch`); boxes and labels are the plan's.
+    The pipeline only moves pixels: its external sources are fed, batch by batch, by
+    :func:`feed` with ``"data"`` (per sample, encoded bytes uint8 ``[L]`` or a decoded
+    ``uint8 [H, W, 3]`` array), ``"params"`` (float32 ``[B, P]``: the plan of
+    :class:`~detaug.planning.PlannedBatch`) and, for a recipe with mixing transforms,
+    ``"data_1"`` ... ``"data_J"`` (the partner images, ``PlannedBatch.partners``; see
+    :func:`input_names`); boxes and labels are the plan's.
 
     Args:
         source: a source of :mod:`detaug.sources` (its ``decoded`` flag says which data it
@@ -93,6 +98,11 @@ def build_pipeline(
         device: ``"gpu"`` (nvJPEG decoding, image ops on the GPU), ``"cpu"`` or ``"auto"``.
         layout: ``"CHW"`` (PyTorch) or ``"HWC"`` (Keras) for the images.
         prefetch_queue_depth: batches that may be fed and scheduled before their outputs are taken.
+        num_threads: DALI CPU threads; ``None``: the CPUs this process may use divided by the
+            ranks on the host, 1 to 16 (:func:`detaug.decoding.default_num_threads`).
+        hw_decoder_load: the share of JPEGs sent to the GPU's hardware decoder; ``None``: 0.99
+            on GPUs that have one (A100, H100, H200, ...), else DALI's default
+            (:func:`detaug.decoding.decoder_options`, ``DETAUG_HW_DECODER_LOAD`` overrides).
 
     Output: the augmented images, ``[3, H, W]`` or ``[H, W, 3]``, float32 when the recipe ends
     with ``Normalize``, else uint8; on the GPU with ``device="gpu"``.
@@ -100,6 +110,8 @@ def build_pipeline(
     from nvidia.dali import fn, pipeline_def, types
 
     dali_device_id = resolve_device(device, device_id)
+    decoder = decoder_options(dali_device_id is not None, hw_decoder_load=hw_decoder_load)  # the GPU's hardware decoder
+    num_threads = default_num_threads() if num_threads is None else int(num_threads)
     on_gpu = dali_device_id is not None
     if layout not in ("CHW", "HWC"):
         raise ValueError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
@@ -114,35 +126,70 @@ def build_pipeline(
         prefetch_queue_depth=prefetch_queue_depth,
     )
     def detection_pipeline():
-        # 1-2. The planned batch: images (encoded, or decoded arrays) and each sample's parameter
-        #      vector (decode ROI, warp matrices and sizes, photometric parameters; see
-        #      Compose.param_slices), planned on the host (detaug.planning).
+        # 1-2. The planned batch: images (encoded, or decoded arrays), partner images of mixing
+        #      transforms, and each sample's parameter vector (decode ROIs, warp matrices and
+        #      sizes, blend ratio, photometric parameters; see Compose.param_slices), planned on
+        #      the host (detaug.planning).
         data = fn.external_source(name="data", layout="HWC" if decoded_input else None)
+        partners = [fn.external_source(name=name, layout="HWC" if decoded_input else None)
+                    for name in input_names(transforms)[2:]]
         params = fn.external_source(name="params")
         layout_of = transforms.param_slices()
-        roi_anchor, roi_shape = params[0:2], params[2:4]
 
-        # 3. Decode only the region the first warp reads (ROI decoding), on the GPU if asked;
-        #    EXIF orientation applied unless the source says "ignore" (the plan's frame).
-        if decoded_input:
-            images = fn.slice(
-                data, roi_anchor, roi_shape, axis_names="WH", normalized_anchor=False, normalized_shape=False
-            )
-            images = images.gpu() if on_gpu else images
-        else:
-            images = fn.decoders.image_slice(
-                data, roi_anchor, roi_shape,
+        def decode(encoded, roi):
+            """Decode only the region ``roi`` (x, y, w, h) of each image, on the GPU if asked;
+            EXIF orientation applied unless the source says "ignore" (the plan's frame)."""
+            anchor, shape = params[roi.start:roi.start + 2], params[roi.start + 2:roi.stop]
+            if decoded_input:
+                images = fn.slice(encoded, anchor, shape, axis_names="WH", normalized_anchor=False, normalized_shape=False)
+                return images.gpu() if on_gpu else images
+            return fn.decoders.image_slice(
+                encoded, anchor, shape,
                 normalized_anchor=False, normalized_shape=False,
                 device="mixed" if on_gpu else "cpu", output_type=types.RGB,
-                adjust_orientation=adjust_orientation,
+                adjust_orientation=adjust_orientation, **decoder,
             )
 
-        # 4. Geometry: one affine warp per segment (forward matrices, DALI pixel space).
-        for (matrix, size), fill in zip(layout_of["warps"], transforms.segment_fills):
-            images = fn.warp_affine(
+        def warp(images, matrix, size, fill, projective=False):
+            """One warp by a forward matrix in DALI pixel space (affine: [2, 3]; projective: [3, 3])."""
+            if projective:
+                return fn.experimental.warp_perspective(
+                    images, matrix=fn.reshape(params[matrix], shape=[3, 3]), size=params[size], inverse_map=False,
+                    fill_value=fill, interp_type=types.INTERP_LINEAR, pixel_origin="corner",
+                )
+            return fn.warp_affine(
                 images, matrix=fn.reshape(params[matrix], shape=[2, 3]), size=params[size], inverse_map=False,
                 fill_value=fill, interp_type=types.INTERP_LINEAR,
             )
+
+        # 3. Decode only what is needed. Mosaic: each tile's image, only the part its quadrant
+        #    shows of the window the first warp reads, placed on that quadrant (fill elsewhere);
+        #    the four quadrants, side by side, are the window.
+        if transforms.mosaic is not None:
+            fill = transforms.mosaic.fill
+            quadrants = [warp(decode(src, roi), matrix, size, fill)
+                         for src, (roi, matrix, size) in zip([data] + partners[:3], layout_of["tiles"])]
+            images = fn.cat(fn.cat(quadrants[0], quadrants[1], axis=1), fn.cat(quadrants[2], quadrants[3], axis=1), axis=0)
+        else:
+            images = decode(data, layout_of["roi"])
+
+        def blend(images):
+            """MixUp: ``r * images + (1 - r) * partner``, the partner placed on the canvas."""
+            roi, matrix, size, ratio = layout_of["mixup"]
+            partner = warp(decode(partners[-1], roi), matrix, size, transforms.mixup.fill)
+            r = params[ratio.start]
+            r = r.gpu() if on_gpu else r
+            return fn.cast(images * r + partner * (1.0 - r), dtype=types.UINT8)
+
+        # 4. Geometry: one warp per segment (forward matrices, DALI pixel space); MixUp blends its
+        #    partner in where it stands in the recipe.
+        segments = zip(layout_of["warps"], transforms.segment_fills, transforms.segment_projective)
+        for s, ((matrix, size), fill, projective) in enumerate(segments):
+            if transforms.mixup is not None and s == transforms.blend_at:
+                images = blend(images)
+            images = warp(images, matrix, size, fill, projective)
+        if transforms.mixup is not None and transforms.blend_at == len(transforms.segments):
+            images = blend(images)
 
         # 5. Photometric transforms, in recipe order, with the planned per-sample parameters.
         for t, where in zip(transforms.photometric, layout_of["photometric"]):
@@ -158,8 +205,26 @@ def build_pipeline(
     return detection_pipeline()
 
 
-def feed(pipe: Any, data: list[np.ndarray], params: np.ndarray) -> None:
-    """Feed one planned batch to a pipeline of :func:`build_pipeline` and schedule its run."""
+def input_names(transforms: Compose) -> list[str]:
+    """The external sources of :func:`build_pipeline`'s pipeline for ``transforms``, in feeding
+    order: ``"data"``, ``"params"``, then ``"data_1"`` ... ``"data_J"`` (``J =
+    transforms.num_partners``: ``Mosaic``'s tiles 1-3, then ``MixUp``'s partner)."""
+    return ["data", "params"] + [f"data_{k}" for k in range(1, transforms.num_partners + 1)]
+
+
+def feed_inputs(pipe: Any, data: list[np.ndarray], params: np.ndarray,
+                partners: list[list[np.ndarray]] | None = None) -> None:
+    """Feed one planned batch to a pipeline of :func:`build_pipeline` without scheduling its run:
+    ``data``, ``params`` and, for a recipe with mixing transforms, ``partners``
+    (``PlannedBatch.partners``: per partner slot, one image per sample)."""
     pipe.feed_input("data", data)
     pipe.feed_input("params", params)
+    for k, images in enumerate(partners or [], start=1):
+        pipe.feed_input(f"data_{k}", images)
+
+
+def feed(pipe: Any, data: list[np.ndarray], params: np.ndarray, partners: list[list[np.ndarray]] | None = None) -> None:
+    """Feed one planned batch to a pipeline of :func:`build_pipeline` and schedule its run
+    (``partners``: see :func:`feed_inputs`; needed when the recipe has mixing transforms)."""
+    feed_inputs(pipe, data, params, partners)
     pipe.schedule_run()

@@ -9,8 +9,10 @@ A :class:`detaug.transforms.Compose` is executed in two parts:
    geometric transforms into one forward matrix per *warp segment*, and computes the exact
    output boxes.
 2. **Pixels (DALI, GPU or CPU).** The image is decoded (only the region the first warp reads),
-   warped once per segment with ``fn.warp_affine(inverse_map=False)``, colour-adjusted and
-   normalised, all from the planner's per-sample outputs.
+   warped once per segment with ``fn.warp_affine(inverse_map=False)`` (or
+   ``fn.experimental.warp_perspective`` for a segment holding a projective step),
+   colour-adjusted and normalised, all from the planner's per-sample outputs. ``Mosaic`` tiles
+   and the ``MixUp`` partner are further source images of the same sample (*layers*).
 
 Because the boxes come from the same NumPy code on both devices, ``device="gpu"`` and
 ``device="cpu"`` give the same boxes and labels for one seed. Every step is computed per sample
@@ -22,12 +24,15 @@ Box processing order (all boxes absolute ``xyxy``, float64 while planning):
 
 1. input boxes are read as given (the sources clip them to the image);
 2. each geometric transform maps the current canvas to a new one; a canvas that may miss part of
-   the previous one (a crop, a rotation) becomes four half-planes in source coordinates
-   (:func:`detaug.boxes.canvas_halfplanes`), kept as one rectangle while the geometry is
-   axis-aligned;
+   the previous one (a crop, a rotation) becomes four half-planes in each layer's source
+   coordinates (:func:`detaug.boxes.canvas_halfplanes`; still four half-planes under a
+   perspective map, and they exclude everything behind its horizon), kept as one rectangle
+   while the geometry is axis-aligned; a ``Mosaic`` tile or ``MixUp`` partner is placed with an
+   axis-aligned map and clipped to its visible rectangle (:meth:`PlanState.place_layers`);
 3. transforms that need the current boxes (``RandomIoUCrop``) see them exactly as in 4.;
-4. at the end, each source box rectangle is clipped by every half-plane, mapped forward, and
-   its bounding box is the output box; ``visibility`` = clipped area / original area;
+4. at the end, each source box rectangle is clipped by every half-plane of its layer, mapped
+   forward (with the perspective division where the map is projective), and its bounding box
+   is the output box; ``visibility`` = clipped area / original area (in the box's own image);
 5. boxes dropped by a transform (``RandomIoUCrop`` drops boxes whose centre leaves the crop),
    with zero area, narrower or lower than ``min_size`` or less visible than ``min_visibility``
    are removed together with their labels.
@@ -44,6 +49,7 @@ from detaug.boxes import (
     boxes_to_polygons,
     canvas_halfplanes,
     clip_polygons,
+    is_affine,
     polygon_area,
     polygon_bounds,
     transform_points,
@@ -67,23 +73,42 @@ class BoxResult:
 class PlanState:
     """Geometry of a batch while its transforms are planned.
 
+    A sample's pixels may come from several source images (*layers*: the tiles of ``Mosaic``,
+    the partner of ``MixUp``); without mixing transforms every sample is one layer. Each layer
+    has its own map to the sample's current canvas and its own clip constraints, in its own
+    source coordinates; boxes belong to one layer each and are grouped by sample.
+
     Attributes:
         rand: the samples' random streams (every draw comes from it, in transform order; row
             ``k`` of a draw depends only on sample ``k``'s key).
-        source_hw: float64 ``[B, 2]`` source image ``(height, width)``.
+        source_hw: float64 ``[B, 2]`` source image ``(height, width)`` (of layer 0 when a
+            sample has several).
+        boxes_src: float64 ``[N, 4]`` xyxy boxes of all samples, each in its layer's source
+            coordinates, grouped by sample.
+        sample: int64 ``[N]`` the sample each box belongs to (non-decreasing).
+        layer_hw: float64 ``[L, 2]`` each layer's source ``(height, width)``; ``None``: one layer
+            per sample (``source_hw``).
+        layer_owner: int64 ``[L]`` the sample of each layer (``None``: ``arange(B)``).
+        box_layer: int64 ``[N]`` the layer of each box (``None``: ``sample``).
         canvas_hw: float64 ``[B, 2]`` current canvas ``(height, width)`` (whole pixels).
-        to_canvas: float64 ``[B, 3, 3]`` forward map from source to current canvas coordinates.
-        boxes_src: float64 ``[N, 4]`` xyxy boxes of all samples, in source coordinates.
-        sample: int64 ``[N]`` the sample each box belongs to.
-        alive: bool ``[N]`` boxes not dropped by a transform so far.
+        to_canvas: float64 ``[B, 3, 3]`` forward map from the sample's *base frame* to its current
+            canvas: the source image, or the canvas a ``Mosaic`` composed (:meth:`start_canvas`).
+        layer_to_canvas: float64 ``[L, 3, 3]`` forward map from each layer's source to the
+            current canvas (affine, or projective after ``RandomPerspective``).
+        alive: bool ``[N]`` boxes not dropped by a transform so far (boxes of layers not placed
+            yet, a ``MixUp`` partner before the blend, are not alive).
     """
 
     rand: SampleRandom
     source_hw: np.ndarray
     boxes_src: np.ndarray
     sample: np.ndarray
+    layer_hw: np.ndarray | None = None
+    layer_owner: np.ndarray | None = None
+    box_layer: np.ndarray | None = None
     canvas_hw: np.ndarray = field(init=False)
     to_canvas: np.ndarray = field(init=False)
+    layer_to_canvas: np.ndarray = field(init=False)
     alive: np.ndarray = field(init=False)
     _clip_rect: np.ndarray = field(init=False)
     _planes: list[np.ndarray] = field(init=False)
@@ -91,17 +116,26 @@ class PlanState:
 
     def __post_init__(self) -> None:
         b = len(self.source_hw)
+        self._single = self.layer_hw is None  # one layer per sample: layer maps are the sample maps
+        if self._single:
+            self.layer_hw = self.source_hw.astype(np.float64)
+            self.layer_owner = np.arange(b)
+            self.box_layer = self.sample
+        self.layer_owner = np.asarray(self.layer_owner, dtype=np.int64)
+        self.box_layer = np.asarray(self.box_layer, dtype=np.int64)
+        n_layers = len(self.layer_hw)
         self.canvas_hw = self.source_hw.astype(np.float64).copy()
         self.to_canvas = np.broadcast_to(np.eye(3), (b, 3, 3)).copy()
+        self.layer_to_canvas = self.to_canvas if self._single else np.broadcast_to(np.eye(3), (n_layers, 3, 3)).copy()
         self.alive = np.ones(len(self.boxes_src), dtype=bool)
-        # Canvas constraints in source coordinates: while the geometry is axis-aligned they are
-        # rectangles, intersected into one ``[B, 4]`` xyxy rectangle (cheap min/max); after a
-        # rotation or shear, each cropping canvas adds four general half-planes for that sample
-        # (``_rotated``), and "no constraint" for the others.
-        zeros = np.zeros(b)
-        self._clip_rect = np.stack([zeros, zeros, self.canvas_hw[:, 1], self.canvas_hw[:, 0]], axis=1)
+        # Canvas constraints in layer source coordinates: while the geometry is axis-aligned they
+        # are rectangles, intersected into one ``[L, 4]`` xyxy rectangle (cheap min/max); after a
+        # rotation, shear or perspective, each cropping canvas adds four general half-planes for
+        # that layer (``_rotated``), and "no constraint" for the others.
+        zeros = np.zeros(n_layers)
+        self._clip_rect = np.stack([zeros, zeros, self.layer_hw[:, 1], self.layer_hw[:, 0]], axis=1)
         self._planes = []
-        self._rotated = np.zeros(b, dtype=bool)
+        self._rotated = np.zeros(n_layers, dtype=bool)
 
     @property
     def batch_size(self) -> int:
@@ -111,36 +145,84 @@ class PlanState:
         """Move every sample to a new canvas: ``step`` ``[B, 3, 3]``, ``canvas_hw`` ``[B, 2]``.
 
         ``crops=False`` promises that the new canvas holds the whole previous one (flips,
-        resizes, zoom-outs, padding): it then adds no constraint on the boxes.
+        resizes, zoom-outs, padding, ``RandomPerspective``): it then adds no constraint on the
+        boxes.
         """
         self.to_canvas = step @ self.to_canvas
+        if self._single:
+            self.layer_to_canvas = self.to_canvas
+        else:
+            self.layer_to_canvas = step[self.layer_owner] @ self.layer_to_canvas
         self.canvas_hw = np.asarray(canvas_hw, dtype=np.float64)
-        if not crops:
-            return
-        m = self.to_canvas
-        aligned = (m[:, 0, 1] == 0) & (m[:, 1, 0] == 0)  # decided per sample, never per batch
+        if crops:
+            self._constrain(np.ones(len(self.layer_hw), dtype=bool))
+
+    def start_canvas(self, canvas_hw: np.ndarray) -> None:
+        """Make a new canvas ``[B, 2]`` the samples' base frame (``to_canvas`` = identity); the
+        layers are then placed on it with :meth:`place_layers` (``Mosaic``)."""
+        self.to_canvas = np.broadcast_to(np.eye(3), (self.batch_size, 3, 3)).copy()
+        self.canvas_hw = np.asarray(canvas_hw, dtype=np.float64)
+        if self._single:
+            self.layer_to_canvas = self.to_canvas
+
+    def place_layers(self, layers: np.ndarray, maps: np.ndarray, rects: np.ndarray, alive: np.ndarray | None = None) -> None:
+        """Put layers ``[M]`` on their samples' current canvas with axis-aligned maps ``[M, 3, 3]``
+        (scale and translation), showing only the rectangles ``rects`` ``[M, 4]`` (xyxy, canvas
+        pixels; a ``Mosaic`` tile's quadrant, a ``MixUp`` partner's canvas). The layers' earlier
+        constraints are forgotten; their boxes are alive where ``alive`` ``[M]`` (default: all).
+        """
+        if self._single:
+            raise RuntimeError("place_layers needs a PlanState built with layers")
+        layers = np.asarray(layers, dtype=np.int64)
+        m = np.asarray(maps, dtype=np.float64)
+        if ((m[:, 0, 1] != 0) | (m[:, 1, 0] != 0) | ~is_affine(m)).any():
+            raise ValueError("place_layers takes axis-aligned maps (scale and translation) only")
+        self.layer_to_canvas[layers] = m
+        hw = self.layer_hw[layers]
+        sx, sy, tx, ty = m[:, 0, 0], m[:, 1, 1], m[:, 0, 2], m[:, 1, 2]
+        xa, xb = (rects[:, 0] - tx) / sx, (rects[:, 2] - tx) / sx
+        ya, yb = (rects[:, 1] - ty) / sy, (rects[:, 3] - ty) / sy
+        self._clip_rect[layers] = np.stack([
+            np.maximum(np.minimum(xa, xb), 0), np.maximum(np.minimum(ya, yb), 0),
+            np.minimum(np.maximum(xa, xb), hw[:, 1]), np.minimum(np.maximum(ya, yb), hw[:, 0]),
+        ], axis=1)
+        for planes in self._planes:
+            planes[layers] = (0.0, 0.0, np.inf)
+        self._rotated[layers] = False
+        mine = np.zeros(len(self.layer_hw), dtype=bool)
+        mine[layers] = True if alive is None else np.asarray(alive, dtype=bool)
+        in_layers = np.isin(self.box_layer, layers)
+        self.alive[in_layers] = mine[self.box_layer[in_layers]]
+
+    def _constrain(self, rows: np.ndarray) -> None:
+        """Add the current canvas as a constraint on the layers where ``rows`` ``[L]`` is set."""
+        m = self.layer_to_canvas
+        canvas = self.canvas_hw[self.layer_owner]
+        aligned = rows & (m[:, 0, 1] == 0) & (m[:, 1, 0] == 0) & is_affine(m)  # per layer, never per batch
         if aligned.any():
             # the canvas is the source rectangle between the preimages of its corners
             sx, sy, tx, ty = m[:, 0, 0], m[:, 1, 1], m[:, 0, 2], m[:, 1, 2]
             with np.errstate(divide="ignore", invalid="ignore"):  # rows that are not aligned
-                xa, xb = -tx / sx, (self.canvas_hw[:, 1] - tx) / sx
-                ya, yb = -ty / sy, (self.canvas_hw[:, 0] - ty) / sy
+                xa, xb = -tx / sx, (canvas[:, 1] - tx) / sx
+                ya, yb = -ty / sy, (canvas[:, 0] - ty) / sy
             rect = np.stack([np.minimum(xa, xb), np.minimum(ya, yb), np.maximum(xa, xb), np.maximum(ya, yb)], axis=1)
             rect = np.concatenate(
                 [np.maximum(self._clip_rect[:, :2], rect[:, :2]), np.minimum(self._clip_rect[:, 2:], rect[:, 2:])], axis=1
             )
             self._clip_rect = np.where(aligned[:, None], rect, self._clip_rect)
-        if not aligned.all():
-            planes = canvas_halfplanes(self.to_canvas, self.canvas_hw)
-            planes[aligned] = (0.0, 0.0, np.inf)  # 0 <= inf: no constraint (kept in the rectangle)
+        general = rows & ~aligned
+        if general.any():
+            planes = canvas_halfplanes(m, canvas)
+            planes[~general] = (0.0, 0.0, np.inf)  # 0 <= inf: no constraint (kept in the rectangle)
             self._planes.append(planes)
-            self._rotated |= ~aligned
+            self._rotated |= general
 
     def boxes(self) -> BoxResult:
         """Exact boxes on the current canvas (see the module docstring, steps 4-5 without the
         size filters)."""
         b = self.boxes_src
-        rect = self._clip_rect[self.sample]
+        layer = self.box_layer
+        rect = self._clip_rect[layer]
         clipped = np.concatenate([np.maximum(b[:, :2], rect[:, :2]), np.minimum(b[:, 2:], rect[:, 2:])], axis=1)
         full_area = box_area(b)
         poly, count = boxes_to_polygons(clipped)
@@ -149,10 +231,10 @@ class PlanState:
         if self._planes:
             for planes in self._planes:
                 for k in range(4):
-                    poly, count = clip_polygons(poly, count, planes[self.sample, k])
-            rotated = self._rotated[self.sample]
+                    poly, count = clip_polygons(poly, count, planes[layer, k])
+            rotated = self._rotated[layer]
             visible[rotated] = _polygon_areas(poly[rotated], count[rotated])
-        out = polygon_bounds(transform_points(self.to_canvas[self.sample], poly), count)
+        out = polygon_bounds(transform_points(self.layer_to_canvas[layer], poly), count)
         wh = self.canvas_hw[self.sample, ::-1]
         out = np.clip(out, 0.0, np.concatenate([wh, wh], axis=1))  # float rounding only: 1e-13 px
         visibility = np.where(full_area > 0, visible / np.where(full_area > 0, full_area, 1), 0.0)

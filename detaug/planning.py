@@ -12,7 +12,12 @@ for the seed contract). :meth:`BatchPlanner.plan` computes it:
    (cyclically), so the batch keeps its size, and the skip is recorded;
 3. boxes annotated on the stored pixels of an EXIF-rotated image are moved to the displayed
    frame the decoder delivers (``orientation="auto"``; see :mod:`detaug.formats.images`);
-4. :meth:`detaug.transforms.Compose.plan_batch` plans every sample from its key
+4. a recipe with mixing transforms (``Mosaic``, ``MixUp``) draws each sample's partner images
+   from its key (:meth:`detaug.transforms.Compose.partner_draws`: dataset positions uniform over
+   ``len(source)``), and reads and checks them as in 2.-3.; a partner that cannot be read is
+   replaced by the next position (cyclically), recorded as skipped (``on_error="raise"``:
+   raised); partners that are not needed (``MixUp`` not applied) are 1x1 placeholders;
+5. :meth:`detaug.transforms.Compose.plan_batch` plans every sample from its key
    ``(seed, epoch, image_id)``: the decode region, warp matrices, photometric parameters and
    the exact output boxes.
 
@@ -36,10 +41,11 @@ from detaug.formats.images import annotation_frame, orient_boxes, probe_image
 from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
 from detaug.seeds import sample_keys
 from detaug.transforms import Compose
+from detaug.transforms.compose import Partners
 
 __all__ = [
     "ON_ERROR", "EpochSpec", "PlannedBatch", "BatchPlanner", "DecodedShapes", "DecodeFailure", "undecodable",
-    "init_plan_worker", "plan_job",
+    "init_plan_worker", "plan_job", "source_groups",
 ]
 
 #: What an unreadable or undecodable image does: ``"skip"`` (replaced, named, counted) or ``"raise"``.
@@ -57,6 +63,8 @@ class EpochSpec:
     shuffle: bool = False
     drop_last: bool = False
     seed: int = 0
+    #: sizes of consecutive sample groups stored together (tar shards), or ``None``
+    groups: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -65,7 +73,7 @@ class EpochSpec:
     def order(self, epoch: int) -> np.ndarray:
         """int64 ``[shard_size]``: the rank's dataset positions in ``epoch``."""
         return shard_order(self.n, epoch, shard_id=self.shard_id, num_shards=self.num_shards,
-                           shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last)
+                           shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last, groups=self.groups)
 
 
 @dataclass
@@ -82,6 +90,12 @@ class PlannedBatch:
         params: float32 ``[B, P]`` parameter vectors (:meth:`Compose.param_slices`).
         boxes: per sample float32 ``[M, 4]`` xyxy boxes on the output image.
         labels: per sample int64 ``[M]``.
+        partners: per partner slot (``Compose.num_partners`` of them: ``Mosaic``'s tiles 1-3, then
+            ``MixUp``'s partner), per sample, the image data of that partner (as ``data``; a 1x1
+            placeholder where not needed); empty without mixing transforms; ``None`` with
+            ``data`` ``None`` (:meth:`BatchPlanner.fill_data`).
+        partner_positions: int64 ``[B, J]`` dataset positions of the partners (replacements
+            included), -1 where not needed.
         skipped: ``{"image_id", "file", "reason"}`` of each image replaced in this batch.
         repaired: ``{"image_id", "file", "reason", "count"}`` of boxes clipped to (or dropped
             outside) an image whose size the annotation did not declare (found when read).
@@ -97,6 +111,8 @@ class PlannedBatch:
     labels: list[np.ndarray]
     skipped: list[dict[str, Any]] = field(default_factory=list)
     repaired: list[dict[str, Any]] = field(default_factory=list)
+    partners: list[list[np.ndarray]] | None = field(default_factory=list)
+    partner_positions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
 
     def new_findings(self, warned: set[tuple[str, str]]) -> list[str]:
         """Warning texts for this batch's skipped images and repaired boxes not warned of
@@ -109,6 +125,13 @@ class PlannedBatch:
                 verb = "skipped" if "count" not in found else f"{found['count']} box(es) of"
                 messages.append(f"{verb} {found['file']} (image_id {found['image_id']}): {found['reason']}")
         return messages
+
+
+def source_groups(source: Any) -> tuple[int, ...] | None:
+    """The sizes of the groups of consecutive samples ``source`` stores together (a
+    :class:`~detaug.shards.ShardSource`'s tar files), for :class:`EpochSpec`; ``None`` for others."""
+    sizes = getattr(source, "shard_sizes", None)
+    return None if sizes is None else tuple(int(k) for k in sizes)
 
 
 class BatchPlanner:
@@ -172,13 +195,64 @@ class BatchPlanner:
             ids.append(image_id)
         image_ids = np.asarray(ids, dtype=np.int64)
         keys = sample_keys(self.spec.seed, epoch, image_ids)
-        params, out_boxes, out_labels = self.transforms.plan_batch(shapes, boxes, labels, keys)
+        partners, partner_data, partner_positions = None, [], np.zeros((len(ids), 0), np.int64)
+        if self.transforms.num_partners:
+            partners, partner_data, partner_positions = self._partners(keys, bad, skipped, repaired)
+        params, out_boxes, out_labels = self.transforms.plan_batch(shapes, boxes, labels, keys, partners)
+        decoded_shapes = isinstance(self.source, DecodedShapes)
         return PlannedBatch(
             epoch=epoch, step=step, positions=np.asarray(positions, dtype=np.int64), image_ids=image_ids,
-            data=None if isinstance(self.source, DecodedShapes) else data,
+            data=None if decoded_shapes else data,
             params=np.stack(params).astype(np.float32, copy=False), boxes=out_boxes,
             labels=[np.asarray(lab, dtype=np.int64) for lab in out_labels], skipped=skipped, repaired=repaired,
+            partners=None if decoded_shapes else partner_data, partner_positions=partner_positions,
         )
+
+    def _partners(self, keys: np.ndarray, bad: Mapping[int, str], skipped: list[dict[str, Any]],
+                  repaired: list[dict[str, Any]]) -> tuple[Partners, list[list[np.ndarray]], np.ndarray]:
+        """Draw, read and check the partner images of a batch (step 4 of the module docstring):
+        ``(Partners for plan_batch, their data per slot and sample, positions [B, J])``."""
+        n = len(self.source)
+        drawn, needed = self.transforms.partner_draws(keys, n)
+        b, j = drawn.shape
+        positions = np.full((b, j), -1, dtype=np.int64)
+        shapes = [[None] * b for _ in range(j)]
+        boxes = [[None] * b for _ in range(j)]
+        labels = [[None] * b for _ in range(j)]
+        data: list[list[Any]] = [[None] * b for _ in range(j)]
+        loaded: dict[int, tuple] = {}  # a position drawn twice in a batch is read once
+        for i in range(b):
+            for k in range(j):
+                if not needed[i, k]:
+                    data[k][i], shapes[k][i] = self.placeholder(), (1, 1)
+                    boxes[k][i], labels[k][i] = np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
+                    continue
+                for tries in range(n):
+                    p = int((drawn[i, k] + tries) % n)
+                    if p in loaded:
+                        break
+                    try:
+                        if p in bad:
+                            raise ImageError(self.source.file_of(p), self.source.samples[p].image_id, bad[p])
+                        d, hw, bx, lab, image_id = self.load(p)
+                        if getattr(self.source.samples[p], "size", None) is None and len(bx):
+                            bx, lab = _clip_to_image(bx, lab, hw, self.source.file_of(p), image_id, repaired)
+                        loaded[p] = (d, hw, bx, lab)
+                        break
+                    except ImageError as err:
+                        if self.on_error == "raise":
+                            raise
+                        skipped.append({"image_id": err.image_id, "file": err.file, "reason": err.reason})
+                else:
+                    raise DatasetError(f"no image of the dataset can be read as a partner; the last: {skipped[-1]}")
+                positions[i, k] = p
+                data[k][i], shapes[k][i], boxes[k][i], labels[k][i] = loaded[p]
+        return Partners(shapes, boxes, labels), data, positions
+
+    def placeholder(self) -> np.ndarray:
+        """The image data fed for a partner that is not needed: a 1x1 grey image, encoded (PNG)
+        or decoded as the source's images are."""
+        return _placeholder(bool(getattr(self.source, "decoded", False)))
 
     def load(self, position: int) -> tuple[np.ndarray, tuple[int, int], np.ndarray, np.ndarray, int]:
         """``(data, (height, width) as decoded, boxes xyxy in that frame, labels, image_id)`` of a
@@ -206,6 +280,37 @@ class BatchPlanner:
     def load_data(self, positions: np.ndarray) -> list[np.ndarray]:
         """The image data of ``positions`` (a worker planned decoded arrays from their shapes)."""
         return [self.source.load(int(p))[0] for p in positions]
+
+    def fill_data(self, planned: PlannedBatch) -> None:
+        """Read the image data a worker left out (decoded arrays are planned from their shapes):
+        ``planned.data`` and ``planned.partners`` (placeholders where a partner is not needed)."""
+        if planned.data is None:
+            planned.data = self.load_data(planned.positions)
+        if planned.partners is None:
+            planned.partners = [
+                [self.source.load(int(p))[0] if p >= 0 else self.placeholder() for p in planned.partner_positions[:, k]]
+                for k in range(planned.partner_positions.shape[1])
+            ]
+
+
+_PLACEHOLDERS: dict[bool, np.ndarray] = {}
+
+
+def _placeholder(decoded: bool) -> np.ndarray:
+    """A 1x1 grey (114) image: ``uint8 [1, 1, 3]``, or its PNG bytes ``uint8 [L]`` (read-only, cached)."""
+    if decoded not in _PLACEHOLDERS:
+        pixel = np.full((1, 1, 3), 114, dtype=np.uint8)
+        if decoded:
+            image = pixel
+        else:
+            from PIL import Image
+
+            buffer = io.BytesIO()
+            Image.fromarray(pixel).save(buffer, format="PNG")
+            image = np.frombuffer(buffer.getvalue(), dtype=np.uint8)
+        image.flags.writeable = False
+        _PLACEHOLDERS[decoded] = image
+    return _PLACEHOLDERS[decoded]
 
 
 def _clip_to_image(boxes: np.ndarray, labels: np.ndarray, hw: tuple[int, int], file: str, image_id: int,

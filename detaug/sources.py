@@ -164,6 +164,21 @@ class SampleListSource:
                 raise OSError(err.errno, f"{image}: cannot read the image file: {err.strerror or err}") from err
         return data, s.boxes, s.labels, s.image_id
 
+    def present_labels(self) -> np.ndarray:
+        """int64: the distinct labels of the boxes (read from the columns of a cached source)."""
+        table = getattr(self.samples, "table", None)
+        if table is not None:
+            return np.asarray(table.present_labels(), dtype=np.int64)
+        labels = [np.asarray(s.labels).reshape(-1) for s in self.samples]
+        return np.unique(np.concatenate(labels)).astype(np.int64) if labels else np.zeros(0, np.int64)
+
+    def max_boxes(self) -> int:
+        """The most boxes of one sample."""
+        table = getattr(self.samples, "table", None)
+        if table is not None:
+            return int(table.max_boxes())
+        return max((len(s.boxes) for s in self.samples), default=0)
+
     def to_sample_list(self) -> SampleListSource:
         """This source (it is one)."""
         return self
@@ -182,6 +197,11 @@ class CocoSource(SampleListSource):
         skip_empty: leave out images without boxes (after ``include_iscrowd``; counted).
         include_iscrowd: keep ``iscrowd=1`` annotations as boxes (else left out, counted).
         orientation: see :class:`SampleListSource`.
+        cache: parse the JSON once into columns and keep them on disk (``True``: in
+            ``<json>.detaug-cache/``, or ``$DETAUG_CACHE_DIR``; a path: under that folder): later
+            start-ups open the cache instead of parsing (10M images: 0.35 s and 0.56 GB against
+            minutes and tens of GB; see docs/shards.md). The samples, ids, boxes and report are
+            those of the uncached source. ``False`` (default): parse in memory.
 
     Attributes:
         categories: names by category id. report: the checks' findings.
@@ -199,6 +219,7 @@ class CocoSource(SampleListSource):
         shard_id: int | None = None,
         num_shards: int | None = None,
         orientation: str = "auto",
+        cache: bool | str | os.PathLike = False,
     ) -> None:
         orientation = check_orientation(orientation)
         if isinstance(annotations_file, Mapping):
@@ -216,6 +237,13 @@ class CocoSource(SampleListSource):
         self.include_iscrowd = include_iscrowd
         self.shard_id = shard_id
         self.num_shards = num_shards
+        if cache and self.annotations_file is not None:
+            from detaug.formats.columnar import coco_view, load_coco_columns
+
+            columns = load_coco_columns(self.annotations_file, cache_dir=None if cache is True else cache)
+            view, report = coco_view(columns, self.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
+            self._adopt(view, columns.categories, report, orientation)
+            return
         dataset = load_coco(annotations_file)
         samples = coco_to_samples(dataset, self.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
         self._adopt(samples, dataset.categories, dataset.report, orientation)

@@ -13,8 +13,8 @@ import torch
 from detaug.errors import DataWarning, ImageError
 from detaug.labels import LabelMap
 from detaug.plan_ahead import PlanPool
-from detaug.pipeline import build_pipeline, feed, pick_device, resolve_device
-from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, undecodable
+from detaug.pipeline import build_pipeline, feed, feed_inputs, pick_device, resolve_device
+from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, source_groups, undecodable
 from detaug.epochs import check_shard
 from detaug.transforms import Compose
 
@@ -49,6 +49,10 @@ class DetectionLoader:
             ``shuffle`` flag (a ``CocoSource`` has one), else ``False``.
         drop_last: every rank drops evenly: ``floor(n / W)`` samples per rank and epoch, and the
             last, smaller batch is dropped (see :mod:`detaug.epochs`).
+        num_threads: DALI CPU threads; ``None``: the CPUs this process may use divided by the
+            ranks on the host (``LOCAL_WORLD_SIZE``), 1 to 16. JPEGs go to the GPU's hardware
+            decoder where it has one (``DETAUG_HW_DECODER_LOAD`` sets the share; see
+            :mod:`detaug.decoding`).
         seed: seeds the orders and the augmentations: a sample's augmentation is a pure function
             of ``(seed, epoch, image_id)`` (docs/reproducibility.md); one seed gives the same
             boxes on both devices.
@@ -112,7 +116,7 @@ class DetectionLoader:
         *,
         device: str = "auto",
         device_id: int | None = None,
-        num_threads: int = 4,
+        num_threads: int | None = None,
         shuffle: bool | None = None,
         drop_last: bool = False,
         seed: int = 0,
@@ -156,7 +160,8 @@ class DetectionLoader:
         self.categories = source.categories
         self._stacked = transforms.output_size() is not None  # else a list, also for one image
         self.spec = EpochSpec(n=len(source), batch_size=self.batch_size, shard_id=shard_id, num_shards=num_shards,
-                              shuffle=self.shuffle, drop_last=self.drop_last, seed=self.seed)
+                              shuffle=self.shuffle, drop_last=self.drop_last, seed=self.seed,
+                              groups=source_groups(source))
         self.planner = BatchPlanner(source, transforms, self.spec, on_error)
         self.on_error = on_error
         if num_workers is None:
@@ -293,8 +298,8 @@ class DetectionLoader:
                 self._pool.give_up(f"the planning workers stopped ({err})")
         if planned is None:
             planned = self.planner.plan(epoch, step, bad=self._bad)
-        if planned.data is None:
-            planned.data = self.planner.load_data(planned.positions)
+        if planned.data is None or planned.partners is None:
+            self.planner.fill_data(planned)
         return planned
 
     def _feed(self, batches: list[PlannedBatch], inflight: deque[PlannedBatch | None]) -> None:
@@ -307,15 +312,14 @@ class DetectionLoader:
         if self._fresh:
             fillers = self._depth - len(batches)
             for planned in batches + batches[-1:] * fillers:
-                self.pipeline.feed_input("data", planned.data)
-                self.pipeline.feed_input("params", planned.params)
+                feed_inputs(self.pipeline, planned.data, planned.params, planned.partners)
             self.pipeline.schedule_run()
             self._fresh = False
             inflight.extend(batches)
             inflight.extend([None] * fillers)
             return
         for planned in batches:
-            feed(self.pipeline, planned.data, planned.params)
+            feed(self.pipeline, planned.data, planned.params, planned.partners)
             inflight.append(planned)
 
     def _outputs(self, inflight: deque[PlannedBatch | None]) -> tuple[Any, PlannedBatch]:

@@ -96,7 +96,7 @@ class PipelinePool:
         """Feed a batch's image data and parameter vectors and start ``pipe`` on it (returns at
         once); a pipeline that could not be fed is discarded."""
         try:
-            feed(pipe, planned.data, planned.params)
+            feed(pipe, planned.data, planned.params, planned.partners)
         except BaseException:
             self.discard(pipe)  # possibly half fed: start over with a fresh pipeline
             raise

@@ -73,6 +73,7 @@ from detaug.planning import (
     DecodeFailure,
     EpochSpec,
     PlannedBatch,
+    source_groups,
     undecodable,
 )
 from detaug.transforms import Compose
@@ -119,7 +120,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             counted in ``boxes_truncated`` / ``samples_truncated`` either way.
         drop_last: leave out the last, smaller batch of an epoch.
         device_id: the GPU (``None``: 0).
-        num_threads: DALI CPU threads.
+        num_threads: DALI CPU threads; ``None``: the CPUs this process may use divided by the
+            ranks on the host (``LOCAL_WORLD_SIZE``), 1 to 16.
         shard_id, num_shards: serve one shard of every epoch (the rules of
             :mod:`detaug.epochs`, as the PyTorch loader's: equal shards, padded).
         prefetch: prepare batch ``i + 1`` while batch ``i`` is used, when access is sequential.
@@ -188,7 +190,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         overflow: str = "raise",
         drop_last: bool = False,
         device_id: int | None = None,
-        num_threads: int = 4,
+        num_threads: int | None = None,
         shard_id: int | None = None,
         num_shards: int | None = None,
         prefetch: bool = True,
@@ -242,7 +244,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         num_shards = getattr(source, "num_shards", None) if num_shards is None else num_shards
         shard_id, num_shards = check_shard(0 if shard_id is None else shard_id, 1 if num_shards is None else num_shards)
 
-        most = max(len(s.boxes) for s in source.samples)
+        most = int(source.max_boxes())  # columnar sources answer without a pass over the samples
         if max_boxes is None:
             max_boxes = max(most, 1)
         if isinstance(max_boxes, bool) or not isinstance(max_boxes, (int, np.integer)) or max_boxes < 1:
@@ -265,7 +267,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self.seed = int(seed)
         self.device = device
         self.device_id = resolve_device(device, device_id)
-        self.num_threads = int(num_threads)
+        self.num_threads = None if num_threads is None else int(num_threads)
         self.overflow = overflow
         self.drop_last = bool(drop_last)
         self.prefetch = bool(prefetch)
@@ -274,7 +276,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self.plan_workers = int(plan_workers)
         self.shard_id, self.num_shards = shard_id, num_shards
         self.spec = EpochSpec(n=len(source), batch_size=self.batch_size, shard_id=shard_id, num_shards=num_shards,
-                              shuffle=self.shuffle, drop_last=self.drop_last, seed=self.seed)
+                              shuffle=self.shuffle, drop_last=self.drop_last, seed=self.seed,
+                              groups=source_groups(source))
         self.planner = BatchPlanner(source, transforms, self.spec, on_error)
         self.on_error = on_error
         if len(self) == 0:  # as the PyTorch loader: every shard has the same (empty) length
@@ -485,8 +488,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
                 self.planned_ahead += 1
             else:
                 self.planned_inline += 1
-        if planned.data is None:  # decoded arrays, or a plan made without the bytes: read them here
-            planned.data = self.planner.load_data(planned.positions)
+        if planned.data is None or planned.partners is None:  # decoded arrays, or a plan made without the bytes
+            self.planner.fill_data(planned)
         return planned
 
     def _without_undecodable(self, planned: PlannedBatch, failure: DecodeFailure) -> PlannedBatch:
@@ -500,8 +503,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
                 self._bad[int(planned.positions[k])] = reason
             bad = dict(self._bad)
         replanned = self.planner.plan(planned.epoch, planned.step, bad=bad)
-        if replanned.data is None:
-            replanned.data = self.planner.load_data(replanned.positions)
+        if replanned.data is None or replanned.partners is None:
+            self.planner.fill_data(replanned)
         return replanned
 
     def _record(self, planned: PlannedBatch) -> None:

@@ -14,11 +14,18 @@ from detaug.transforms.base import (
     PhotometricTransform,
     Transform,
 )
-from detaug.transforms.color import ColorJitter
+from detaug.transforms.blur import GaussianBlur
+from detaug.transforms.color import ColorJitter, Grayscale, RandomGrayscale, RandomPhotometricDistort
 from detaug.transforms.compose import Compose, default_detection_recipe
+from detaug.transforms.composition import OneOf, RandomApply, RandomChoice, SomeOf
 from detaug.transforms.crop import CenterCrop, FixedSizeCrop, RandomCrop, RandomIoUCrop, RandomResizedCrop
+from detaug.transforms.erasing import CoarseDropout, RandomErasing
 from detaug.transforms.flip import RandomHorizontalFlip, RandomVerticalFlip
+from detaug.transforms.mixing import MixUp, Mosaic, yolo_recipe
+from detaug.transforms.noise import GaussNoise
 from detaug.transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from detaug.transforms.perspective import RandomPerspective
+from detaug.transforms.presets import PRESETS, preset
 from detaug.transforms.pad import Pad, RandomZoomOut
 from detaug.transforms.resize import LetterBox, RandomShortestSize, Resize, ScaleJitter
 
@@ -47,6 +54,23 @@ __all__ = [
     "ScaleJitter",
     "RandomShortestSize",
     "ColorJitter",
+    "RandomPhotometricDistort",
+    "Grayscale",
+    "RandomGrayscale",
+    "GaussianBlur",
+    "GaussNoise",
+    "RandomErasing",
+    "CoarseDropout",
+    "OneOf",
+    "RandomChoice",
+    "RandomApply",
+    "SomeOf",
+    "Mosaic",
+    "MixUp",
+    "RandomPerspective",
+    "yolo_recipe",
+    "preset",
+    "PRESETS",
     "Normalize",
     "IMAGENET_MEAN",
     "IMAGENET_STD",

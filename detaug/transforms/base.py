@@ -40,7 +40,10 @@ def register(cls: type["Transform"]) -> type["Transform"]:
 
 
 def _plain(value: Any) -> Any:
-    """Tuples and NumPy scalars to JSON/YAML-friendly lists and Python numbers."""
+    """Tuples and NumPy scalars to JSON/YAML-friendly lists and Python numbers (and nested
+    transforms, of compositions, to their ``to_dict``)."""
+    if isinstance(value, Transform):
+        return value.to_dict()
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     if isinstance(value, np.generic):
@@ -119,6 +122,13 @@ class Transform:
         args = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items() if k != "name")
         return f"{type(self).__name__}({args})"
 
+    def __call__(self, image: Any = None, boxes: Any = None, labels: Any = None, **kwargs: Any) -> dict[str, Any]:
+        """Run this transform alone, eagerly, on one sample: ``Compose([self])(image=..., ...)``
+        (see :meth:`detaug.transforms.Compose.__call__`)."""
+        from detaug.transforms.compose import Compose
+
+        return Compose([self])(image, boxes, labels, **kwargs)
+
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and self.to_dict() == other.to_dict()  # type: ignore[union-attr]
 
@@ -150,6 +160,8 @@ class GeometricTransform(Transform):
     """
 
     kind: ClassVar[str] = "warp"
+    #: the step may be projective (a full 3x3): its warp segment uses a perspective warp
+    projective: ClassVar[bool] = False
     crops: ClassVar[bool] = False
     reveals: ClassVar[bool] = False
     fill: float = 0
@@ -175,10 +187,22 @@ class PhotometricTransform(Transform):
     #: Names of the per-sample float32 parameters ``plan`` returns, in order.
     param_names: ClassVar[tuple[str, ...]] = ()
 
+    #: One value per name in ``param_names`` with which :meth:`dali` leaves every pixel as it
+    #: is (``ColorJitter``: ``(1, 1, 1, 0)``): what a composition (``OneOf``, ``RandomApply``, ...)
+    #: plans for the samples that do not pick this transform. ``None``: the transform cannot be
+    #: skipped per sample (``Grayscale(num_output_channels=1)`` changes the channel count).
+    neutral: ClassVar[tuple[float, ...] | None] = ()
+
     def plan(self, rand: SampleRandom) -> list[np.ndarray]:
         """Per-sample parameters: one float32 ``[B]`` array per name in ``param_names``, drawn
         from ``rand`` (``B = rand.batch_size``) the same way for every sample."""
         return []
+
+    def plan_on(self, rand: SampleRandom, canvas_hw: np.ndarray | None) -> list[np.ndarray]:
+        """:meth:`plan` for output canvases ``canvas_hw`` (float64 ``[B, 2]`` (height, width)):
+        what ``Compose`` calls. Transforms whose parameters depend on the image size
+        (``RandomErasing``'s rectangle) override this one; the default ignores the size."""
+        return self.plan(rand)
 
     def dali(self, images: Any, params: list[Any]) -> Any:
         """Add this transform's DALI operators to the graph; ``params`` are DataNodes."""

@@ -31,7 +31,7 @@ class _Required:
 #: Default of a parameter that must be given.
 REQUIRED: Any = _Required()
 
-KINDS = ("number", "int", "bool", "probability", "range", "size", "numbers", "choice")
+KINDS = ("number", "int", "bool", "probability", "range", "size", "numbers", "choice", "values", "transforms")
 
 
 class ParamError(ValueError):
@@ -99,6 +99,7 @@ class Param:
         optional: ``None`` (YAML ``null``) is allowed and kept as ``None``.
         int_or_size: for ``"size"``: an int is kept as an int (e.g. ``Resize``'s shorter side)
             instead of becoming a square.
+        integer: for ``"values"``: every number must be an integer (kept as ``int``).
     """
 
     name: str
@@ -112,6 +113,7 @@ class Param:
     choices: tuple[Any, ...] = ()
     optional: bool = False
     int_or_size: bool = False
+    integer: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -228,6 +230,19 @@ class Param:
                              + closest(value, [c for c in self.choices if isinstance(c, str)]))
         return value
 
+    def _values(self, value: Any) -> tuple[float, ...] | tuple[int, ...]:
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        ok = all(_is_number(v) and (not self.integer or float(v) == int(v)) for v in items)
+        if not ok or (isinstance(value, (list, tuple)) and len(items) not in (1, *self.lengths)):
+            raise self._fail(value, f" ({len(items)} values)" if ok else "")
+        cast = int if self.integer else float
+        return tuple(cast(self._bounded(cast(v), value)) for v in items)
+
+    def _transforms(self, value: Any) -> tuple[Any, ...]:
+        if not isinstance(value, (list, tuple)) or not value:
+            raise self._fail(value)
+        return tuple(value)
+
     # -- describing -----------------------------------------------------------------------------
 
     def expected(self) -> str:
@@ -243,5 +258,8 @@ class Param:
             "size": "an integer or a [height, width] pair of positive integers",
             "numbers": f"a list of {self._lengths_text()} numbers{bounds}",
             "choice": "one of " + ", ".join(map(repr, self.choices)),
+            "values": (f"{'an integer' if self.integer else 'a number'} or a list of {self._lengths_text()} "
+                       f"{'integers' if self.integer else 'numbers'}{bounds}"),
+            "transforms": "a non-empty list of transforms (mappings with a 'name')",
         }[self.kind]
         return text + (" or null" if self.optional else "")

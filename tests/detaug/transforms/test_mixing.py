@@ -1,0 +1,349 @@
+"""Mosaic and MixUp: boxes against object pixels after real DALI CPU pipelines (tiles cut by the
+centre lines and the canvas border included), the blend ratio in the pixels, the partner rule
+under the seed contract, and malformed recipes. DETAUG_TEST_DEVICE=gpu runs them on a GPU."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import detaug.transforms as T
+from detaug.errors import RecipeError
+from detaug.pipeline import build_pipeline, feed
+from detaug.planning import BatchPlanner, EpochSpec
+from detaug.seeds import sample_keys
+from detaug.sources import Sample, SampleListSource
+from detaug.synthetic import BACKGROUND, PALETTE
+from detaug.transforms import Compose
+from tests.detaug.consistency import check_boxes_match_pixels, iou, mask_box, object_masks, scene_samples
+
+DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")
+FILL = 114
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def one_object_images(seed: int = 0, decoded: bool = False) -> tuple[list[Sample], list[tuple[np.ndarray, tuple]]]:
+    """One image per palette colour (18), of varied size and aspect, each with one rectangle of that colour
+    (so that an object is found again by colour in a mosaic of any 4 of them); many touch or
+    nearly touch the image border. Labels are 1-based image positions."""
+    rng = np.random.default_rng(seed)
+    samples, objects = [], []
+    for i, color in enumerate(PALETTE):
+        h, w = int(rng.integers(60, 160)), int(rng.integers(60, 160))
+        bw, bh = int(rng.integers(w // 4, w * 3 // 4)), int(rng.integers(h // 4, h * 3 // 4))
+        x0 = int(rng.choice([0, w - bw, rng.integers(0, w - bw + 1)]))
+        y0 = int(rng.choice([0, h - bh, rng.integers(0, h - bh + 1)]))
+        image = np.full((h, w, 3), BACKGROUND, np.uint8)
+        image[y0:y0 + bh, x0:x0 + bw] = color
+        box = np.array([[x0, y0, x0 + bw, y0 + bh]], np.float32)
+        if decoded:
+            data = image
+        else:
+            buffer = io.BytesIO()
+            Image.fromarray(image).save(buffer, format="PNG")
+            data = buffer.getvalue()
+        samples.append(Sample(data, box, np.array([i + 1]), image_id=100 + i))
+        objects.append((box[0], color))
+    return samples, objects
+
+
+def run(source, recipe: Compose, batch_size: int, *, seed: int = 0, epoch: int = 0, steps=None, shuffle=False):
+    """``[(planned batch, [HWC uint8 images])]`` of the real pipeline (planned in this process)."""
+    spec = EpochSpec(n=len(source), batch_size=batch_size, seed=seed, shuffle=shuffle)
+    planner = BatchPlanner(source, recipe, spec)
+    pipe = build_pipeline(source, recipe, batch_size=batch_size, device=DEVICE, num_threads=2, layout="HWC",
+                          prefetch_queue_depth=1)
+    pipe.build()
+    out = []
+    for step in range(len(spec)) if steps is None else steps:
+        planned = planner.plan(epoch, step)
+        feed(pipe, planned.data, planned.params, planned.partners)
+        images = pipe.outputs()[0]
+        images = images.as_cpu() if hasattr(images, "as_cpu") else images
+        out.append((planned, [np.array(images[i]) for i in range(len(planned.positions))]))
+    return out
+
+
+def mosaic_ious(results, objects) -> tuple[list[float], list[str], int]:
+    """IoU of every output box with its object's visible pixels, problems (an object with
+    visible pixels but no box, a box without pixels), and how many boxes are cut (smaller than
+    their whole object scaled into the mosaic)."""
+    ious, problems, cut = [], [], 0
+    for planned, images in results:
+        for i, image in enumerate(images):
+            tiles = [int(planned.positions[i])] + planned.partner_positions[i, :3].tolist()
+            shown = sorted(set(tiles))
+            masks = object_masks(image, [objects[p][1] for p in shown])
+            by_label = {int(lab): box for lab, box in zip(planned.labels[i], planned.boxes[i])}
+            for p, mask in zip(shown, masks):
+                if tiles.count(p) > 1:
+                    continue  # an image shown twice: its colour is in two places
+                tight, box = mask_box(mask), by_label.get(p + 1)
+                if box is None:
+                    if tight is not None and (tight[2:] - tight[:2]).min() > 3:
+                        problems.append(f"sample {i}: object of image {p} visible at {tight} but no box")
+                    continue
+                if tight is None:
+                    problems.append(f"sample {i}: box {box} of image {p} but no visible pixels")
+                    continue
+                ious.append(iou(box, tight))
+                full = objects[p][0]
+                cut += bool((box[2:] - box[:2]).min() < 0.9 * (full[2:] - full[:2]).min() * 96 / 160)
+    return ious, problems, cut
+
+
+def assert_iou_targets(ious: list[float]) -> None:
+    a = np.asarray(ious)
+    assert len(a) >= 20, f"too few boxes checked ({len(a)})"
+    assert np.mean(a >= 0.85) >= 0.98, f"IoU >= 0.85 for only {np.mean(a >= 0.85):.3f}; lowest {np.sort(a)[:5]}"
+    assert np.median(a) >= 0.95, f"median IoU {np.median(a):.3f}"
+
+
+# -- Mosaic ----------------------------------------------------------------------------------------
+
+MOSAIC_RECIPES = {
+    "mosaic_alone": [T.Mosaic((96, 96), fill=FILL)],
+    "mosaic_affine_resize": [
+        T.Mosaic((96, 96), fill=FILL),
+        T.RandomAffine(degrees=15, translate=(0.1, 0.1), scale=(1.0, 3.0), shear=5, fill=FILL),
+        T.Resize((96, 96)),
+    ],
+    "mosaic_zoom_out_rotate": [  # boxes cut by the mosaic canvas border, then rotated into view
+        T.Mosaic((96, 96), center=(0.2, 1.8), fill=FILL),
+        T.RandomAffine(degrees=(20, 40), scale=(0.6, 0.8), fill=FILL),
+    ],
+    "mosaic_perspective_flip": [
+        T.Mosaic((96, 96), center=(0.3, 1.7), fill=FILL),
+        T.RandomPerspective(distortion_scale=0.5, p=1.0, fill=FILL),
+        T.RandomAffine(translate=(0.1, 0.1), scale=(1.5, 2.5), fill=FILL),
+        T.Resize((96, 96)),
+        T.RandomHorizontalFlip(),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(MOSAIC_RECIPES))
+def test_mosaic_boxes_match_object_pixels(name):
+    samples, objects = one_object_images()
+    results = run(SampleListSource(samples), Compose(MOSAIC_RECIPES[name], min_size=1.0), 6)
+    ious, problems, cut = mosaic_ious(results, objects)
+    assert not problems, "\n".join(problems)
+    assert_iou_targets(ious)
+    if name == "mosaic_alone":  # the tile borders and the canvas border do cut boxes
+        assert cut >= 3, f"only {cut} boxes cut: the test does not exercise clipping"
+        sizes = {tuple(img.shape) for _, imgs in results for img in imgs}
+        assert sizes == {(192, 192, 3)}
+
+
+def test_mosaic_tiles_and_fill_where_no_image():
+    """Mosaic alone: the canvas is (2h, 2w); each quadrant shows its image scaled to fit (h, w)
+    with a corner at the centre, and ``fill`` elsewhere; the sample's own image is top-left."""
+    samples, objects = one_object_images(seed=3)
+    recipe = Compose([T.Mosaic((50, 60), fill=30)])
+    (planned, images), = run(SampleListSource(samples), recipe, 4, steps=[0])
+    tiles = recipe.param_slices()["tiles"]
+    for i, image in enumerate(images):
+        assert image.shape == (100, 120, 3)
+        # the four quadrant sizes add up to the whole canvas: the centre splits it
+        sizes = np.array([planned.params[i][size] for _, _, size in tiles])
+        xc, yc = sizes[0][1], sizes[0][0]
+        assert 30 <= xc <= 90 and 25 <= yc <= 75  # center=(0.5, 1.5) of (w, h)
+        assert (sizes[1] == [yc, 120 - xc]).all() and (sizes[2] == [100 - yc, xc]).all()
+        # the sample's own image ends at the centre (its bottom-right corner); left of it, fill
+        own = samples[int(planned.positions[i])].image
+        h0, w0 = Image.open(io.BytesIO(own)).size[::-1]
+        r = min(50 / h0, 60 / w0)
+        tw, th = min(np.ceil(w0 * r), 60), min(np.ceil(h0 * r), 50)
+        if xc - tw >= 2 and yc >= 4:
+            assert (image[: int(yc) - 2, : int(xc - tw) - 1] == 30).all()
+        if yc - th >= 2 and xc >= 4:
+            assert (image[: int(yc - th) - 1, : int(xc) - 2] == 30).all()
+
+
+def test_mosaic_decoded_arrays_same_boxes_as_encoded():
+    """Decoded arrays and encoded PNGs of the same images: identical plans and boxes, and the
+    same pixels (lossless images)."""
+    recipe = Compose(MOSAIC_RECIPES["mosaic_affine_resize"])
+    encoded = run(SampleListSource(one_object_images(5)[0]), recipe, 4, steps=[0, 1])
+    decoded = run(SampleListSource(one_object_images(5, decoded=True)[0]), recipe, 4, steps=[0, 1])
+    for (pa, ia), (pb, ib) in zip(encoded, decoded):
+        np.testing.assert_array_equal(pa.params, pb.params)
+        np.testing.assert_array_equal(pa.partner_positions, pb.partner_positions)
+        for a, b in zip(pa.boxes, pb.boxes):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(ia, ib):
+            assert np.abs(a.astype(int) - b).max() <= 1
+
+
+def test_min_visibility_applies_after_composition():
+    """A box cut to a sliver by its tile's quadrant is dropped by min_visibility, kept without."""
+    samples, objects = one_object_images()
+    source = SampleListSource(samples)
+    recipe = [T.Mosaic((96, 96), fill=FILL)]
+    loose = run(source, Compose(recipe, min_visibility=0.0), 6)
+    strict = run(source, Compose(recipe, min_visibility=0.6), 6)
+    dropped = 0
+    for (pl, _), (ps, _) in zip(loose, strict):
+        for bl, ll, bs, ls in zip(pl.boxes, pl.labels, ps.boxes, ps.labels):
+            assert set(ls.tolist()) <= set(ll.tolist())
+            dropped += len(ll) - len(ls)
+            for label, box in zip(ls, bs):  # kept boxes are unchanged
+                if ll.tolist().count(label) == 1:  # (an image shown twice has its label twice)
+                    np.testing.assert_array_equal(box, bl[ll.tolist().index(label)])
+    assert dropped > 0
+
+
+# -- MixUp -----------------------------------------------------------------------------------------
+
+
+def test_mixup_keeps_both_boxes_and_blends_with_the_drawn_ratio():
+    """out = r * sample + (1 - r) * partner: the sample's canvas is rendered without MixUp, the
+    partner's recovered from the output with the planned ratio; each set of boxes matches its
+    own objects' pixels, and the recovered background is the grey it should be."""
+    samples, scenes = scene_samples(8, seed=4, size=(120, 90))
+    source = SampleListSource(samples)
+    mixed = Compose([T.Resize((72, 96)), T.MixUp(p=1.0, alpha=4.0, scale=(0.7, 1.3), fill=FILL)])
+    plain = Compose([T.Resize((72, 96))])
+    ratio_at = mixed.param_slices()["mixup"][3].start
+    problems, ratios, checked = [], [], 0
+    for (pm, im), (pp, ip) in zip(run(source, mixed, 4), run(source, plain, 4)):
+        for i in range(len(im)):
+            r = float(pm.params[i][ratio_at])
+            ratios.append(r)
+            own = scenes[int(pm.positions[i])]
+            partner = scenes[int(pm.partner_positions[i, -1])]
+            n_own = len(pp.boxes[i])
+            np.testing.assert_array_equal(pm.boxes[i][:n_own], pp.boxes[i])  # the sample's boxes, unchanged
+            assert len(pm.boxes[i]) > n_own  # ... and the partner's, added
+            problems += check_boxes_match_pixels(ip[i], pp.boxes[i], pp.labels[i], own, min_iou=0.85)
+            if r > 0.8:
+                continue  # too little of the partner to recover it
+            recovered = (im[i].astype(np.float64) - r * ip[i]) / (1.0 - r)
+            recovered = np.clip(np.round(recovered), 0, 255).astype(np.uint8)
+            found = check_boxes_match_pixels(recovered, pm.boxes[i][n_own:], pm.labels[i][n_own:], partner, min_iou=0.85)
+            problems += [f"partner of sample {i} (r={r:.2f}): {p}" for p in found]
+            background = (np.abs(ip[i].astype(int) - FILL).max(axis=-1) == 0)
+            assert np.median(np.abs(recovered[background].astype(int) - FILL)) <= 2
+            checked += 1
+    assert not problems, "\n".join(problems)
+    assert checked >= 4
+    assert 0 < min(ratios) and max(ratios) < 1 and np.std(ratios) > 0.02
+
+
+def test_mixup_not_applied_leaves_the_sample_as_it_is():
+    samples, _ = scene_samples(6, seed=1)
+    source = SampleListSource(samples)
+    mixed = run(source, Compose([T.Resize((64, 64)), T.MixUp(p=0.0)]), 3)
+    plain = run(source, Compose([T.Resize((64, 64))]), 3)
+    for (pm, im), (pp, ip) in zip(mixed, plain):
+        assert (pm.partner_positions == -1).all()  # no partner read
+        for a, b in zip(im, ip):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(pm.boxes, pp.boxes):
+            np.testing.assert_array_equal(a, b)
+
+
+# -- the partner rule and the seed contract ----------------------------------------------------------
+
+
+def test_partners_and_plans_do_not_depend_on_batch_or_order():
+    """A sample's partners, parameters and boxes are the same in any batch, batch size, epoch
+    order and random access order; they change with the epoch."""
+    samples, _ = one_object_images()
+    source = SampleListSource(samples)
+    recipe = T.yolo_recipe(64)
+
+    def by_id(batch_size, shuffle, steps=None, epoch=0):
+        planner = BatchPlanner(source, recipe, EpochSpec(n=len(source), batch_size=batch_size, seed=7, shuffle=shuffle))
+        out = {}
+        for step in steps if steps is not None else range(len(planner.spec)):
+            planned = planner.plan(epoch, step)
+            for k, image_id in enumerate(planned.image_ids):
+                out[int(image_id)] = (planned.partner_positions[k], planned.params[k], planned.boxes[k])
+        return out
+
+    reference = by_id(4, False)
+    for other in (by_id(3, True), by_id(1, False, steps=np.random.default_rng(1).permutation(len(samples))), by_id(len(samples), True)):
+        assert other.keys() == reference.keys()
+        for image_id, (positions, params, boxes) in other.items():
+            np.testing.assert_array_equal(positions, reference[image_id][0])
+            np.testing.assert_array_equal(params, reference[image_id][1])
+            np.testing.assert_array_equal(boxes, reference[image_id][2])
+    later = by_id(4, False, epoch=1)
+    assert any(not np.array_equal(later[k][0], reference[k][0]) for k in reference)
+    drawn = np.concatenate([v[0][:3] for v in reference.values()])
+    assert len(set(drawn.tolist())) >= 6  # uniform over the dataset, not the batch
+
+
+def test_bad_partner_is_replaced_by_the_next_position_and_counted():
+    samples, _ = one_object_images()
+    samples[4] = Sample(b"this is not an image", np.zeros((0, 4), np.float32), np.zeros(0, np.int64), image_id=104)
+    source = SampleListSource(samples)
+    recipe = Compose([T.Mosaic((32, 32))])
+    planner = BatchPlanner(source, recipe, EpochSpec(n=len(source), batch_size=12, seed=0))
+    planned = planner.plan(0, 0)
+    drawn, _ = recipe.partner_draws(sample_keys(0, 0, planned.image_ids), len(source))
+    assert 4 not in planned.partner_positions
+    hits = int((drawn == 4).sum())
+    assert hits > 0, "pick a seed whose partners include the bad image"
+    assert np.array_equal(planned.partner_positions[drawn == 4], np.full(hits, 5))
+    assert sum(s["image_id"] == 104 for s in planned.skipped) >= hits
+    with pytest.raises(Exception, match="not an image|cannot"):
+        BatchPlanner(source, recipe, EpochSpec(n=len(source), batch_size=12, seed=0), on_error="raise").plan(0, 0)
+
+
+# -- recipes ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe, match", [
+    ([T.RandomHorizontalFlip(), T.Mosaic((64, 64))], "Mosaic.*first transform"),
+    ([T.MixUp()], "MixUp.*fixed canvas size"),
+    ([T.RandomIoUCrop(), T.MixUp()], "MixUp.*fixed canvas size"),
+    ([T.Resize((64, 64)), T.MixUp(), T.MixUp()], "only once"),
+    ([T.Mosaic((64, 64)), T.Mosaic((64, 64))], "first transform"),
+])
+def test_malformed_mixing_recipes(recipe, match):
+    with pytest.raises(RecipeError, match=match):
+        Compose(recipe)
+
+
+@pytest.mark.parametrize("spec, match", [
+    ({"name": "Mosaic"}, "Mosaic.size: required"),
+    ({"name": "Mosaic", "size": "640"}, "Mosaic.size"),
+    ({"name": "Mosaic", "size": 64, "center": [1.5, 0.5]}, "Mosaic.center"),
+    ({"name": "Mosaic", "size": 64, "center": [0.5, 3]}, "Mosaic.center"),
+    ({"name": "MixUp", "alpha": -1}, "MixUp.alpha"),
+    ({"name": "MixUp", "p": 2}, "MixUp.p"),
+    ({"name": "MixUp", "scale": [2, 1]}, "MixUp.scale"),
+    ({"name": "MixUp", "ratio": 0.5}, "MixUp.ratio: unknown field"),
+])
+def test_malformed_fields(spec, match):
+    with pytest.raises(RecipeError, match=match):
+        Compose.from_dict({"transforms": [spec]})
+
+
+def test_yaml_recipe_error_names_the_line():
+    text = "transforms:\n  - name: RandomHorizontalFlip\n  - name: Mosaic\n    size: 64\n"
+    with pytest.raises(RecipeError, match="line 3.*Mosaic.*first"):
+        Compose.from_yaml(text)
+
+
+def test_yolo_recipe_round_trips_and_fixes_the_size():
+    recipe = T.yolo_recipe(320)
+    assert recipe.output_size() == (320, 320)
+    assert Compose.from_yaml(recipe.to_yaml()) == recipe
+    assert recipe.num_partners == 4 and len(recipe.segments) == 1  # one fused warp after the mosaic
+    assert recipe.segment_projective == [True]
+    assert not any(T.default_detection_recipe().segment_projective)  # the default keeps warp_affine
+
+
+def test_plan_batch_without_partners_is_an_error():
+    recipe = Compose([T.Mosaic((32, 32))])
+    with pytest.raises(ValueError, match="partners"):
+        recipe.plan_batch([np.array([10, 10, 3])], [np.zeros((0, 4))], [np.zeros(0)], np.array([[0, 0, 1]]))
