@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="detaug", description="Detection-aware data augmentation on the GPU with DALI.",
                            parents=[common])
     parser.add_argument("--version", action="version", version=f"detaug {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,preview,recipe,bench}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,preview,recipe,shards,bench}")
 
     demo = sub.add_parser("demo", parents=[common],
                           help="generate a VOC dataset, convert its train split, augment it, write a preview, print img/s")
@@ -370,7 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
     recipe.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     recipe.set_defaults(run=cmd_recipe)
 
-    sub.add_parser("bench", help="benchmark against raw DALI, torchvision and albumentations (see `detaug bench --help`)",
+    from detaug.shards import add_shards_parser
+
+    add_shards_parser(sub, parents=[common])
+    sub.add_parser("bench", help="benchmark: the decode limit, raw DALI, the loaders and the peers; --startup: start-up time (see `detaug bench --help`)",
                    add_help=False)
     return parser
 

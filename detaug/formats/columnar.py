@@ -1,0 +1,850 @@
+"""Columnar annotations: one array per field for a whole dataset, not a Python object per sample.
+
+A dataset of ``n`` images and ``M`` boxes is held as (:class:`SampleTable`)::
+
+    image_ids  int64   [n]        the images' ids
+    sizes      int32   [n, 2]     declared (height, width); (0, 0) where none was declared
+    box_starts int64   [n + 1]    image i's boxes are rows box_starts[i]:box_starts[i + 1]
+    boxes      float32 [M, 4]     absolute xyxy, continuous pixels (pixel i spans [i, i + 1))
+    labels     int32   [M]        category ids (handed out as int64)
+
+plus, for COCO (:class:`CocoColumns`), the file names as one UTF-8 blob with offsets, the EXIF
+orientation entries, crowd flags and annotation ids. A table is written as a folder of ``.npy``
+files and a ``meta.json`` (:func:`save_columns`) and opened memory-mapped (:func:`load_columns`):
+opening costs the same for 1k and 10M images, and a process touches (keeps resident) only the
+pages of the samples it reads; processes on one host share them through the page cache.
+
+COCO files are parsed once (:func:`parse_coco_columns`: streamed in chunks, each chunk parsed
+with ``orjson`` where installed, else ``json``; the validation rules of
+:mod:`detaug.formats.validation` applied column-wise) and the result cached
+(:func:`load_coco_columns`): the second start-up of a 10M-image COCO file opens the cache. A file
+the fast path does not take (anything beyond plain ints, floats and strings where COCO has them,
+or any error) is parsed by :func:`detaug.formats.coco.load_coco` instead, which names every
+problem; a clean result of that is cached the same way.
+
+:class:`SampleView` is the ``source.samples`` of a columnar source: ``len``, indexing (builds the
+:class:`~detaug.sources.Sample` on demand) and iteration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from detaug.errors import DataWarning
+from detaug.formats import validation as v
+
+__all__ = [
+    "CACHE_VERSION", "CocoColumns", "SampleTable", "SampleView", "cache_folder", "cached_coco_source", "coco_view",
+    "load_coco_columns", "load_columns", "parse_coco_columns", "save_columns",
+]
+
+#: Bumped whenever the cache layout or the rules that fill it change (old caches are rebuilt).
+CACHE_VERSION = 2
+#: Bytes of the annotation file parsed at once by the streaming parser.
+CHUNK_BYTES = 32 << 20
+
+try:  # orjson parses 2-3x faster than json; optional
+    import orjson as _orjson
+
+    _loads: Callable[[bytes], Any] = _orjson.loads
+    _LOAD_ERRORS: tuple[type[BaseException], ...] = (_orjson.JSONDecodeError, ValueError)
+except ImportError:  # pragma: no cover - depends on the environment
+    _loads = json.loads
+    _LOAD_ERRORS = (ValueError,)
+
+
+# -- the column store ------------------------------------------------------------------------------
+
+def save_columns(folder: str | os.PathLike, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> Path:
+    """Write ``arrays`` (one ``NAME.npy`` each) and ``meta`` (``meta.json``) into ``folder``,
+    replacing it atomically (written next to it, then renamed). Returns the folder."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
+    try:
+        for name, array in arrays.items():
+            np.save(tmp / f"{name}.npy", np.ascontiguousarray(array), allow_pickle=False)
+        (tmp / "meta.json").write_text(json.dumps(dict(meta), separators=(",", ":")))
+        if folder.exists():
+            old = folder.with_name(folder.name + f".old-{os.getpid()}")
+            folder.rename(old)
+            tmp.rename(folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def load_columns(folder: str | os.PathLike, names: Sequence[str] | None = None,
+                 *, mmap_mode: str | None = "r") -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``(arrays, meta)`` of a folder written by :func:`save_columns`; the arrays memory-mapped
+    read-only (``mmap_mode=None``: read into memory). ``OSError`` when a file is missing."""
+    folder = Path(folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    names = list(names) if names is not None else [p.stem for p in sorted(folder.glob("*.npy"))]
+    arrays = {}
+    for name in names:
+        path = folder / f"{name}.npy"
+        # np.load cannot map an empty file; small arrays are read
+        arrays[name] = array = np.load(path, mmap_mode=mmap_mode if path.stat().st_size > 4096 else None,
+                                       allow_pickle=False)
+        _random_access(array)
+    return arrays, meta
+
+
+def _random_access(array: np.ndarray) -> None:
+    """Tell the kernel a mapped array is read at random (no read-ahead around each page read:
+    a sample's few bytes would otherwise make megabytes resident)."""
+    mapped = getattr(array, "_mmap", None)
+    advice = getattr(mmap, "MADV_RANDOM", None)
+    if mapped is not None and advice is not None:
+        try:
+            mapped.madvise(advice)
+        except (OSError, ValueError):  # pragma: no cover - platforms without madvise
+            pass
+
+
+# -- sample tables ---------------------------------------------------------------------------------
+
+@dataclass
+class SampleTable:
+    """The annotations of ``n`` images as columns (shapes and dtypes in the module docstring)."""
+
+    image_ids: np.ndarray
+    sizes: np.ndarray
+    box_starts: np.ndarray
+    boxes: np.ndarray
+    labels: np.ndarray
+
+    FIELDS = ("image_ids", "sizes", "box_starts", "boxes", "labels")
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    def boxes_of(self, i: int) -> np.ndarray:
+        """float32 ``[N, 4]`` xyxy boxes of image ``i`` (a copy)."""
+        a, b = int(self.box_starts[i]), int(self.box_starts[i + 1])
+        return np.array(self.boxes[a:b], dtype=np.float32).reshape(-1, 4)
+
+    def labels_of(self, i: int) -> np.ndarray:
+        """int64 ``[N]`` category ids of image ``i``."""
+        a, b = int(self.box_starts[i]), int(self.box_starts[i + 1])
+        return np.asarray(self.labels[a:b], dtype=np.int64)
+
+    def size_of(self, i: int) -> tuple[int, int] | None:
+        """The declared ``(height, width)`` of image ``i``, or ``None``."""
+        h, w = int(self.sizes[i, 0]), int(self.sizes[i, 1])
+        return (h, w) if h > 0 else None
+
+    def present_labels(self) -> np.ndarray:
+        """int64: the distinct labels of all boxes, sorted (one pass over ``labels``, once; a
+        cache's table has them from its ``meta.json``)."""
+        known = self.__dict__.get("known_labels")
+        if known is None:
+            known = self.__dict__["known_labels"] = np.unique(np.asarray(self.labels)).astype(np.int64)
+        return known.copy()
+
+    def max_boxes(self) -> int:
+        """The largest number of boxes of one image (computed once)."""
+        most = self.__dict__.get("known_max_boxes")
+        if most is None:
+            most = self.__dict__["known_max_boxes"] = int(np.diff(np.asarray(self.box_starts)).max(initial=0))
+        return most
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> SampleTable:
+        return cls(*(arrays[name] for name in cls.FIELDS))
+
+
+class SampleView(Sequence):
+    """``source.samples`` of a columnar source: a read-only sequence of
+    :class:`~detaug.sources.Sample` built on demand from a :class:`SampleTable`.
+
+    Args:
+        table: the columns.
+        image_of: position -> the sample's ``image`` (a path, or a description such as
+            ``"shard-000001.tar:000000042.jpg"`` for an image inside a tar file).
+        rows: int64 ``[k]`` table rows of the view's positions (``None``: all, in order).
+    """
+
+    def __init__(self, table: SampleTable, image_of: Callable[[int], Any], rows: np.ndarray | None = None) -> None:
+        self.table, self.image_of, self.rows = table, image_of, rows
+
+    def __len__(self) -> int:
+        return len(self.table) if self.rows is None else len(self.rows)
+
+    def row(self, index: int) -> int:
+        """The table row of position ``index`` (``IndexError`` out of range)."""
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"sample {index} out of range for {n} samples")
+        index %= n
+        return index if self.rows is None else int(self.rows[index])
+
+    def __getitem__(self, index: int) -> Any:  # type: ignore[override]
+        from detaug.sources import Sample
+
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        r = self.row(int(index))
+        t = self.table
+        return Sample(self.image_of(r), t.boxes_of(r), t.labels_of(r), int(t.image_ids[r]), t.size_of(r))
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A view of cached COCO columns is pickled without its table (the columns map it again)."""
+        state = dict(self.__dict__)
+        columns = getattr(self.image_of, "columns", None)
+        if columns is not None and getattr(columns, "cache", None) is not None and self.table is columns.table:
+            state["table"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.table is None:
+            self.table = self.image_of.columns.table
+
+
+# -- COCO as columns -------------------------------------------------------------------------------
+
+@dataclass
+class CocoColumns:
+    """A checked COCO detection dataset as columns: what :func:`~detaug.formats.coco.load_coco`
+    gives, without an object per image.
+
+    Attributes:
+        source: the file (as messages name it).
+        table: the images (in the JSON's order) and their boxes (crowd boxes included).
+        names: uint8 ``[L]`` the ``file_name`` entries, UTF-8, back to back; ``name_starts``
+            int64 ``[n + 1]`` their offsets.
+        exif: int8 ``[n]`` the entries' ``exif_orientation``, 0 where absent.
+        iscrowd: bool ``[M]``; annotation_ids: int64 ``[M]`` (-1 where an annotation has no id).
+        categories: names by category id, in the JSON's order.
+        report: the checks' findings.
+    """
+
+    source: str
+    table: SampleTable
+    names: np.ndarray
+    name_starts: np.ndarray
+    exif: np.ndarray
+    iscrowd: np.ndarray
+    annotation_ids: np.ndarray
+    categories: dict[int, str]
+    report: v.Report
+
+    EXTRA = ("names", "name_starts", "exif", "iscrowd", "annotation_ids")
+    #: How it was read: "stream" (the fast path), "load_coco" or "cache".
+    parsed_by: str = "cache"
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def file_name(self, i: int) -> str:
+        """The ``file_name`` of image ``i``."""
+        return bytes(self.names[int(self.name_starts[i]):int(self.name_starts[i + 1])]).decode("utf-8")
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {**self.table.arrays(), **{name: getattr(self, name) for name in self.EXTRA}}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Columns read from a cache are pickled as its folder (worker processes map it again)."""
+        state = dict(self.__dict__)
+        if state.get("cache") is not None:
+            state["table"] = None
+            state.update(dict.fromkeys(self.EXTRA))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if state.get("cache") is not None:
+            arrays, meta = load_columns(state["cache"])
+            self.table = CocoColumns.from_columns(arrays, meta).table
+            for name in self.EXTRA:
+                setattr(self, name, arrays[name])
+
+    def meta(self) -> dict[str, Any]:
+        return {"source": self.source, "categories": [[k, n] for k, n in self.categories.items()],
+                "report": _report_to_json(self.report), "present_labels": self.table.present_labels().tolist(),
+                "max_boxes": self.table.max_boxes()}
+
+    @classmethod
+    def from_columns(cls, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> CocoColumns:
+        table = SampleTable.from_arrays(arrays)
+        table.known_labels = np.asarray(meta["present_labels"], dtype=np.int64)  # type: ignore[attr-defined]
+        table.known_max_boxes = int(meta["max_boxes"])  # type: ignore[attr-defined]
+        return cls(meta["source"], table, *(arrays[n] for n in cls.EXTRA),
+                   {int(k): str(n) for k, n in meta["categories"]}, _report_from_json(meta["report"]))
+
+    @classmethod
+    def from_dataset(cls, dataset: Any) -> CocoColumns:
+        """The columns of a :class:`~detaug.formats.coco.CocoDataset`."""
+        images = dataset.images
+        counts = np.array([len(im.boxes) for im in images], dtype=np.int64)
+
+        def cat(parts: list[np.ndarray], dtype: Any, shape: tuple[int, ...] = ()) -> np.ndarray:
+            return np.concatenate(parts).astype(dtype) if parts else np.zeros((0, *shape), dtype)
+
+        encoded = [im.file_name.encode("utf-8") for im in images]
+        table = SampleTable(
+            np.array([im.id for im in images], dtype=np.int64).reshape(-1),
+            np.array([im.size or (0, 0) for im in images], dtype=np.int32).reshape(-1, 2),
+            np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+            cat([im.boxes for im in images], np.float32, (4,)).reshape(-1, 4),
+            cat([im.labels for im in images], np.int32),
+        )
+        return cls(dataset.source, table, np.frombuffer(b"".join(encoded), np.uint8).copy(),
+                   np.concatenate([[0], np.cumsum([len(e) for e in encoded])]).astype(np.int64),
+                   np.array([im.exif_orientation or 0 for im in images], dtype=np.int8),
+                   cat([im.iscrowd for im in images], bool), cat([im.annotation_ids for im in images], np.int64),
+                   dict(dataset.categories), dataset.report)
+
+
+def _report_to_json(report: v.Report) -> dict[str, Any]:
+    return {"source": report.source, "images": report.images, "boxes": report.boxes,
+            "counts": dict(report.counts),
+            "examples": {r: [[f.file, f.image_id, f.annotation, f.detail] for f in fs] for r, fs in report.examples.items()}}
+
+
+def _report_from_json(data: Mapping[str, Any]) -> v.Report:
+    report = v.Report(data["source"])
+    report.images, report.boxes = int(data["images"]), int(data["boxes"])
+    report.counts.update({r: int(n) for r, n in data["counts"].items()})
+    report.examples = {r: [v.Finding(r, *f) for f in fs] for r, fs in data["examples"].items()}
+    return report
+
+
+def _add_many(report: v.Report, reason: str, count: int, example: Callable[[int], tuple[str, int | None, Any]],
+              detail: str = "") -> None:
+    """Count ``count`` findings of ``reason``; the first :data:`~validation.MAX_EXAMPLES` with
+    their details (``example(k) -> (file, image_id, annotation)``)."""
+    if count <= 0:
+        return
+    shown = min(count, max(0, v.MAX_EXAMPLES - len(report.examples.get(reason, []))))
+    for k in range(shown):
+        file, image_id, annotation = example(k)
+        report.add(reason, file, image_id=image_id, annotation=annotation, detail=detail)
+    report.counts[reason] += count - shown
+
+
+# -- the streaming parser --------------------------------------------------------------------------
+
+class _Irregular(Exception):
+    """The file is not in the plain form the fast path takes: ``load_coco`` parses it."""
+
+
+_WS = re.compile(rb"[ \t\r\n]*")
+
+
+def _skip_ws(buf: Any, pos: int) -> int:
+    """The position of the first non-blank byte at or after ``pos``."""
+    if isinstance(buf, bytes):
+        return _WS.match(buf, pos).end()  # type: ignore[union-attr]
+    while True:
+        piece = buf[pos:pos + 4096]
+        k = _WS.match(piece).end()  # type: ignore[union-attr]
+        if k < len(piece) or not piece:
+            return pos + k
+        pos += k
+
+
+class _File:
+    """A file read by position (``pread``): slices are bytes, nothing of it stays mapped (a
+    memory map would count the whole file in the resident size)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.size = fd, os.fstat(fd).st_size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, part: slice) -> bytes:
+        start, stop = max(0, part.start or 0), min(self.size, part.stop if part.stop is not None else self.size)
+        if stop <= start:
+            return b""
+        out = bytearray()
+        while start + len(out) < stop:
+            got = os.pread(self.fd, stop - start - len(out), start + len(out))
+            if not got:
+                break
+            out += got
+        return bytes(out)
+
+
+def _value_end(buf: Any, pos: int) -> tuple[Any, int]:
+    """Decode the (small) JSON value starting at ``pos`` of ``buf``: ``(value, end)``."""
+    size = 1 << 16
+    while True:
+        piece = bytes(buf[pos:pos + size])
+        text = piece.decode("utf-8", "surrogateescape")
+        try:
+            value, end = json.JSONDecoder().raw_decode(text)
+        except json.JSONDecodeError:
+            if pos + size >= len(buf):
+                raise _Irregular("a value does not parse") from None
+            size *= 4
+            continue
+        return value, pos + len(text[:end].encode("utf-8", "surrogateescape"))
+
+
+def _array_chunks(buf: Any, pos: int, chunk: int) -> Iterator[list[Any]]:
+    """The elements (objects) of the JSON array starting at ``buf[pos] == "["``, parsed a chunk
+    of about ``chunk`` bytes at a time. A chunk is cut after a ``}`` followed by ``,`` or ``]``
+    and parsed as an array: a cut inside a string or a nested value leaves it unbalanced, so a
+    chunk that parses ends on an element boundary (and a chunk that ran past the array's end
+    reports where it ended). The generator's return value: the position after ``]``."""
+    pos = _skip_ws(buf, pos + 1)
+    if buf[pos:pos + 1] == b"]":
+        return pos + 1
+    total = len(buf)
+    while True:
+        end = min(total, pos + chunk)
+        window = buf[pos:end]
+        q, tries = len(window), 0
+        while True:
+            q = window.rfind(b"}", 0, q)
+            if q < 0 or tries > 64:
+                if end >= total:
+                    raise _Irregular("an array element is not an object")
+                chunk *= 4
+                break
+            after = _skip_ws(window, q + 1)
+            if after >= len(window) or window[after:after + 1] not in (b",", b"]"):
+                continue
+            tries += 1
+            wrapped = b"[" + window[:q + 1] + b"]"
+            try:
+                items = _loads(wrapped)
+            except _LOAD_ERRORS as err:  # the array may have ended inside the window
+                p = getattr(err, "pos", None)
+                j = wrapped.rfind(b"]", 0, p) if isinstance(p, int) and p > 0 else -1
+                if j < 2:
+                    continue
+                try:
+                    items = _loads(wrapped[:j + 1])
+                except _LOAD_ERRORS:
+                    continue
+                yield items
+                return pos + j  # the array's "]" is window[j - 1]
+            yield items
+            pos = _skip_ws(buf, pos + after + 1)
+            if window[after:after + 1] == b"]":
+                return pos
+            break
+
+
+def _top_level(buf: Any, chunk: int, on_images: Callable[[list[Any]], None],
+               on_annotations: Callable[[list[Any]], None]) -> dict[str, Any]:
+    """Walk the top-level object: stream ``images`` and ``annotations`` into the callbacks,
+    decode the other values; returns ``{key: value}`` of those (and ``"images"`` /
+    ``"annotations"`` as ``True`` when streamed)."""
+    pos = _skip_ws(buf, 0)
+    if buf[pos:pos + 1] != b"{":
+        raise _Irregular("the top level is not an object")
+    pos, found = _skip_ws(buf, pos + 1), {}
+    if buf[pos:pos + 1] == b"}":
+        return found
+    while True:
+        key, pos = _value_end(buf, pos)
+        if not isinstance(key, str) or key in found:
+            raise _Irregular("a key repeats")
+        pos = _skip_ws(buf, pos)
+        if buf[pos:pos + 1] != b":":
+            raise _Irregular("no colon")
+        pos = _skip_ws(buf, pos + 1)
+        if key in ("images", "annotations") and buf[pos:pos + 1] == b"[":
+            sink = on_images if key == "images" else on_annotations
+            stream = _array_chunks(buf, pos, chunk)
+            while True:
+                try:
+                    sink(next(stream))
+                except StopIteration as stop:
+                    pos = stop.value
+                    break
+            found[key] = True
+        else:
+            found[key], pos = _value_end(buf, pos)
+        pos = _skip_ws(buf, pos)
+        sep = buf[pos:pos + 1]
+        pos = _skip_ws(buf, pos + 1)
+        if sep == b"}":
+            if _skip_ws(buf, pos) != len(buf):
+                raise _Irregular("data after the top-level object")
+            return found
+        if sep != b",":
+            raise _Irregular("no comma")
+
+
+def _plain(values: list[Any], types: tuple[type, ...]) -> None:
+    if not set(map(type, values)).issubset(types):
+        raise _Irregular("a value of another type")
+
+
+def _needs_norm(name: str) -> bool:
+    return "//" in name or "/." in name or name.startswith(".") or name.endswith("/")
+
+
+class _Collector:
+    """Columns of the images and annotations chunks, checked the plain way (any doubt:
+    :class:`_Irregular`)."""
+
+    def __init__(self) -> None:
+        self.ids: list[np.ndarray] = []
+        self.sizes: list[np.ndarray] = []
+        self.exif: list[np.ndarray] = []
+        self.names: list[bytes] = []
+        self.name_lengths: list[np.ndarray] = []
+        self.name_hashes: list[np.ndarray] = []
+        self.ann: dict[str, list[np.ndarray]] = {k: [] for k in ("id", "image_id", "category_id", "iscrowd", "bbox")}
+
+    def images(self, items: list[Any]) -> None:
+        _plain(items, (dict,))
+        ids = [im.get("id") for im in items]
+        _plain(ids, (int,))
+        names = [im.get("file_name") for im in items]
+        _plain(names, (str,))
+        if not all(names):
+            raise _Irregular("an empty file_name")
+        heights = [im.get("height") for im in items]
+        widths = [im.get("width") for im in items]
+        _plain(heights, (int, type(None)))
+        _plain(widths, (int, type(None)))
+        if (None in heights) != (None in widths) or any((h is None) != (w is None) for h, w in zip(heights, widths)):
+            raise _Irregular("height without width")
+        exif = [im.get("exif_orientation") for im in items]
+        _plain(exif, (int, type(None)))
+        try:
+            id_array = np.array(ids, dtype=np.int64)
+            hw = np.array([[h or 0, w or 0] for h, w in zip(heights, widths)], dtype=np.int64).reshape(-1, 2)
+            ex = np.array([e or 0 for e in exif], dtype=np.int64)
+        except OverflowError:
+            raise _Irregular("an integer beyond int64") from None
+        declared = hw[:, 0] != 0
+        if ((hw < 0) | (hw > v.INT32_MAX)).any() or (declared & (hw == 0).any(axis=1)).any() or (
+                (~declared) & (hw[:, 1] != 0)).any():
+            raise _Irregular("a size that is not positive")
+        if any(e is not None and not 1 <= e <= 8 for e in exif):
+            raise _Irregular("an exif_orientation beyond 1..8")
+        keys = [os.path.normpath(n) if _needs_norm(n) else n for n in names]
+        blob = "".join(names).encode("utf-8")
+        lengths = np.fromiter(map(len, names), np.int64, len(names))
+        if len(blob) != int(lengths.sum()):  # non-ASCII names: their byte lengths
+            lengths = np.fromiter((len(n.encode("utf-8")) for n in names), np.int64, len(names))
+        self.names.append(blob)
+        self.name_lengths.append(lengths)
+        self.name_hashes.append(np.fromiter(map(hash, keys), np.int64, len(keys)))
+        self.ids.append(id_array)
+        self.sizes.append(hw.astype(np.int32))
+        self.exif.append(ex.astype(np.int8))
+
+    def annotations(self, items: list[Any]) -> None:
+        _plain(items, (dict,))
+        aid = [a.get("id", -1) for a in items]
+        iid = [a.get("image_id") for a in items]
+        cid = [a.get("category_id") for a in items]
+        crowd = [a.get("iscrowd", 0) for a in items]
+        bbox = [a.get("bbox") for a in items]
+        _plain(aid, (int,))
+        _plain(iid, (int,))
+        _plain(cid, (int,))
+        _plain(crowd, (int, bool, float))
+        _plain(bbox, (list,))
+        if any(len(b) != 4 for b in bbox):
+            raise _Irregular("a bbox of another length")
+        _plain([c for b in bbox for c in b], (int, float))
+        try:
+            self.ann["id"].append(np.array(aid, dtype=np.int64))
+            self.ann["image_id"].append(np.array(iid, dtype=np.int64))
+            self.ann["category_id"].append(np.array(cid, dtype=np.int64))
+            self.ann["bbox"].append(np.array(bbox, dtype=np.float64).reshape(-1, 4))
+        except OverflowError:
+            raise _Irregular("an integer beyond int64") from None
+        c = np.array(crowd, dtype=np.float64)
+        if not np.isin(c, (0.0, 1.0)).all():
+            raise _Irregular("iscrowd not 0/1")
+        self.ann["iscrowd"].append(c == 1)
+
+
+def _cat(parts: list[np.ndarray], dtype: Any, shape: tuple[int, ...] = ()) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros((0, *shape), dtype)
+
+
+def parse_coco_columns(path: str | os.PathLike, *, name: str | None = None, chunk_bytes: int = CHUNK_BYTES) -> CocoColumns:
+    """Read and check a COCO detection JSON file into columns (the same result, repairs and
+    report as :func:`~detaug.formats.coco.load_coco`, which parses the files the streaming
+    path does not take; see the module docstring).
+
+    Raises:
+        DatasetError: the file's errors, as ``load_coco`` names them.
+    """
+    path = Path(path)
+    source = name or str(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise _Irregular("empty file")
+            collector = _Collector()
+            found = _top_level(_File(f.fileno()), chunk_bytes, collector.images, collector.annotations)
+        columns = _finish(source, found, collector)
+        columns.parsed_by = "stream"
+    except _Irregular:
+        from detaug.formats.coco import load_coco
+
+        columns = CocoColumns.from_dataset(load_coco(path, name=name))
+        columns.parsed_by = "load_coco"
+    return columns
+
+
+def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
+    """Check the collected columns as a whole and build the dataset (or :class:`_Irregular`)."""
+    from detaug.formats.coco import _Parser
+
+    if found.get("images") is not True or "annotations" in found and found["annotations"] is not True:
+        raise _Irregular("images / annotations are not arrays")
+    categories_raw = found.get("categories")
+    if not isinstance(categories_raw, list) and not (categories_raw is None and not c.ann["id"]):
+        raise _Irregular("categories are not a list")
+    parser = _Parser(source)
+    categories = parser.categories(categories_raw or [])
+    report = parser.report
+    if report.total:
+        raise _Irregular("the categories have errors")
+    ids = _cat(c.ids, np.int64)
+    if not len(ids):
+        raise _Irregular("no images")
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    if (sorted_ids[1:] == sorted_ids[:-1]).any():
+        raise _Irregular("duplicate image ids")
+    hashes = np.sort(_cat(c.name_hashes, np.int64))
+    if (hashes[1:] == hashes[:-1]).any():
+        raise _Irregular("duplicate (or colliding) file names")
+    sizes = _cat(c.sizes, np.int32, (2,)).reshape(-1, 2)
+    lengths = _cat(c.name_lengths, np.int64)
+    names = np.frombuffer(b"".join(c.names), np.uint8)
+    name_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+    def file_of(i: int) -> str:
+        return f"{source}: {bytes(names[name_starts[i]:name_starts[i + 1]]).decode('utf-8')}"
+
+    undeclared = np.flatnonzero(sizes[:, 0] == 0)
+    _add_many(report, v.SIZE_NOT_DECLARED, len(undeclared),
+              lambda k: (file_of(int(undeclared[k])), int(ids[undeclared[k]]), None), detail="no width/height")
+
+    image_of = _cat(c.ann["image_id"], np.int64)
+    labels = _cat(c.ann["category_id"], np.int64)
+    if len(image_of):
+        slot = np.searchsorted(sorted_ids, image_of)
+        slot = np.minimum(slot, len(ids) - 1)
+        if (sorted_ids[slot] != image_of).any():
+            raise _Irregular("an annotation of an unknown image")
+        owner = order[slot]
+        if not np.isin(labels, np.fromiter(categories, np.int64, len(categories))).all():
+            raise _Irregular("an unknown category id")
+    else:
+        owner = np.zeros(0, np.int64)
+    table_xywh = _cat(c.ann["bbox"], np.float64, (4,)).reshape(-1, 4)
+    ann_ids = _cat(c.ann["id"], np.int64)
+    crowd = _cat(c.ann["iscrowd"], bool)
+    with np.errstate(over="ignore", invalid="ignore"):
+        xyxy = np.concatenate([table_xywh[:, :2], table_xywh[:, :2] + table_xywh[:, 2:]], axis=1)
+    hw = sizes[owner].astype(np.float64)
+    hw[hw[:, 0] == 0] = np.nan
+
+    def where(j: int) -> tuple[str, int | None, int | str | None]:
+        annotation = int(ann_ids[j]) if ann_ids[j] != -1 else f"annotations[{j}]"
+        return file_of(int(owner[j])), int(ids[owner[j]]), annotation
+
+    boxes, keep = v.check_boxes(xyxy, hw, report, where)
+    report.raise_errors()
+    rank = np.argsort(owner[keep], kind="stable")
+    owner = owner[keep][rank]
+    box_starts = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=len(ids)))]).astype(np.int64)
+    table = SampleTable(ids, sizes, box_starts, boxes[keep][rank], labels[keep][rank].astype(np.int32))
+    report.images, report.boxes = len(ids), int(box_starts[-1])
+    return CocoColumns(source, table, names, name_starts, _cat(c.exif, np.int8), crowd[keep][rank],
+                       ann_ids[keep][rank], categories, report)
+
+
+# -- the cache -------------------------------------------------------------------------------------
+
+def _fingerprint(path: Path) -> str:
+    """What decides whether a cache is of this file: size, mtime, the first and last MiB."""
+    st = path.stat()
+    digest = hashlib.sha1(f"{CACHE_VERSION}:{st.st_size}:{st.st_mtime_ns}".encode())
+    with open(path, "rb") as f:
+        digest.update(f.read(1 << 20))
+        if st.st_size > 2 << 20:
+            f.seek(-(1 << 20), os.SEEK_END)
+            digest.update(f.read())
+    return digest.hexdigest()
+
+
+def cache_folder(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where the cache of the COCO file ``path`` lives: ``<file>.detaug-cache/`` next to it, or
+    ``cache_dir/<name>-<hash of the absolute path>/`` (also ``$DETAUG_CACHE_DIR``)."""
+    path = Path(path)
+    cache_dir = cache_dir if cache_dir is not None else os.environ.get("DETAUG_CACHE_DIR")
+    if cache_dir is None:
+        return path.with_name(path.name + ".detaug-cache")
+    tag = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
+    return Path(cache_dir) / f"{path.name}-{tag}"
+
+
+def load_coco_columns(path: str | os.PathLike, *, cache: bool = True, cache_dir: str | os.PathLike | None = None,
+                      name: str | None = None) -> CocoColumns:
+    """The columns of a COCO file: from its cache when one of this very file exists (same size,
+    mtime and first/last MiB, same :data:`CACHE_VERSION`), else parsed
+    (:func:`parse_coco_columns`) and, with ``cache``, cached (a folder that cannot be written is
+    said with a :class:`DataWarning` and the columns are used anyway). Repairs are warned of
+    (:meth:`~validation.Report.finish`) each time, as ``load_coco`` does."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: COCO annotations file not found")
+    folder = cache_folder(path, cache_dir)
+    key = _fingerprint(path)
+    if cache:
+        try:
+            arrays, meta = load_columns(folder)
+            if meta.get("fingerprint") == key and meta.get("version") == CACHE_VERSION:
+                columns = CocoColumns.from_columns(arrays, meta)
+                columns.cache = folder  # type: ignore[attr-defined]
+                _warn_repairs(columns.report)
+                return columns
+        except (OSError, ValueError, KeyError):
+            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataWarning)  # said below, once
+        columns = parse_coco_columns(path, name=name)
+    columns.report.source = columns.source
+    if cache:
+        try:
+            save_columns(folder, columns.arrays(), {**columns.meta(), "fingerprint": key, "version": CACHE_VERSION})
+            arrays, meta = load_columns(folder)
+            columns = CocoColumns.from_columns(arrays, meta)
+            columns.cache = folder  # type: ignore[attr-defined]
+        except OSError as err:
+            warnings.warn(f"{folder}: cannot write the annotation cache ({err}); parsed without it", DataWarning,
+                          stacklevel=2)
+    _warn_repairs(columns.report)
+    return columns
+
+
+def _warn_repairs(report: v.Report) -> None:
+    repairs = report.repairs
+    if repairs:
+        what = ", ".join(f"{n} {r}" for r, n in sorted(repairs.items()))
+        warnings.warn(f"{report.source or 'source'}: {what} (source.report.summary() has examples)", DataWarning,
+                      stacklevel=3)
+
+
+# -- a CocoSource over the columns -----------------------------------------------------------------
+
+class _CocoImages:
+    """``image_of`` of a COCO view: ``str(images_dir / file_name)``, as ``coco_to_samples``
+    (picklable)."""
+
+    def __init__(self, columns: CocoColumns, root: Path) -> None:
+        self.columns, self.root = columns, Path(root)
+
+    def __call__(self, row: int) -> str:
+        return str(self.root / self.columns.file_name(row))
+
+
+def coco_view(columns: CocoColumns, images_dir: str | os.PathLike, *, include_iscrowd: bool = True,
+              skip_empty: bool = False) -> tuple[SampleView, v.Report]:
+    """The samples of ``columns`` as :func:`~detaug.sources.coco_to_samples` gives them (crowd
+    boxes left out with ``include_iscrowd=False``, images without boxes with ``skip_empty``,
+    each counted as a note), and the report with those notes."""
+    report = columns.report
+    table = columns.table
+    rows = None
+    crowd = np.asarray(columns.iscrowd)
+    if not include_iscrowd and crowd.any():
+        starts = np.asarray(table.box_starts)
+        owner = np.repeat(np.arange(len(table)), np.diff(starts))
+        left = np.flatnonzero(crowd)
+        _add_many(report, v.CROWD_LEFT_OUT, len(left), lambda k: (
+            f"{columns.source}: {columns.file_name(int(owner[left[k]]))}", int(table.image_ids[owner[left[k]]]),
+            None if columns.annotation_ids[left[k]] == -1 else int(columns.annotation_ids[left[k]])))
+        keep = ~crowd
+        table = SampleTable(table.image_ids, table.sizes,
+                            np.concatenate([[0], np.cumsum(np.bincount(owner[keep], minlength=len(table)))]).astype(np.int64),
+                            np.asarray(table.boxes)[keep], np.asarray(table.labels)[keep])
+    if skip_empty:
+        counts = np.diff(np.asarray(table.box_starts))
+        empty = np.flatnonzero(counts == 0)
+        _add_many(report, v.EMPTY_IMAGE_LEFT_OUT, len(empty), lambda k: (
+            f"{columns.source}: {columns.file_name(int(empty[k]))}", int(table.image_ids[empty[k]]), None))
+        rows = np.flatnonzero(counts > 0).astype(np.int64)
+    if table is not columns.table:
+        columns.cache = None  # type: ignore[attr-defined]  # the view holds its own arrays: pickled as they are
+    view = SampleView(table, _CocoImages(columns, Path(images_dir)), rows)
+    report.images = len(view)
+    report.boxes = int(table.box_starts[-1]) if rows is None else int(np.diff(np.asarray(table.box_starts))[rows].sum())
+    if not len(view):
+        report.add(v.NO_IMAGES, columns.source, detail="every image was left out (skip_empty=True)")
+        report.raise_errors()
+    return view, report
+
+
+def cached_coco_source(annotations_file: str | os.PathLike, images_dir: str | os.PathLike, *,
+                       cache: bool = True, cache_dir: str | os.PathLike | None = None, shuffle: bool = False,
+                       seed: int | None = None, skip_empty: bool = False, include_iscrowd: bool = True,
+                       shard_id: int | None = None, num_shards: int | None = None,
+                       orientation: str = "auto") -> Any:
+    """A :class:`~detaug.sources.CocoSource` whose samples are columns (:class:`SampleView`),
+    parsed once and cached (:func:`load_coco_columns`): the same samples, ids, boxes, report
+    and arguments as ``CocoSource(annotations_file, images_dir, ...)``, with a start-up that
+    opens the cache instead of parsing the JSON."""
+    from detaug.sources import CocoSource, check_orientation
+
+    source = CocoSource.__new__(CocoSource)
+    orientation = check_orientation(orientation)
+    source.annotations_file = Path(annotations_file)
+    source.images_dir = Path(images_dir)
+    if not source.images_dir.is_dir():
+        raise FileNotFoundError(f"{source.images_dir}: images folder not found")
+    source.shuffle, source.seed, source.skip_empty = shuffle, seed, skip_empty
+    source.include_iscrowd, source.shard_id, source.num_shards = include_iscrowd, shard_id, num_shards
+    columns = load_coco_columns(source.annotations_file, cache=cache, cache_dir=cache_dir)
+    view, report = coco_view(columns, source.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
+    source._adopt(view, columns.categories, report, orientation)
+    source.present_labels = _TableCall(view, "present_labels")  # type: ignore[attr-defined]
+    source.max_boxes = _TableCall(view, "max_boxes")  # type: ignore[attr-defined]
+    return source
+
+
+class _TableCall:
+    """``source.present_labels()`` / ``source.max_boxes()`` of a view's table (picklable). A
+    view leaves out only images without boxes (``skip_empty``): the table's answer is the view's."""
+
+    def __init__(self, view: SampleView, name: str) -> None:
+        self.view, self.name = view, name
+
+    def __call__(self) -> Any:
+        return getattr(self.view.table, self.name)()
+
