@@ -18,7 +18,14 @@ import numpy as np
 from detaug.bench.dataset import BenchDataset
 from detaug.bench.harness import BenchSettings, VariantUnavailable
 
-__all__ = ["iter_detaug", "iter_detaug_list", "iter_sequence", "iter_sequence_numpy", "iter_sequence_serial"]
+__all__ = [
+    "iter_detaug",
+    "iter_detaug_cpu",
+    "iter_detaug_list",
+    "iter_sequence",
+    "iter_sequence_numpy",
+    "iter_sequence_serial",
+]
 
 
 def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: bool = False) -> Iterator[tuple]:
@@ -68,6 +75,15 @@ def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: 
 def iter_detaug_list(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tuple]:
     """The ``detaug-list`` variant: :func:`iter_detaug` on a sample list (planned in workers)."""
     return iter_detaug(dataset, settings, sample_list=True)
+
+
+def iter_detaug_cpu(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tuple]:
+    """The ``detaug-cpu`` variant: :func:`iter_detaug` with ``device="cpu"`` (DALI's CPU
+    operators, ``settings.threads`` threads, images on the host) on every run, GPU or not: what
+    a user without a GPU gets."""
+    from dataclasses import replace
+
+    return iter_detaug(dataset, replace(settings, device="cpu"))
 
 
 def iter_sequence(dataset: BenchDataset, settings: BenchSettings, *, mode: str = "fit") -> Iterator:

@@ -17,7 +17,6 @@ batch with :func:`count_images`:
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from typing import Any, Literal
 __all__ = [
     "BenchSettings",
     "Measurement",
+    "ResourceSampler",
     "VariantUnavailable",
     "available_cpus",
     "count_images",
@@ -34,6 +34,7 @@ __all__ = [
     "default_threads",
     "default_workers",
     "measure",
+    "process_tree_rss",
 ]
 
 Device = Literal["gpu", "cpu"]
@@ -44,33 +45,28 @@ class VariantUnavailable(RuntimeError):
 
 
 def available_cpus() -> int:
-    """The CPUs this process may use: its affinity mask (``taskset``, container cpusets), capped
-    by a cgroup v2 CPU quota (``docker --cpus``) when there is one; ``os.cpu_count()`` where
-    neither can be read. At least 1."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        cpus = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max" and int(period) > 0:
-            cpus = min(cpus, math.ceil(int(quota) / int(period)))
-    except (OSError, ValueError):
-        pass
-    return max(1, cpus)
+    """The CPUs this process may use (:func:`detaug.decoding.available_cpus`: affinity mask,
+    cgroup v2 quota); at least 1."""
+    from detaug import decoding
+
+    return decoding.available_cpus()
 
 
 def default_threads(cpus: int | None = None) -> int:
-    """DALI CPU threads for ``cpus`` CPUs (default :func:`available_cpus`): one per CPU, at most 8
-    (8 on the 16-core host of docs/benchmarks.md, 2 on a 2-core machine)."""
-    return max(1, min(8, available_cpus() if cpus is None else cpus))
+    """DALI CPU threads for ``cpus`` CPUs (default: the CPUs this process may use), shared by the
+    ranks of this host (``LOCAL_WORLD_SIZE``): :func:`detaug.decoding.default_num_threads`'s
+    rule, one per CPU, at least 1, at most 16 (16 on a 16-core host, 2 on a 2-core machine)."""
+    from detaug import decoding
+
+    if cpus is None:
+        return decoding.default_num_threads()
+    return decoding.threads_for(cpus, decoding.local_ranks())
 
 
 def default_workers(cpus: int | None = None) -> int:
     """DataLoader workers of the CPU peers for ``cpus`` CPUs (default :func:`available_cpus`):
-    one per CPU but the main process's (15 on a 16-core host, 1 on 2 cores, 0 on 1)."""
-    return max(0, (available_cpus() if cpus is None else cpus) - 1)
+    one per CPU (each pinned to one OpenCV / OpenMP thread), at least 1."""
+    return max(1, available_cpus() if cpus is None else cpus)
 
 
 @dataclass(frozen=True)
@@ -118,6 +114,13 @@ class Measurement:
         gpu_mem_mib: device-wide GPU memory taken during the variant (``cudaMemGetInfo`` delta
             at the end of the timed window: DALI's pools and PyTorch's cache), or ``None``.
         torch_peak_mib: ``torch.cuda.max_memory_allocated`` during the variant, or ``None``.
+        gpu_peak_mib: the peak of device-wide used GPU memory above its level at the start
+            (``cudaMemGetInfo`` sampled every 50 ms from the build of the loader to the end of the
+            timed window: DALI's pools, decoder buffers and PyTorch's cache), or ``None``.
+        host_peak_rss_mib: the peak resident memory of this process plus its child processes
+            (DataLoader and planning workers), each its proportional set size (shared pages
+            split between the processes sharing them; :func:`process_tree_rss`), sampled every
+            200 ms from ``/proc``, or ``None`` where ``/proc`` cannot be read.
     """
 
     images: int
@@ -126,6 +129,8 @@ class Measurement:
     warmup_seconds: float
     gpu_mem_mib: float | None = None
     torch_peak_mib: float | None = None
+    gpu_peak_mib: float | None = None
+    host_peak_rss_mib: float | None = None
 
     @property
     def images_per_second(self) -> float:
@@ -180,9 +185,11 @@ def measure(
         raise ValueError(f"batch_quantum should be >= 1, got {batch_quantum}")
     sync = _synchronizer(device)
     memory = _GpuMemoryProbe() if device == "gpu" else None
+    sampler = ResourceSampler(gpu=device == "gpu")
     try:
         if memory is not None:
             memory.start()
+        sampler.start()
         t_build = clock()
         iterator = iter(batches)
         for _ in range(warmup_batches):
@@ -203,12 +210,131 @@ def measure(
         )
         if memory is not None:
             result.gpu_mem_mib, result.torch_peak_mib = memory.read()
+        result.host_peak_rss_mib, result.gpu_peak_mib = sampler.stop()
         return result
     finally:
+        sampler.stop()
         close = getattr(batches, "close", None)
         if close is not None:
             close()
         _release_gpu_memory(device)
+
+
+class ResourceSampler:
+    """Peak host memory (this process and its descendants, :func:`process_tree_rss`) and peak
+    device-wide GPU memory used above the level at :meth:`start`, sampled by a daemon thread:
+    the GPU every ``interval`` seconds, the host every :attr:`HOST_EVERY` intervals.
+
+    :meth:`stop` returns ``(host_peak_rss_mib, gpu_peak_mib)``; either is ``None`` when it could
+    not be read (no ``/proc``; ``gpu=False``). Sampling costs a few ``/proc`` reads and one
+    ``cudaMemGetInfo`` per interval.
+    """
+
+    def __init__(self, *, gpu: bool, interval: float = 0.05) -> None:
+        import threading
+
+        self._gpu = gpu
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread: Any = None
+        self._host_peak: int | None = None
+        self._gpu_peak: int | None = None
+        self._gpu_start = 0
+        self._result: tuple[float | None, float | None] | None = None
+
+    def start(self) -> None:
+        import threading
+
+        if self._gpu:
+            try:
+                import torch
+
+                self._gpu_start = torch.cuda.mem_get_info()[0]
+                self._gpu_peak = 0
+            except Exception:  # noqa: BLE001 - no figure rather than no run
+                self._gpu = False
+        self._sample()
+        self._thread = threading.Thread(target=self._run, name="detaug-bench-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> tuple[float | None, float | None]:
+        if self._result is None:
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join()
+                self._sample()
+            mib = 1024.0 * 1024.0
+            self._result = (
+                None if self._host_peak is None else self._host_peak / mib,
+                None if self._gpu_peak is None else self._gpu_peak / mib,
+            )
+        return self._result
+
+    def _run(self) -> None:
+        tick = 0
+        while not self._stop.wait(self._interval):
+            tick += 1
+            self._sample(host=tick % self.HOST_EVERY == 0)
+
+    #: Host memory is read every this many intervals (a process tree's ``smaps_rollup`` costs
+    #: about a millisecond a process); the GPU's every interval.
+    HOST_EVERY = 4
+
+    def _sample(self, host: bool = True) -> None:
+        rss = process_tree_rss(os.getpid()) if host else None
+        if rss is not None:
+            self._host_peak = max(self._host_peak or 0, rss)
+        if self._gpu:
+            try:
+                import torch
+
+                used = self._gpu_start - torch.cuda.mem_get_info()[0]
+                self._gpu_peak = max(self._gpu_peak or 0, used)
+            except Exception:  # noqa: BLE001, S110 - keep the peak seen so far
+                pass
+
+
+def process_tree_rss(pid: int) -> int | None:
+    """Resident bytes of process ``pid`` and its descendants (``/proc/<pid>/task/*/children``),
+    or ``None`` where ``/proc`` cannot be read. Each process counts its proportional set size
+    (``/proc/<pid>/smaps_rollup``: a page shared by n processes counts 1/n in each, so forked
+    DataLoader workers and their shared-memory batches are not counted n times), or its resident
+    set size (``statm``) where the kernel has no ``smaps_rollup``."""
+    total, seen, todo = 0, set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        size = _pss(p)
+        if size is None:
+            if p == pid:
+                return None
+            continue
+        total += size
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children", encoding="ascii") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return total
+
+
+def _pss(pid: int) -> int | None:
+    """Proportional set size of ``pid`` in bytes (resident set size without ``smaps_rollup``)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def _synchronizer(device: Device) -> Callable[[], None]:

@@ -1,10 +1,20 @@
-"""The CPU peers: torchvision.transforms.v2 and albumentations 2.x in a PyTorch DataLoader.
+"""The peers: torchvision.transforms.v2 and albumentations 2.x in a PyTorch DataLoader on the
+CPU, and torchvision.transforms.v2 on the GPU.
 
-Each sample is read and decoded in a worker (``torchvision.io.decode_jpeg`` / ``cv2.imdecode``),
-augmented there with the recipe of :mod:`detaug.bench.recipe`, and collated into an image batch
-plus a list of target dicts; the main process moves the images to the GPU when there is one.
-The sampler draws fresh permutations forever, so the timed window never crosses the end of an
-epoch (where a DataLoader's workers drain and restart).
+CPU peers (``torchvision``, ``albumentations``): each sample is read and decoded in a worker
+with its library's usual decoder (``torchvision.io.decode_jpeg`` / ``cv2.imdecode``), augmented
+there with the recipe of :mod:`detaug.bench.recipe`, and collated into an image batch plus a
+list of target dicts; the main process moves the images to the GPU when there is one. There are
+as many workers as CPUs (:func:`detaug.bench.harness.default_workers`), each pinned to one
+thread of OpenCV, OpenMP/MKL and torch (:func:`pin_worker_threads`): the workers are the
+parallelism. The sampler draws fresh permutations forever, so the timed window never crosses the
+end of an epoch (where a DataLoader's workers drain and restart).
+
+GPU peer (``torchvision-gpu``): DataLoader workers only read the files; the main process decodes
+each batch with ``torchvision.io.decode_jpeg(list, device="cuda")`` (nvJPEG, batched) and runs the
+same v2 recipe per sample on the CUDA tensors, then stacks them.
+
+:func:`peer_description` says what each runs; the report prints it.
 
 Differences forced by the libraries, printed with the results:
 
@@ -16,6 +26,7 @@ Differences forced by the libraries, printed with the results:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -34,6 +45,9 @@ __all__ = [
     "albumentations_transform",
     "iter_albumentations",
     "iter_torchvision",
+    "iter_torchvision_gpu",
+    "peer_description",
+    "pin_worker_threads",
     "torchvision_pip",
     "torchvision_transform",
 ]
@@ -138,6 +152,13 @@ def torchvision_pip(torch_version: str | None = None) -> str:
 
 def iter_torchvision(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tuple]:
     """The ``torchvision`` variant: endless ``(images, targets)`` batches."""
+    _import_torchvision()
+    data = TorchvisionDetection(load_records(dataset), RecipeSpec(size=settings.size))
+    yield from _iterate(data, settings, worker_init_fn=pin_worker_threads)
+
+
+def _import_torchvision() -> None:
+    """Import torchvision, or raise :class:`VariantUnavailable` with the line that installs it."""
     try:
         import torchvision  # noqa: F401
         from torchvision.transforms import v2  # noqa: F401
@@ -149,8 +170,73 @@ def iter_torchvision(dataset: BenchDataset, settings: BenchSettings) -> Iterator
             f"the installed torchvision does not load with torch {torch.__version__} ({first}); "
             f"install the torchvision of your torch: {torchvision_pip()}"
         ) from exc
-    data = TorchvisionDetection(load_records(dataset), RecipeSpec(size=settings.size))
-    yield from _iterate(data, settings)
+
+
+class _FileBytes(Dataset):
+    """``(encoded bytes as a uint8 NumPy array, record index)`` of each record: the GPU peer's
+    workers only read files. NumPy arrays travel to the main process pickled, by value: a list
+    of torch tensors would take one shared-memory file descriptor each, and a batch of 256 runs
+    out of them."""
+
+    def __init__(self, records: list[Record]) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int):
+        return np.fromfile(self.records[index].path, dtype=np.uint8), index
+
+
+def _collate_bytes(items: list[tuple]) -> tuple[list[np.ndarray], list[int]]:
+    return [data for data, _ in items], [index for _, index in items]
+
+
+def iter_torchvision_gpu(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tuple]:
+    """The ``torchvision-gpu`` variant: endless ``(images, targets)`` batches, decoded and
+    augmented on the GPU by torchvision (see the module docstring)."""
+    if settings.device != "gpu":
+        raise VariantUnavailable("needs a CUDA GPU (torchvision.io.decode_jpeg(device='cuda')); this is a CPU run")
+    _import_torchvision()
+    from torchvision import io, tv_tensors
+
+    records = load_records(dataset)
+    transform = torchvision_transform(RecipeSpec(size=settings.size))
+    loader = DataLoader(
+        _FileBytes(records),
+        batch_size=settings.batch_size,
+        sampler=EndlessRandomSampler(len(records), settings.seed),
+        num_workers=settings.workers,
+        collate_fn=_collate_bytes,
+        worker_init_fn=pin_worker_threads if settings.workers > 0 else None,
+        drop_last=True,
+    )
+    torch.manual_seed(settings.seed)
+    batches = iter(loader)
+    try:
+        for datas, indices in batches:
+            encoded = [torch.from_numpy(data) for data in datas]
+            decoded = io.decode_jpeg(encoded, mode=io.ImageReadMode.RGB, device="cuda")
+            images, targets = [], []
+            for image, index in zip(decoded, indices):
+                record = records[index]
+                target = {
+                    "boxes": tv_tensors.BoundingBoxes(
+                        torch.from_numpy(record.boxes_xyxy).cuda(non_blocking=True),
+                        format=tv_tensors.BoundingBoxFormat.XYXY,
+                        canvas_size=tuple(image.shape[-2:]),
+                    ),
+                    "labels": torch.from_numpy(record.labels).cuda(non_blocking=True),
+                }
+                image, target = transform(tv_tensors.Image(image), target)
+                images.append(image.as_subclass(torch.Tensor))
+                targets.append({"boxes": target["boxes"].as_subclass(torch.Tensor), "labels": target["labels"]})
+            yield torch.stack(images), targets
+    finally:
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        del batches
 
 
 # ------------------------------------------------------------------------------------------
@@ -234,7 +320,7 @@ def iter_albumentations(dataset: BenchDataset, settings: BenchSettings) -> Itera
     except ImportError as exc:
         raise VariantUnavailable(f"not installed ({PEERS_PIP}, from the detaug clone): {exc}") from exc
     data = AlbumentationsDetection(load_records(dataset), RecipeSpec(size=settings.size))
-    yield from _iterate(data, settings, worker_init_fn=_single_threaded_cv2)
+    yield from _iterate(data, settings, worker_init_fn=pin_worker_threads)
 
 
 # ------------------------------------------------------------------------------------------
@@ -262,11 +348,39 @@ def collate_detection(samples: list[tuple]) -> tuple[torch.Tensor, list[dict]]:
     return torch.stack([image for image, _ in samples]), [target for _, target in samples]
 
 
-def _single_threaded_cv2(worker_id: int) -> None:
-    """One OpenCV thread per worker: the workers are the parallelism."""
-    import cv2
+#: The environment variables that cap OpenMP, MKL and BLAS thread pools; a worker sets them to 1.
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
+
+def pin_worker_threads(worker_id: int | None = None) -> None:
+    """A DataLoader ``worker_init_fn``: one thread for everything in this worker process, the
+    workers being the parallelism: OpenCV (``cv2.setNumThreads(1)``, where OpenCV is installed),
+    torch's intra-op and OpenMP pools (``torch.set_num_threads(1)``), and the OpenMP / MKL /
+    OpenBLAS environment variables for pools created later in the worker."""
+    for name in THREAD_ENV:
+        os.environ[name] = "1"
+    torch.set_num_threads(1)
+    try:
+        import cv2
+    except ImportError:
+        return
     cv2.setNumThreads(1)
+
+
+def peer_description(name: str, settings: BenchSettings) -> str:
+    """What peer ``name`` runs with ``settings``: loader, workers and threads, decoder, recipe."""
+    workers = f"DataLoader, {settings.workers} workers of 1 thread (OpenCV, OpenMP, torch)" if settings.workers else (
+        "DataLoader in the main process (0 workers)")
+    if name == "torchvision":
+        return (f"{workers}; torchvision.io.decode_jpeg on the CPU; v2 RandomIoUCrop, flip, RandomAffine, "
+                "Resize (antialiased), ColorJitter, Normalize")
+    if name == "albumentations":
+        return (f"{workers}; cv2.imdecode; BBoxSafeRandomCrop (no IoU crop in albumentations), flip, Affine, "
+                "Resize (cv2 INTER_LINEAR, no antialiasing), ColorJitter, Normalize")
+    if name == "torchvision-gpu":
+        return (f"{workers} reading files; torchvision.io.decode_jpeg(device='cuda') per batch; the v2 recipe "
+                "per sample on CUDA tensors")
+    raise ValueError(f"unknown peer {name!r}")
 
 
 def _iterate(data: Dataset, settings: BenchSettings, worker_init_fn=None) -> Iterator[tuple]:

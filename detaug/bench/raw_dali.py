@@ -23,8 +23,11 @@ __all__ = ["build_pipeline", "detection_pipeline", "iter_raw_dali"]
 
 
 @pipeline_def
-def detection_pipeline(file_root: str, annotations_file: str, *, spec: RecipeSpec, decode_device: str):
+def detection_pipeline(file_root: str, annotations_file: str, *, spec: RecipeSpec, decode_device: str,
+                       decoder: dict | None = None):
     """Decode, augment and normalize one batch; returns ``images, boxes, labels``.
+
+    ``decoder``: keyword arguments of the image decoder (:func:`detaug.decoding.decoder_options`).
 
     Call it with the pipeline's own arguments too: ``batch_size``, ``num_threads``, ``device_id``
     (``None`` for a CPU-only pipeline), ``seed``.
@@ -59,7 +62,7 @@ def detection_pipeline(file_root: str, annotations_file: str, *, spec: RecipeSpe
         bbox_layout="xyXY",
     )
     images = fn.decoders.image_slice(
-        jpegs, crop_anchor, crop_shape, device=decode_device, output_type=types.RGB
+        jpegs, crop_anchor, crop_shape, device=decode_device, output_type=types.RGB, **(decoder or {})
     )
     # 3. horizontal flip: one draw for the image and its boxes
     flip = fn.random.coin_flip(probability=spec.flip_p)
@@ -116,13 +119,17 @@ def detection_pipeline(file_root: str, annotations_file: str, *, spec: RecipeSpe
 
 
 def build_pipeline(dataset: BenchDataset, settings: BenchSettings, spec: RecipeSpec):
-    """The built pipeline for ``settings`` (mixed decoding on the GPU, CPU decoding otherwise)."""
+    """The built pipeline for ``settings`` (mixed decoding on the GPU, CPU decoding otherwise;
+    the decoder settings detaug uses by default, :func:`detaug.decoding.decoder_options`)."""
+    from detaug.decoding import decoder_options
+
     gpu = settings.device == "gpu"
     pipe = detection_pipeline(
         str(dataset.images_dir),
         str(dataset.annotations_file),
         spec=spec,
         decode_device="mixed" if gpu else "cpu",
+        decoder=decoder_options(gpu),
         batch_size=settings.batch_size,
         num_threads=settings.threads,
         device_id=0 if gpu else None,

@@ -2,8 +2,11 @@
 
 Variants (``--only`` names):
 
+* ``decode``: the decode limit: DALI reading and decoding the same files and nothing else, the
+  best of a small sweep of decoder settings (:mod:`detaug.bench.decode`), its settings recorded;
 * ``detaug``: ``detaug.torch.DetectionLoader`` (the PyTorch iterator) on a ``CocoSource``;
-* ``detaug-list``: the same loader on the same JSON as a sample list (planning in workers);
+* ``detaug-list``: the same loader on the same JSON as a sample list;
+* ``detaug-cpu``: the loader with ``device="cpu"`` (on every run: what a laptop gets);
 * ``sequence``: ``detaug.keras.DetectionSequence`` as ``model.fit(seq)`` reads it: Keras'
   ``PyDatasetAdapter``, batches in a random order from the sequence's default ``workers`` threads
   (on a GPU with Keras' torch backend its images are torch tensors on the GPU);
@@ -11,19 +14,25 @@ Variants (``--only`` names):
   NumPy batches left out);
 * ``sequence-serial``: ``seq[i]`` called one at a time in a random order (``workers=1``);
 * ``raw-dali``: the same recipe hand-written in plain DALI (:mod:`detaug.bench.raw_dali`);
-* ``torchvision``, ``albumentations``: the CPU peers in DataLoaders (:mod:`detaug.bench.peers`).
+* ``torchvision``, ``albumentations``: the CPU peers in DataLoaders (:mod:`detaug.bench.peers`);
+* ``torchvision-gpu``: torchvision.transforms.v2 on CUDA tensors, decoded by nvJPEG.
 
-Processing order: prepare the dataset; run the CPU peers first (their workers fork before DALI
-and CUDA start in this process), then raw DALI, detaug and the Sequence, each warmed up and
-timed by :func:`detaug.bench.harness.measure`; print the table and the target checks. A variant
-that cannot run (package missing, error) gets a row that says why, and a missing peer the line
-that installs it without changing torch; the others still run.
+Every variant runs at each batch size (``--batch-sizes``); each row gets its ratio to the decode
+limit and to the best CPU peer, img/s per CPU core for the paths on the CPU, and its peak GPU
+and host memory. ``--scaling`` adds rows at 0.3, 1, 4 and 12 megapixels and at batch 8, 32, 128
+and 256.
+
+Processing order: prepare the dataset (generated, or written from ``--data`` / ``--realdata``
+into a temporary folder of links); run the peers first at every batch size (their workers fork
+before DALI starts threads in this process), then the decode sweep, raw DALI, detaug and the
+Sequence, each warmed up and timed by :func:`detaug.bench.harness.measure`; print the tables and
+the target checks. A variant that cannot run (package missing, error) gets a row that says why,
+and a missing peer the line that installs it without changing torch; the others still run.
 
 Defaults fit the machine (:data:`DEFAULTS`): DALI threads and DataLoader workers from the CPUs
-this process may use (:func:`~detaug.bench.harness.available_cpus`); on a GPU the full run of
-docs/benchmarks.md (2,048 images, batch 64, 10 epochs per DALI variant); on the CPU a short
-run (256 images, batch 16, 64 images per variant: under a minute on 2 cores), longer with
-``--images`` / ``--num-images`` / ``--batch-size``.
+this process may use (:func:`~detaug.bench.harness.available_cpus`); on a GPU 2,048 images,
+batches of 64 and 256, 10 epochs per DALI variant; on the CPU a short run (256 images, batch 16,
+64 images per variant), longer with ``--images`` / ``--num-images`` / ``--batch-sizes``.
 """
 
 from __future__ import annotations
@@ -34,14 +43,20 @@ import os
 import platform
 import shutil
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
-from detaug.bench.dataset import BenchDataset, prepare_dataset
+from detaug.bench.dataset import (
+    BenchDataset,
+    prepare_dataset,
+    realdata_folders,
+    write_resized_dataset,
+)
 from detaug.bench.harness import (
     BenchSettings,
     Measurement,
@@ -66,8 +81,13 @@ __all__ = [
     "run_bench",
 ]
 
-Kind = Literal["detaug", "reference", "cpu-peer"]
+Kind = Literal["limit", "detaug", "reference", "cpu-peer", "gpu-peer"]
 RECIPE_TITLE = "IoU crop, flip, affine, resize {size}, colour jitter, normalize"
+SCHEMA = "detaug-bench/2"
+#: The variants of the ``--scaling`` rows.
+SCALING_VARIANTS = ("decode", "detaug")
+DEFAULT_MEGAPIXELS = (0.3, 1.0, 4.0, 12.0)
+DEFAULT_SCALING_BATCHES = (8, 32, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -77,12 +97,15 @@ class Variant:
     Attributes:
         name: ``--only`` name.
         label: table label.
-        kind: ``"detaug"``, ``"reference"`` (raw DALI) or ``"cpu-peer"`` (DataLoader peers, timed
-            in whole waves of ``workers`` batches).
+        kind: ``"limit"`` (the decode sweep), ``"detaug"``, ``"reference"`` (raw DALI),
+            ``"cpu-peer"`` (DataLoader peers, timed in whole waves of ``workers`` batches) or
+            ``"gpu-peer"`` (torchvision on the GPU).
         factory: ``(dataset, settings) -> endless iterator of batches``; imported lazily from
             ``module:function`` so a missing optional package only affects its own row.
         note: printed next to the result (a GPU run's).
         cpu_note: the note of a CPU run, where it differs (:meth:`note_for`).
+        runs_on: ``"device"`` (the run's device), ``"cpu"`` (always on the CPU: the CPU peers,
+            ``detaug-cpu``) or ``"gpu"`` (only on a GPU).
     """
 
     name: str
@@ -91,10 +114,15 @@ class Variant:
     factory: str
     note: str = ""
     cpu_note: str | None = None
+    runs_on: Literal["device", "cpu", "gpu"] = "device"
 
     def note_for(self, device: str) -> str:
         """The note true to ``device`` (``"gpu"`` or ``"cpu"``)."""
         return self.cpu_note if device == "cpu" and self.cpu_note is not None else self.note
+
+    def on_cpu(self, device: str) -> bool:
+        """Whether this variant makes its images on the CPU in a run on ``device``."""
+        return self.runs_on == "cpu" or (self.runs_on == "device" and device == "cpu")
 
     def batches(self, dataset: BenchDataset, settings: BenchSettings) -> Iterator:
         import importlib
@@ -107,6 +135,13 @@ class Variant:
 # GPU, none on the CPU; DetectionSequence: 4 threads and images on the GPU, 1 thread and NumPy
 # images on the CPU); tests/detaug/test_cli.py checks them against the adapters.
 VARIANTS: tuple[Variant, ...] = (
+    Variant(
+        "decode",
+        "decode limit (DALI)",
+        "limit",
+        "detaug.bench.decode:iter_decode",
+        note="DALI's COCO reader + decoder only, best of the decoder sweep (settings in the JSON)",
+    ),
     Variant(
         "detaug",
         "detaug iterator, COCO reader",
@@ -122,6 +157,14 @@ VARIANTS: tuple[Variant, ...] = (
         "detaug.bench.detaug_variants:iter_detaug_list",
         note="SampleListSource of the same files; planning in worker processes",
         cpu_note="SampleListSource of the same files; planning in the main process",
+    ),
+    Variant(
+        "detaug-cpu",
+        "detaug iterator on the CPU",
+        "detaug",
+        "detaug.bench.detaug_variants:iter_detaug_cpu",
+        note="DetectionLoader(device='cpu'): DALI's CPU operators, images on the host",
+        runs_on="cpu",
     ),
     Variant(
         "sequence",
@@ -146,23 +189,31 @@ VARIANTS: tuple[Variant, ...] = (
         "detaug.bench.detaug_variants:iter_sequence_serial",
         note="seq[i] one at a time, random order (workers=1): latency-bound, no target",
     ),
-    Variant("raw-dali", "raw DALI", "reference", "detaug.bench.raw_dali:iter_raw_dali"),
-    Variant("torchvision", "torchvision.transforms.v2", "cpu-peer", "detaug.bench.peers:iter_torchvision"),
+    Variant("raw-dali", "raw DALI", "reference", "detaug.bench.raw_dali:iter_raw_dali",
+            note="the same ops hand-written in one DALI pipeline"),
+    Variant("torchvision", "torchvision.transforms.v2", "cpu-peer", "detaug.bench.peers:iter_torchvision",
+            runs_on="cpu"),
     Variant(
         "albumentations",
         "albumentations",
         "cpu-peer",
         "detaug.bench.peers:iter_albumentations",
         note=ALBUMENTATIONS_CROP_NOTE,
+        runs_on="cpu",
     ),
+    Variant("torchvision-gpu", "torchvision.transforms.v2 on the GPU", "gpu-peer",
+            "detaug.bench.peers:iter_torchvision_gpu", runs_on="gpu"),
 )
 VARIANT_NAMES = tuple(v.name for v in VARIANTS)
+#: Peers first: their DataLoader workers fork before DALI starts threads in this process.
+PEER_ORDER = ("torchvision", "albumentations", "torchvision-gpu")
 RUN_ORDER = (
-    "torchvision",
-    "albumentations",
+    *PEER_ORDER,
+    "decode",
     "raw-dali",
     "detaug",
     "detaug-list",
+    "detaug-cpu",
     "sequence",
     "sequence-numpy",
     "sequence-serial",
@@ -172,7 +223,14 @@ RUN_ORDER = (
 @dataclass
 class VariantResult:
     """A table row: a measurement, or why there is none (``status`` ``"unavailable"`` or
-    ``"error"``); ratios are filled in once every variant has run."""
+    ``"error"``); ratios are filled in once every variant of its batch size has run.
+
+    Attributes:
+        cpu_cores: the CPU cores of a variant that makes its images on the CPU (DataLoader
+            workers, or DALI threads, at most the CPUs available); ``None`` for GPU paths.
+        description: what the variant runs with these settings (the peers' workers, decoder, recipe).
+        extra: the decode variant's ``settings`` and ``sweep``.
+    """
 
     variant: Variant
     status: Literal["ok", "unavailable", "error"]
@@ -180,50 +238,89 @@ class VariantResult:
     message: str = ""
     vs_raw_dali: float | None = None
     vs_cpu_peer: float | None = None
+    vs_decode: float | None = None
+    batch_size: int | None = None
+    cpu_cores: int | None = None
+    description: str = ""
+    extra: dict = field(default_factory=dict)
 
     @property
     def images_per_second(self) -> float | None:
         return self.measurement.images_per_second if self.measurement is not None else None
 
+    @property
+    def per_core(self) -> float | None:
+        """img/s per CPU core (:attr:`cpu_cores`), for the variants on the CPU."""
+        ips = self.images_per_second
+        return ips / self.cpu_cores if ips is not None and self.cpu_cores else None
+
     def to_dict(self, device: str = "gpu") -> dict:
         m = self.measurement
-        return {
+        gpu_run = device == "gpu"
+        on_cpu = self.variant.on_cpu(device)
+        memory = {
+            "gpu_peak_mib": m.gpu_peak_mib if m else None,
+            "torch_peak_mib": m.torch_peak_mib if m else None,
+            "gpu_mem_mib": m.gpu_mem_mib if m else None,
+            "host_peak_rss_mib": m.host_peak_rss_mib if m else None,
+            "gpu_note": (
+                "no GPU in this run" if not gpu_run
+                else "" if m else f"not measured ({self.status})"
+            ),
+        }
+        row = {
             "variant": self.variant.name,
             "label": self.variant.label,
+            "kind": self.variant.kind,
+            "batch_size": self.batch_size,
+            "device": "cpu" if on_cpu else "gpu",
             "status": self.status,
             "message": self.message,
             "note": self.variant.note_for(device),
+            "runs": self.description,
             "images_per_second": self.images_per_second,
-            "vs_raw_dali": self.vs_raw_dali,
+            "img_per_s": self.images_per_second,
+            "vs_decode": self.vs_decode,
             "vs_best_cpu_peer": self.vs_cpu_peer,
+            "vs_raw_dali": self.vs_raw_dali,
+            "cpu_cores": self.cpu_cores,
+            "img_per_s_per_core": self.per_core,
+            "memory": memory,
+            "gpu_memory_note": memory["gpu_note"],
+            "gpu_peak_mib": memory["gpu_peak_mib"],
+            "gpu_mem_mib": memory["gpu_mem_mib"],
+            "torch_peak_mib": memory["torch_peak_mib"],
+            "host_peak_rss_mib": memory["host_peak_rss_mib"],
             "images": m.images if m else None,
             "batches": m.batches if m else None,
             "seconds": m.seconds if m else None,
             "warmup_seconds": m.warmup_seconds if m else None,
-            "gpu_mem_mib": m.gpu_mem_mib if m else None,
-            "torch_peak_mib": m.torch_peak_mib if m else None,
         }
+        row.update(self.extra)
+        return row
 
 
 @dataclass(frozen=True)
 class Check:
-    """A target: ``numerator / denominator >= target`` in img/s."""
+    """A target: ``numerator / denominator >= target`` in img/s (img/s per core with ``per_core``)."""
 
     name: str
     numerator: str
-    denominator: str  # a variant name, or "cpu-peer" for the faster CPU peer
+    denominator: str  # a variant name, or "cpu-peer" for the best CPU peer
     target: float
+    per_core: bool = False
 
 
+#: The targets of a GPU run (issue 16); a CPU run prints them as well, for what they are worth.
 CHECKS: tuple[Check, ...] = (
-    Check("detaug (COCO reader) / raw DALI", "detaug", "raw-dali", 0.9),
-    Check("detaug (sample list) / raw DALI", "detaug-list", "raw-dali", 0.9),
-    Check("detaug (COCO reader) / best CPU peer", "detaug", "cpu-peer", 20.0),
-    Check("detaug (sample list) / best CPU peer", "detaug-list", "cpu-peer", 20.0),
-    Check("Sequence in fit / iterator (COCO reader)", "sequence", "detaug", 0.5),
-    Check("Sequence in fit / iterator (sample list)", "sequence", "detaug-list", 0.5),
-    Check("Sequence, NumPy / iterator (COCO reader)", "sequence-numpy", "detaug", 0.5),
-    Check("Sequence, NumPy / iterator (sample list)", "sequence-numpy", "detaug-list", 0.5),
+    Check("detaug (COCO reader) / decode limit", "detaug", "decode", 0.85),
+    Check("detaug (sample list) / decode limit", "detaug-list", "decode", 0.85),
+    Check("Sequence in fit / iterator (COCO reader)", "sequence", "detaug", 0.8),
+    Check("Sequence in fit / iterator (sample list)", "sequence", "detaug-list", 0.8),
+    Check("detaug (COCO reader) / best CPU peer", "detaug", "cpu-peer", 25.0),
+    Check("detaug (sample list) / best CPU peer", "detaug-list", "cpu-peer", 25.0),
+    Check("detaug (COCO reader) / torchvision v2 on the GPU", "detaug", "torchvision-gpu", 100.0),
+    Check("detaug on the CPU / albumentations, per core", "detaug-cpu", "albumentations", 1.0, per_core=True),
 )
 
 
@@ -232,6 +329,7 @@ class CheckResult:
     check: Check
     value: float | None
     reason: str = ""
+    batch_size: int | None = None
 
     @property
     def passed(self) -> bool | None:
@@ -247,6 +345,10 @@ class CheckResult:
     def to_dict(self) -> dict:
         return {
             "name": self.check.name,
+            "batch_size": self.batch_size,
+            "numerator": self.check.numerator,
+            "denominator": self.check.denominator,
+            "per_core": self.check.per_core,
             "value": self.value,
             "target": self.check.target,
             "passed": self.passed,
@@ -256,7 +358,11 @@ class CheckResult:
 
 @dataclass
 class BenchReport:
-    """Everything ``detaug bench`` prints (:meth:`format`) and writes with ``--json``."""
+    """Everything ``detaug bench`` prints (:meth:`format`) and writes with ``--json``.
+
+    The report of the first batch size; :attr:`more_runs` holds the reports of the others
+    (same dataset and environment), :attr:`scaling` the ``--scaling`` rows.
+    """
 
     settings: BenchSettings
     dataset: BenchDataset
@@ -266,19 +372,41 @@ class BenchReport:
     images_requested: int | None = None
     images_per_variant: str = ""
     warmup: int | None = None
+    more_runs: list[BenchReport] = field(default_factory=list)
+    scaling: dict | None = None
 
     def result(self, name: str) -> VariantResult | None:
         return next((r for r in self.results if r.variant.name == name), None)
 
+    @property
+    def runs(self) -> list[BenchReport]:
+        """This report and :attr:`more_runs`: one per batch size, in the order run."""
+        return [self, *self.more_runs]
+
+    def decode(self) -> dict | None:
+        """The decode limit of this batch size: ``img_per_s``, ``settings``, ``sweep``, or ``None``."""
+        r = self.result("decode")
+        if r is None:
+            return None
+        return {
+            "batch_size": self.settings.batch_size,
+            "status": r.status,
+            "message": r.message,
+            "img_per_s": r.images_per_second,
+            "settings": r.extra.get("settings"),
+            "sweep": r.extra.get("sweep", []),
+        }
+
     def format(self) -> str:
         env, s = self.environment, self.settings
         gpu = s.device == "gpu"
+        sizes = ", ".join(str(r.settings.batch_size) for r in self.runs)
         lines = [
             f"detaug bench: default detection recipe ({RECIPE_TITLE.format(size=s.size)})",
             f"GPU: {env['gpu']} | CPUs: {env['cpus']} | "
             + " | ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
             (
-                f"device {s.device} | batch {s.batch_size} | DALI threads {s.threads} | "
+                f"device {s.device} | batch {sizes} | DALI threads {s.threads} | "
                 f"DataLoader workers {s.workers} | size {s.size} | seed {s.seed}"
             ),
             f"dataset: {self.dataset.describe()}",
@@ -288,71 +416,142 @@ class BenchReport:
                 f"timed: {self.images_per_variant} per variant after {self.warmup} warm-up batches"
                 + ("" if gpu or self.images_requested else " (a short CPU run; --images N for a longer one)")
             )
-        lines.append("")
-        header = ("variant", "img/s", "vs raw DALI", "vs best CPU", "images", "s", "GPU MiB", "note")
+        for run in self.runs:
+            lines += ["", f"batch {run.settings.batch_size}:"] if len(self.runs) > 1 else [""]
+            lines += run._table()
+        lines += ["", ("CPU peers are timed in whole waves of DataLoader workers; per core: img/s over "
+                       "the DataLoader workers or DALI threads of the CPU paths (at most the CPUs here).")]
+        described = {r.variant.name: r.description for r in self.results
+                     if r.description and r.variant.kind in ("cpu-peer", "gpu-peer")}
+        lines += [f"{name} runs: {text}" for name, text in described.items()]
+        lines += _missing_peer_lines([r for run in self.runs for r in run.results])
+        if gpu:
+            lines.append(
+                "GPU MiB: the peak of device-wide GPU memory in use above the start of the variant "
+                "(DALI's pools and decoders, PyTorch's cache), sampled every 50 ms."
+            )
+        if self.scaling:
+            lines += ["", *_scaling_lines(self.scaling)]
+        lines += ["", "checks" + ("" if gpu else " (the targets are for a GPU run)") + ":"]
+        for run in self.runs:
+            prefix = f"[batch {run.settings.batch_size}] " if len(self.runs) > 1 else ""
+            lines += [f"  {prefix}{c.line()}" for c in run.checks]
+        return "\n".join(lines)
+
+    def _table(self) -> list[str]:
+        gpu = self.settings.device == "gpu"
+        header = ("variant", "img/s", "vs decode", "vs best CPU", "per core", "images", "s", "GPU MiB", "note")
         if not gpu:  # no GPU memory to show
-            header = header[:6] + header[7:]
+            header = header[:7] + header[8:]
         rows = [header]
         for r in self.results:
             m = r.measurement
             if m is None:
                 rows.append((r.variant.label,) + ("-",) * (len(header) - 2) + (f"{r.status}: {r.message}",))
                 continue
+            note = r.variant.note_for(self.settings.device)
+            if r.variant.name == "decode" and r.extra.get("settings"):
+                note = "best of the sweep: " + _settings_text(r.extra["settings"])
             row = (
                 r.variant.label,
                 f"{m.images_per_second:,.1f}",
-                _ratio(r.vs_raw_dali),
+                _ratio(r.vs_decode),
                 _ratio(r.vs_cpu_peer),
+                "-" if r.per_core is None else f"{r.per_core:,.1f}",
                 str(m.images),
                 f"{m.seconds:.2f}",
-                "-" if m.gpu_mem_mib is None else f"{m.gpu_mem_mib:,.0f}",
-                r.variant.note_for(s.device),
+                "-" if m.gpu_peak_mib is None else f"{m.gpu_peak_mib:,.0f}",
+                note,
             )
-            rows.append(row if gpu else row[:6] + row[7:])
+            rows.append(row if gpu else row[:7] + row[8:])
         widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+        lines = []
         for k, row in enumerate(rows):
             cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:-1], widths[1:])]
             lines.append("  ".join(cells + [row[-1]]).rstrip())
             if k == 0:
                 lines.append("-" * len(lines[-1]))
-        lines += ["", "CPU peers are timed in whole waves of DataLoader workers."]
-        lines += _missing_peer_lines(self.results)
-        if gpu:
-            lines.append(
-                "GPU MiB: device-wide GPU memory taken while the variant ran "
-                "(cudaMemGetInfo delta: DALI's pools and PyTorch's cache)."
-            )
-        lines += ["", "checks" + ("" if s.device == "gpu" else " (the targets are for a GPU run)") + ":"]
-        lines += [f"  {c.line()}" for c in self.checks]
-        return "\n".join(lines)
+        return lines
 
     def to_dict(self) -> dict:
         s = self.settings
+        runs = [
+            {
+                "batch_size": run.settings.batch_size,
+                "decode": run.decode(),
+                "results": [r.to_dict(s.device) for r in run.results],
+                "checks": [c.to_dict() for c in run.checks],
+            }
+            for run in self.runs
+        ]
         return {
+            "schema": SCHEMA,
             "settings": {
                 "device": s.device,
                 "batch_size": s.batch_size,
+                "batch_sizes": [run.settings.batch_size for run in self.runs],
                 "workers": s.workers,
                 "threads": s.threads,
                 "size": s.size,
                 "seed": s.seed,
                 "images_requested": self.images_requested,
                 "warmup": self.warmup,
+                "cpus": available_cpus(),
+                "decoder_defaults": _decoder_defaults(s.device),
             },
             "environment": self.environment,
             "dataset": self.dataset.to_dict(),
-            "results": [r.to_dict(s.device) for r in self.results],
-            "checks": [c.to_dict() for c in self.checks],
+            "decode": runs[0]["decode"],
+            "results": [row for run in runs for row in run["results"]],
+            "checks": [c for run in runs for c in run["checks"]],
+            "runs": runs,
+            "scaling": self.scaling,
         }
 
 
+def _decoder_defaults(device: str) -> dict:
+    """What detaug's loaders decode with by default here (:mod:`detaug.decoding`)."""
+    from detaug.decoding import decoder_options, default_num_threads
+
+    try:
+        options = decoder_options(device == "gpu")
+    except ValueError as exc:  # a bad DETAUG_HW_DECODER_LOAD
+        options = {"error": str(exc)}
+    return {"decoder_options": options, "num_threads": default_num_threads()}
+
+
+def _settings_text(settings: dict) -> str:
+    parts = []
+    if settings.get("hw_decoder_load") is not None:
+        parts.append(f"hw_decoder_load {settings['hw_decoder_load']:g}")
+    threads = settings["num_threads"]
+    parts.append(f"{threads} thread" + ("" if threads == 1 else "s"))
+    parts.append("window decoding" if settings.get("window") else "whole images")
+    return ", ".join(parts)
+
+
+def _scaling_lines(scaling: dict) -> list[str]:
+    lines = ["scaling (img/s):"]
+    for row in scaling.get("megapixels", []):
+        ips = row["img_per_s"]
+        rate = "-" if ips is None else f"{ips:,.1f} img/s ({ips * row['megapixels']:,.1f} MP/s)"
+        lines.append(f"  {row['megapixels']:g} MP ({row['size_wh'][0]}x{row['size_wh'][1]}), batch "
+                     f"{row['batch_size']}, {row['variant']}: {rate}" + (f" {row['message']}" if row["message"] else ""))
+    for row in scaling.get("batch", []):
+        ips = row["img_per_s"]
+        rate = "-" if ips is None else f"{ips:,.1f} img/s"
+        lines.append(f"  batch {row['batch_size']}, {row['variant']}: {rate}" + (f" {row['message']}" if row["message"] else ""))
+    return lines
+
+
 def _missing_peer_lines(results: list[VariantResult]) -> list[str]:
-    """How to install each CPU peer that was unavailable, without changing the installed torch."""
-    missing = {r.variant.name for r in results if r.variant.kind == "cpu-peer" and r.status == "unavailable"}
+    """How to install each peer that was unavailable, without changing the installed torch."""
+    missing = {r.variant.name for r in results if r.variant.kind in ("cpu-peer", "gpu-peer") and r.status == "unavailable"
+               and "CUDA GPU" not in r.message}
     lines = []
     if "albumentations" in missing:
         lines.append(f"albumentations missing: {PEERS_PIP} (from the detaug clone; it leaves torch as it is)")
-    if "torchvision" in missing:
+    if missing & {"torchvision", "torchvision-gpu"}:
         from detaug.bench.peers import torchvision_pip
 
         lines.append(f"torchvision missing or not loadable (it must be the build of your torch): {torchvision_pip()}")
@@ -374,10 +573,13 @@ class Defaults:
 
     Attributes:
         num_images: images of the generated dataset.
-        batch_size: images per batch.
+        batch_size: images per batch (the first of ``batch_sizes``).
         warmup: warm-up batches per variant.
         images: images timed per variant; ``None``: ``epochs`` epochs of the dataset.
         epochs: ``(DALI-based, CPU peers)`` epochs timed when ``images`` is ``None``.
+        batch_sizes: the batch sizes every variant runs at.
+        scaling_images: images timed per ``--scaling`` row.
+        scaling_unique: distinct photos resized for each megapixel row.
     """
 
     num_images: int
@@ -385,13 +587,17 @@ class Defaults:
     warmup: int
     images: int | None = None
     epochs: tuple[int, int] = (1, 1)
+    batch_sizes: tuple[int, ...] = ()
+    scaling_images: int = 4096
+    scaling_unique: int = 32
 
 
 #: A GPU run is the full run of docs/benchmarks.md; a CPU run is short (under a minute on 2
 #: cores with every variant; ``images=`` / ``--images`` for a longer one).
 DEFAULTS: dict[str, Defaults] = {
-    "gpu": Defaults(num_images=2048, batch_size=64, warmup=5, epochs=(10, 2)),
-    "cpu": Defaults(num_images=256, batch_size=16, warmup=2, images=64),
+    "gpu": Defaults(num_images=2048, batch_size=64, warmup=5, epochs=(10, 2), batch_sizes=(64, 256)),
+    "cpu": Defaults(num_images=256, batch_size=16, warmup=2, images=64, batch_sizes=(16,),
+                    scaling_images=32, scaling_unique=8),
 }
 
 
@@ -412,11 +618,14 @@ def pick_bench_device(device: str | None) -> Literal["gpu", "cpu"]:
 
 def run_bench(
     *,
-    data: str | os.PathLike[str] | None = None,
+    data: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
+    images_dir: str | os.PathLike[str] | None = None,
+    repeat_to: int | None = None,
     num_images: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     device: Literal["auto", "gpu", "cpu"] | None = None,
     batch_size: int | None = None,
+    batch_sizes: Sequence[int] | None = None,
     workers: int | None = None,
     threads: int | None = None,
     size: int = 512,
@@ -424,36 +633,48 @@ def run_bench(
     only: Sequence[str] | None = None,
     images: int | None = None,
     warmup: int | None = None,
+    scaling: bool = False,
+    megapixels: Sequence[float] | None = None,
+    scaling_batch_sizes: Sequence[int] | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> BenchReport:
-    """Run the selected variants on one dataset and return the report.
+    """Run the selected variants on one dataset at each batch size and return the report.
 
     Every ``None`` takes the default of the device (:data:`DEFAULTS`) or of the machine.
 
     Args:
-        data: existing dataset folder (``annotations.json`` + ``images/``); ``None`` generates
-            (once, cached) ``num_images`` synthetic JPEGs, see
-            :func:`detaug.bench.dataset.prepare_dataset`.
+        data: what :func:`detaug.bench.dataset.prepare_dataset` takes: a folder with
+            ``annotations.json`` + ``images/``, a Pascal VOC folder, a COCO JSON file (its images
+            in ``images_dir``) or a list of VOC folders; ``None`` generates (once, cached)
+            ``num_images`` synthetic JPEGs.
+        images_dir: the images folder of a COCO JSON ``data``.
+        repeat_to: repeat the images of ``data`` to this many (written as links in a temporary
+            folder, removed at the end).
         device: ``"gpu"``, ``"cpu"``, or ``None``/``"auto"``: the GPU when CUDA is available.
-        workers, threads: DataLoader workers of the CPU peers, DALI threads; by default from the
+        batch_size: one batch size (the same as ``batch_sizes=[batch_size]``).
+        batch_sizes: every variant runs at each; default 64 and 256 on a GPU, 16 on the CPU.
+        workers, threads: DataLoader workers of the peers, DALI threads; by default from the
             CPUs available (:func:`~detaug.bench.harness.default_workers`, ``default_threads``).
         only: variant names (:data:`VARIANT_NAMES`); all by default.
-        images: images timed per variant. ``None``: on the GPU 10 epochs for the DALI-based
-            variants and 2 for the CPU peers; on the CPU 64 images. DataLoader peers round up
-            to whole waves of ``workers`` batches.
+        images: images timed per variant (and per sweep setting of ``decode``). ``None``: on the
+            GPU 10 epochs for the DALI-based variants and 2 for the peers; on the CPU 64 images.
+            DataLoader peers round up to whole waves of ``workers`` batches.
         warmup: warm-up batches (the DataLoader peers take at least one wave, ``workers``).
+        scaling: add the megapixel rows (``megapixels``, default 0.3, 1, 4, 12) and batch rows
+            (``scaling_batch_sizes``, default 8, 32, 128, 256) for :data:`SCALING_VARIANTS`.
         log: progress messages (default: stderr).
 
     Raises:
-        ValueError: bad arguments, or ``device="gpu"`` without CUDA.
+        ValueError: bad arguments or dataset, or ``device="gpu"`` without CUDA.
     """
     log = log if log is not None else (lambda msg: print(msg, file=sys.stderr, flush=True))
     device = pick_bench_device(device)
     defaults = DEFAULTS[device]
-    settings = BenchSettings(
+    sizes = _batch_sizes(batch_size, batch_sizes, defaults)
+    base = BenchSettings(
         device=device,
-        batch_size=defaults.batch_size if batch_size is None else batch_size,
+        batch_size=sizes[0],
         workers=default_workers() if workers is None else workers,
         threads=default_threads() if threads is None else threads,
         size=size,
@@ -466,47 +687,130 @@ def run_bench(
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
         raise ValueError(f"--warmup should be an int >= 1, got {warmup!r}")
     num_images = defaults.num_images if num_images is None else num_images
-    requested = images
+    megapixels = tuple(DEFAULT_MEGAPIXELS if megapixels is None else megapixels)
+    scaling_sizes = tuple(DEFAULT_SCALING_BATCHES if scaling_batch_sizes is None else scaling_batch_sizes)
+    if any(mp <= 0 for mp in megapixels) or any(b < 1 for b in scaling_sizes):
+        raise ValueError("--megapixels should be > 0 and --scaling-batch-sizes >= 1")
 
-    dataset = prepare_dataset(data, num_images=num_images, cache_dir=cache_dir, seed=seed, progress=progress)
-    log(f"dataset: {dataset.describe()}")
-    if images is None and defaults.images is not None:
-        images = defaults.images
-        per_variant = f"{images} images"
-    elif images is None:
-        per_variant = (f"{defaults.epochs[0]} epochs ({defaults.epochs[0] * dataset.num_images} images), "
-                       f"CPU peers {defaults.epochs[1]}")
-    else:
-        per_variant = f"{images} images"
-    if selected & {v.name for v in VARIANTS if v.kind == "cpu-peer"}:
-        _warn_about_shared_memory(settings, log)
-    results: dict[str, VariantResult] = {}
-    for name in RUN_ORDER:
-        variant = next(v for v in VARIANTS if v.name == name)
-        if variant.name not in selected:
-            continue
-        count = images if images is not None else _default_images(variant, defaults, dataset)
-        log(f"running {variant.label} ({count} images) ...")
-        results[name] = _run_variant(variant, dataset, settings, count, warmup, log)
-        r = results[name]
-        if r.measurement is not None:
-            log(f"  {r.measurement.images_per_second:,.1f} img/s")
+    work = tempfile.mkdtemp(prefix="detaug-bench-")
+    try:
+        dataset = prepare_dataset(
+            data, images_dir=images_dir, repeat_to=repeat_to, work_dir=work,
+            num_images=num_images, cache_dir=cache_dir, seed=seed, progress=progress,
+        )
+        log(f"dataset: {dataset.describe()}")
+        runner = _Runner(dataset, defaults, images, warmup, log)
+        if selected & {v.name for v in VARIANTS if v.kind in ("cpu-peer", "gpu-peer")}:
+            _warn_about_shared_memory(replace(base, batch_size=max(sizes)), log)
+        results: dict[int, dict[str, VariantResult]] = {b: {} for b in sizes}
+        order = [n for n in RUN_ORDER if n in selected]
+        for phase in ([n for n in order if n in PEER_ORDER], [n for n in order if n not in PEER_ORDER]):
+            for b in sizes:
+                for name in phase:
+                    results[b][name] = runner.run(_variant(name), replace(base, batch_size=b))
+        reports = []
+        environment = _environment(device)
+        for b in sizes:
+            ordered = [results[b][v.name] for v in VARIANTS if v.name in results[b]]
+            _fill_ratios(ordered)
+            report = BenchReport(
+                settings=replace(base, batch_size=b),
+                dataset=dataset,
+                environment=environment,
+                results=ordered,
+                images_requested=images,
+                images_per_variant=runner.per_variant,
+                warmup=warmup,
+            )
+            report.checks = [_evaluate(c, report) for c in CHECKS]
+            reports.append(report)
+        main_report = reports[0]
+        main_report.more_runs = reports[1:]
+        if scaling:
+            main_report.scaling = _run_scaling(runner, base, main_report, megapixels, scaling_sizes, Path(work))
+        return main_report
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _batch_sizes(batch_size: int | None, batch_sizes: Sequence[int] | None, defaults: Defaults) -> tuple[int, ...]:
+    if batch_size is not None and batch_sizes is not None:
+        raise ValueError("give --batch-size or --batch-sizes, not both")
+    sizes = tuple(batch_sizes) if batch_sizes is not None else (batch_size,) if batch_size is not None else (
+        defaults.batch_sizes or (defaults.batch_size,))
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+        raise ValueError(f"batch sizes should be positive ints, got {list(sizes)}")
+    return tuple(dict.fromkeys(sizes))
+
+
+def _variant(name: str) -> Variant:
+    return next(v for v in VARIANTS if v.name == name)
+
+
+class _Runner:
+    """Runs variants on one dataset with the run's image counts and warm-up."""
+
+    def __init__(self, dataset: BenchDataset, defaults: Defaults, images: int | None, warmup: int,
+                 log: Callable[[str], None]) -> None:
+        self.dataset, self.defaults, self.images, self.warmup, self.log = dataset, defaults, images, warmup, log
+        if images is not None:
+            self.per_variant = f"{images} images"
+        elif defaults.images is not None:
+            self.per_variant = f"{defaults.images} images"
         else:
-            log(f"  {r.status}: {r.message}")
+            self.per_variant = (f"{defaults.epochs[0]} epochs ({defaults.epochs[0] * dataset.num_images} images), "
+                                f"peers {defaults.epochs[1]}")
 
-    ordered = [results[v.name] for v in VARIANTS if v.name in results]
-    _fill_ratios(ordered)
-    report = BenchReport(
-        settings=settings,
-        dataset=dataset,
-        environment=_environment(device),
-        results=ordered,
-        images_requested=requested,
-        images_per_variant=per_variant,
-        warmup=warmup,
-    )
-    report.checks = [_evaluate(c, report) for c in CHECKS]
-    return report
+    def count(self, variant: Variant, dataset: BenchDataset | None = None) -> int:
+        if self.images is not None:
+            return self.images
+        return _default_images(variant, self.defaults, dataset or self.dataset)
+
+    def run(self, variant: Variant, settings: BenchSettings, dataset: BenchDataset | None = None,
+            decode_configs: list | None = None) -> VariantResult:
+        dataset = dataset or self.dataset
+        count = self.count(variant, dataset)
+        self.log(f"running {variant.label}, batch {settings.batch_size} ({count} images) ...")
+        if variant.name == "decode":
+            result = _run_decode(variant, dataset, settings, count, self.warmup, self.log, decode_configs)
+        else:
+            result = _run_variant(variant, dataset, settings, count, self.warmup, self.log)
+        if result.measurement is not None:
+            self.log(f"  {result.measurement.images_per_second:,.1f} img/s")
+        else:
+            self.log(f"  {result.status}: {result.message}")
+        return result
+
+
+def _cores(variant: Variant, settings: BenchSettings, threads: int | None = None) -> int | None:
+    """CPU cores of a variant that makes its images on the CPU: its DataLoader workers (the main
+    process with none), or its DALI threads; at most the CPUs available."""
+    if not variant.on_cpu(settings.device):
+        return None
+    used = max(settings.workers, 1) if variant.kind == "cpu-peer" else (threads or settings.threads)
+    return max(1, min(used, available_cpus()))
+
+
+def _describe(variant: Variant, settings: BenchSettings) -> str:
+    """What ``variant`` runs with ``settings`` (the peers: loader, decoder, recipe; the DALI
+    variants: threads and decoder options); ``""`` for a GPU-only peer in a CPU run."""
+    if variant.runs_on == "gpu" and settings.device != "gpu":
+        return ""
+    if variant.kind in ("cpu-peer", "gpu-peer"):
+        from detaug.bench.peers import peer_description
+
+        return peer_description(variant.name, settings)
+    if variant.kind == "limit":
+        return "DALI readers.coco + decoders.image / image_slice; the sweep's best setting"
+    from detaug.decoding import decoder_options
+
+    on_gpu = not variant.on_cpu(settings.device)
+    try:
+        options = decoder_options(on_gpu)
+    except ValueError as exc:
+        options = {"error": str(exc)}
+    decoder = ", ".join(f"{k}={v}" for k, v in options.items()) or "DALI's CPU decoder"
+    return f"{settings.threads} DALI threads; decoder {decoder}"
 
 
 def _warn_about_shared_memory(settings: BenchSettings, log: Callable[[str], None]) -> None:
@@ -540,7 +844,8 @@ def _select(only: Sequence[str] | None) -> set[str]:
 def _default_images(variant: Variant, defaults: Defaults, dataset: BenchDataset) -> int:
     if defaults.images is not None:
         return defaults.images
-    epochs = defaults.epochs[1] if variant.kind == "cpu-peer" else defaults.epochs[0]
+    peer = variant.kind in ("cpu-peer", "gpu-peer")
+    epochs = defaults.epochs[1] if peer else defaults.epochs[0]
     return epochs * dataset.num_images
 
 
@@ -551,34 +856,78 @@ def _run_variant(
     images: int,
     warmup: int,
     log: Callable[[str], None],
+    batches: Iterator | None = None,
+    threads: int | None = None,
 ) -> VariantResult:
     peer = variant.kind == "cpu-peer"
     quantum = max(settings.workers, 1) if peer else 1
     warmup_batches = max(warmup, quantum) if peer else warmup
+    common = {
+        "batch_size": settings.batch_size,
+        "cpu_cores": _cores(variant, settings, threads),
+        "description": _describe(variant, settings),
+    }
     try:
         m = measure(
-            variant.batches(dataset, settings),
+            batches if batches is not None else variant.batches(dataset, settings),
             images=images,
             warmup_batches=warmup_batches,
             batch_quantum=quantum,
             device=settings.device,
         )
     except VariantUnavailable as exc:
-        return VariantResult(variant, "unavailable", message=str(exc))
+        return VariantResult(variant, "unavailable", message=str(exc), **common)
     except Exception as exc:  # noqa: BLE001 - one broken variant must not end the whole run
         log("".join(traceback.format_exception(exc)).rstrip())
-        return VariantResult(variant, "error", message=f"{type(exc).__name__}: {exc}".splitlines()[0])
-    return VariantResult(variant, "ok", measurement=m)
+        return VariantResult(variant, "error", message=f"{type(exc).__name__}: {exc}".splitlines()[0], **common)
+    return VariantResult(variant, "ok", measurement=m, **common)
+
+
+def _run_decode(
+    variant: Variant,
+    dataset: BenchDataset,
+    settings: BenchSettings,
+    images: int,
+    warmup: int,
+    log: Callable[[str], None],
+    configs: list | None = None,
+) -> VariantResult:
+    """The decode variant: every setting of the sweep (or ``configs``) timed; the row is the
+    best, with ``extra = {"settings": ..., "sweep": [...]}``."""
+    from detaug.bench.decode import iter_decode, recipe_crops_first, sweep_configs
+
+    if configs is None:
+        configs = sweep_configs(settings.device, settings.threads, window=recipe_crops_first())
+    sweep, best, best_config = [], None, None
+    for config in configs:
+        r = _run_variant(variant, dataset, settings, images, warmup, log,
+                         batches=iter_decode(dataset, settings, config=config), threads=config.num_threads)
+        entry = {"settings": config.to_dict(), "img_per_s": r.images_per_second, "status": r.status,
+                 "message": r.message}
+        sweep.append(entry)
+        log(f"  {config.label()}: " + (f"{r.images_per_second:,.1f} img/s" if r.measurement else f"{r.status}: {r.message}"))
+        if r.measurement is not None and (best is None or r.images_per_second > best.images_per_second):
+            best, best_config = r, config
+    if best is None:
+        failed = sweep[0] if sweep else {"status": "error", "message": "no decoder setting to try"}
+        return VariantResult(variant, failed["status"], message=failed["message"], batch_size=settings.batch_size,
+                             extra={"settings": None, "sweep": sweep})
+    best.extra = {"settings": {**best_config.to_dict(), "device": "mixed" if settings.device == "gpu" else "cpu"},
+                  "sweep": sweep}
+    return best
 
 
 def _fill_ratios(results: list[VariantResult]) -> None:
+    """Each row's ratios to raw DALI, the decode limit and the best CPU peer (same batch size)."""
     raw = next((r.images_per_second for r in results if r.variant.name == "raw-dali" and r.measurement), None)
+    limit = next((r.images_per_second for r in results if r.variant.name == "decode" and r.measurement), None)
     best_peer = _best_cpu_peer(results)
     for r in results:
         ips = r.images_per_second
         if ips is None:
             continue
         r.vs_raw_dali = ips / raw if raw else None
+        r.vs_decode = ips / limit if limit else None
         r.vs_cpu_peer = ips / best_peer if best_peer else None
 
 
@@ -588,25 +937,80 @@ def _best_cpu_peer(results: list[VariantResult]) -> float | None:
 
 
 def _evaluate(check: Check, report: BenchReport) -> CheckResult:
+    batch = report.settings.batch_size
     top = report.result(check.numerator)
     if top is None or top.measurement is None:
-        return CheckResult(check, None, _why_missing(check.numerator, top))
+        return CheckResult(check, None, _why_missing(check.numerator, top), batch)
     if check.denominator == "cpu-peer":
         bottom = _best_cpu_peer(report.results)
         if bottom is None:
-            return CheckResult(check, None, "no CPU peer measured")
-    else:
-        other = report.result(check.denominator)
-        if other is None or other.measurement is None:
-            return CheckResult(check, None, _why_missing(check.denominator, other))
-        bottom = other.images_per_second
-    return CheckResult(check, top.images_per_second / bottom)
+            return CheckResult(check, None, "no CPU peer measured", batch)
+        return CheckResult(check, top.images_per_second / bottom, batch_size=batch)
+    other = report.result(check.denominator)
+    if other is None or other.measurement is None:
+        return CheckResult(check, None, _why_missing(check.denominator, other), batch)
+    if check.per_core:
+        if top.per_core is None or other.per_core is None:
+            return CheckResult(check, None, "no per-core figure", batch)
+        return CheckResult(check, top.per_core / other.per_core, batch_size=batch)
+    return CheckResult(check, top.images_per_second / other.images_per_second, batch_size=batch)
 
 
 def _why_missing(name: str, result: VariantResult | None) -> str:
     if result is None:
         return f"{name} not run"
     return f"{name} {result.status}"
+
+
+def _run_scaling(
+    runner: _Runner,
+    base: BenchSettings,
+    report: BenchReport,
+    megapixels: Sequence[float],
+    batch_sizes: Sequence[int],
+    work: Path,
+) -> dict:
+    """The ``--scaling`` rows: :data:`SCALING_VARIANTS` on the photos resized to each of
+    ``megapixels`` (at the first batch size), and on the bench dataset at each of ``batch_sizes``.
+    The decode variant runs at the best setting of the main sweep (no new sweep)."""
+    from detaug.bench.decode import DecodeConfig
+
+    decode = report.decode()
+    best = [DecodeConfig(**{k: v for k, v in decode["settings"].items() if k != "device"})] if (
+        decode and decode.get("settings")) else None
+    defaults = runner.defaults
+    count = runner.images if runner.images is not None else defaults.scaling_images
+
+    def row(variant: Variant, settings: BenchSettings, dataset: BenchDataset) -> VariantResult:
+        if variant.name == "decode" and best is None:
+            return VariantResult(variant, "unavailable", message="the decode variant did not run")
+        runner.log(f"scaling: {variant.label}, batch {settings.batch_size}, {dataset.max_size[0]}x{dataset.max_size[1]} ...")
+        if variant.name == "decode":
+            return _run_decode(variant, dataset, settings, count, runner.warmup, runner.log, best)
+        return _run_variant(variant, dataset, settings, count, runner.warmup, runner.log)
+
+    mp_rows, batch_rows = [], []
+    for mp in megapixels:
+        try:
+            resized = write_resized_dataset(report.dataset, mp, work / f"mp-{mp:g}",
+                                            max_unique=defaults.scaling_unique,
+                                            num_images=max(report.dataset.num_images, base.batch_size))
+        except Exception as exc:  # noqa: BLE001 - a row that says why
+            mp_rows += [{"megapixels": mp, "size_wh": [0, 0], "batch_size": base.batch_size, "variant": name,
+                         "img_per_s": None, "status": "error", "message": f"{type(exc).__name__}: {exc}"}
+                        for name in SCALING_VARIANTS]
+            continue
+        for name in SCALING_VARIANTS:
+            r = row(_variant(name), base, resized)
+            mp_rows.append({"megapixels": mp, "size_wh": list(resized.max_size), "batch_size": base.batch_size,
+                            "variant": name, "img_per_s": r.images_per_second, "status": r.status,
+                            "message": r.message})
+    for b in batch_sizes:
+        for name in SCALING_VARIANTS:
+            r = row(_variant(name), replace(base, batch_size=b), report.dataset)
+            batch_rows.append({"batch_size": b, "variant": name, "img_per_s": r.images_per_second,
+                               "status": r.status, "message": r.message})
+    return {"variants": list(SCALING_VARIANTS), "images_per_row": count, "megapixels": mp_rows, "batch": batch_rows}
 
 
 def _environment(device: str) -> dict:
@@ -659,16 +1063,32 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
         prog=prog,
         description=(
             "Measure the default detection recipe (IoU crop, flip, affine, resize, colour jitter, "
-            "normalize) through detaug's PyTorch iterator and Keras Sequence, a hand-written raw "
-            "DALI pipeline, and torchvision.transforms.v2 / albumentations in DataLoaders, on one "
-            "generated COCO-style JPEG dataset; print img/s, ratios and the target checks. "
-            f"Defaults fit the machine: {default_threads()} DALI threads and {default_workers()} "
-            f"DataLoader workers here ({available_cpus()} CPUs); a GPU run times {gpu.epochs[0]} epochs "
-            f"of {gpu.num_images} images in batches of {gpu.batch_size}, a CPU run {cpu.images} images "
-            f"of {cpu.num_images} in batches of {cpu.batch_size} (under a minute on 2 cores)."
+            "normalize) through detaug's PyTorch iterator (GPU and CPU) and Keras Sequence, a "
+            "hand-written raw DALI pipeline, torchvision.transforms.v2 / albumentations in "
+            "DataLoaders and torchvision v2 on the GPU, against the decode limit (DALI decoding "
+            "alone, best of a sweep of decoder settings), on one COCO-style JPEG dataset; print "
+            "img/s, ratios, per-core figures, memory and the target checks. Defaults fit the "
+            f"machine: {default_threads()} DALI threads and {default_workers()} DataLoader workers "
+            f"here ({available_cpus()} CPUs); a GPU run times {gpu.epochs[0]} epochs of "
+            f"{gpu.num_images} images at batch {' and '.join(map(str, gpu.batch_sizes))}, a CPU run "
+            f"{cpu.images} images of {cpu.num_images} at batch {cpu.batch_size}. "
+            "`detaug bench --startup ...` measures start-up instead (its own --help)."
         ),
     )
-    parser.add_argument("--data", type=Path, help="existing dataset (annotations.json + images/)")
+    parser.add_argument(
+        "--data", type=Path,
+        help="what you have: a folder with annotations.json + images/, a Pascal VOC folder "
+        "(Annotations/, JPEGImages/), or a COCO JSON file (its images in --images-dir); default: "
+        "a generated synthetic dataset",
+    )
+    parser.add_argument("--images-dir", type=Path,
+                        help="images folder of a COCO JSON --data (default: images/ next to it, else its folder)")
+    parser.add_argument(
+        "--realdata", type=Path, metavar="DIR",
+        help="every Pascal VOC folder directly under DIR, merged (e.g. ../shared/realdata); instead of --data",
+    )
+    parser.add_argument("--repeat-to", type=positive_int, metavar="N",
+                        help="repeat the images of --data / --realdata to N (links, no copies), so small sets time well")
     parser.add_argument(
         "--num-images", type=positive_int,
         help=f"images to generate without --data (default {gpu.num_images} on a GPU, {cpu.num_images} on the CPU)",
@@ -678,14 +1098,18 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
                         help="default auto: the GPU when PyTorch and DALI see one")
-    parser.add_argument("--batch-size", type=positive_int,
-                        help=f"default {gpu.batch_size} on a GPU, {cpu.batch_size} on the CPU")
+    parser.add_argument("--batch-size", type=positive_int, help="one batch size (as --batch-sizes N)")
+    parser.add_argument(
+        "--batch-sizes", type=_int_list, metavar="B1,B2",
+        help=f"every variant at each (default {','.join(map(str, gpu.batch_sizes))} on a GPU, "
+        f"{','.join(map(str, cpu.batch_sizes))} on the CPU)",
+    )
     parser.add_argument(
         "--workers", type=_non_negative_int,
-        help=f"DataLoader workers of the CPU peers (default: CPUs - 1, {default_workers()} here)",
+        help=f"DataLoader workers of the peers (default: one per CPU, {default_workers()} here)",
     )
     parser.add_argument("--threads", type=positive_int,
-                        help=f"DALI CPU threads (default: CPUs, at most 8: {default_threads()} here)")
+                        help=f"DALI CPU threads (default: CPUs / LOCAL_WORLD_SIZE, at most 16: {default_threads()} here)")
     parser.add_argument("--size", type=positive_int, default=512, help="output side in pixels (default 512)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -695,8 +1119,8 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
     parser.add_argument(
         "--images",
         type=positive_int,
-        help=f"images timed per variant (default: on a GPU {gpu.epochs[0]} epochs for the DALI-based variants, "
-        f"{gpu.epochs[1]} for the CPU peers; on the CPU {cpu.images})",
+        help=f"images timed per variant and decoder setting (default: on a GPU {gpu.epochs[0]} epochs for the "
+        f"DALI-based variants, {gpu.epochs[1]} for the peers; on the CPU {cpu.images})",
     )
     parser.add_argument(
         "--warmup",
@@ -704,6 +1128,12 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
         help=f"warm-up batches (default {gpu.warmup} on a GPU, {cpu.warmup} on the CPU; DataLoaders: "
         "at least one per worker)",
     )
+    parser.add_argument("--scaling", action="store_true",
+                        help="add img/s rows at several megapixels and batch sizes (decode limit and detaug)")
+    parser.add_argument("--megapixels", type=_float_list, metavar="MP1,MP2",
+                        help=f"megapixels of --scaling (default {','.join(f'{m:g}' for m in DEFAULT_MEGAPIXELS)})")
+    parser.add_argument("--scaling-batch-sizes", type=_int_list, metavar="B1,B2",
+                        help=f"batch sizes of --scaling (default {','.join(map(str, DEFAULT_SCALING_BATCHES))})")
     parser.add_argument("--json", type=Path, dest="json_path", help="also write the results as JSON here")
     parser.add_argument("--check", action="store_true", help="exit with status 1 when a target check fails")
     parser.add_argument("--quiet", action="store_true", help="no progress messages")
@@ -721,25 +1151,68 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"should be positive integers, got {text!r}")
+    return values
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"should be positive numbers, got {text!r}")
+    return values
+
+
+def _startup(argv: list[str]) -> int:
+    """``detaug bench --startup ...``: :func:`detaug.bench.startup.main` with the other arguments."""
+    try:
+        from detaug.bench import startup
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("detaug.bench.startup",):
+            raise
+        print("detaug bench: error: --startup needs detaug/bench/startup.py, which this install does not have",
+              file=sys.stderr)
+        return 2
+    return int(startup.main([a for a in argv if a != "--startup"]) or 0)
+
+
 def main(argv: Sequence[str] | None = None, *, debug: bool = False) -> int:
     """``detaug bench``; returns the exit status: 2 for a bad option or dataset (one line naming
-    it; ``--debug`` adds the traceback), 1 with ``--check`` when a target fails."""
+    it; ``--debug`` adds the traceback), 1 with ``--check`` when a target fails. With
+    ``--startup``, :func:`detaug.bench.startup.main` runs instead."""
     from detaug.cli import run_guarded
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--startup" in argv:
+        return _startup(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = debug or args.debug
     if args.json_path is not None and args.json_path.is_dir():
         parser.error(f"--json {args.json_path}: is a folder; give a file name")
+    if args.realdata is not None and args.data is not None:
+        parser.error("give --data or --realdata, not both")
 
     def run() -> int:
         try:
+            data = realdata_folders(args.realdata) if args.realdata is not None else args.data
             report = run_bench(
-                data=args.data,
+                data=data,
+                images_dir=args.images_dir,
+                repeat_to=args.repeat_to,
                 num_images=args.num_images,
                 cache_dir=args.cache_dir,
                 device=args.device,
                 batch_size=args.batch_size,
+                batch_sizes=args.batch_sizes,
                 workers=args.workers,
                 threads=args.threads,
                 size=args.size,
@@ -747,6 +1220,9 @@ def main(argv: Sequence[str] | None = None, *, debug: bool = False) -> int:
                 only=args.only.split(",") if args.only else None,
                 images=args.images,
                 warmup=args.warmup,
+                scaling=args.scaling,
+                megapixels=args.megapixels,
+                scaling_batch_sizes=args.scaling_batch_sizes,
                 progress=not args.quiet,
                 log=(lambda msg: None) if args.quiet else None,
             )
@@ -759,7 +1235,7 @@ def main(argv: Sequence[str] | None = None, *, debug: bool = False) -> int:
             args.json_path.parent.mkdir(parents=True, exist_ok=True)
             args.json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
             print(f"\nresults written to {args.json_path}")
-        if args.check and any(c.passed is False for c in report.checks):
+        if args.check and any(c.passed is False for run in report.runs for c in run.checks):
             return 1
         return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from itertools import islice
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -307,7 +308,7 @@ def test_run_bench_raw_dali_report(dataset, tmp_path):
     assert "raw DALI" in text and "img/s" in text and "CPUs:" in text
     lines = [c.line() for c in report.checks]
     assert len(lines) == len(CHECKS)
-    assert lines[0].startswith("detaug (COCO reader) / raw DALI: n/a (detaug not run)")
+    assert lines[0].startswith("detaug (COCO reader) / decode limit: n/a (detaug not run)")
     json.dumps(report.to_dict())  # serialisable
 
 
@@ -336,7 +337,7 @@ def test_main_writes_json(dataset, tmp_path, capsys):
     )
     assert status == 0
     printed = capsys.readouterr().out
-    assert "detaug (sample list) / raw DALI" in printed and "Sequence in fit / iterator (COCO reader)" in printed
+    assert "detaug (sample list) / decode limit" in printed and "Sequence in fit / iterator (COCO reader)" in printed
     results = json.loads(out.read_text())
     assert results["settings"]["batch_size"] == 4
     assert [r["variant"] for r in results["results"]] == ["raw-dali"]
@@ -363,3 +364,214 @@ def test_measure_needs_a_warmup_batch():
 
 def test_measurement_rate_is_images_over_seconds():
     assert Measurement(images=10, batches=2, seconds=2.0, warmup_seconds=0.0).images_per_second == 5.0
+
+
+# ------------------------------------------------------------------------------------------
+# --data as users have it, the decode limit, ratios, per-core and memory figures (issue 16)
+# ------------------------------------------------------------------------------------------
+
+REALDATA = Path(__file__).resolve().parents[3] / "shared" / "realdata"
+RACCOON = REALDATA / "raccoon"
+
+
+@pytest.fixture(scope="module")
+def voc_folder(tmp_path_factory) -> Path:
+    """Real photos (raccoon, 20 JPEGs) where ../shared/realdata is, else synthetic VOC scenes."""
+    if (RACCOON / "Annotations").is_dir():
+        return RACCOON
+    from detaug.synthetic import write_voc_dataset
+
+    root = tmp_path_factory.mktemp("voc")
+    write_voc_dataset(root, num_images=8, size=((160, 240), (120, 180)), max_objects=3, seed=0)
+    return root
+
+
+@pytest.fixture(scope="module")
+def coco_elsewhere(tmp_path_factory, voc_folder) -> tuple[Path, Path]:
+    """A COCO JSON in one folder, its images in another (the VOC folder's JPEGImages/)."""
+    from converters.voc2coco import convert
+
+    result = convert(voc_folder)
+    json_file = tmp_path_factory.mktemp("coco_json") / "instances.json"
+    json_file.write_text(json.dumps(result.coco), encoding="utf-8")
+    return json_file, Path(result.image_root)
+
+
+def _bench_json(tmp_path: Path, *args: str) -> dict:
+    """``detaug bench ARGS --json FILE`` through the command line's entry point; its JSON."""
+    from detaug import cli
+
+    out = tmp_path / "bench.json"
+    status = cli.main(["bench", "--device", "cpu", "--quiet", "--json", str(out), *args])
+    assert status == 0
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+def _check_figures(results: dict, batch_sizes: list[int]) -> None:
+    """The decode limit with its settings, ratios that are img/s over img/s, per-core figures of
+    the CPU paths, memory fields (no GPU figure, with a reason, on the CPU)."""
+    assert results["schema"] == "detaug-bench/2"
+    assert results["settings"]["batch_sizes"] == batch_sizes
+    decode = results["decode"]
+    assert decode["status"] == "ok" and decode["img_per_s"] > 0
+    assert set(decode["settings"]) >= {"hw_decoder_load", "num_threads", "window"}
+    assert decode["settings"]["hw_decoder_load"] is None  # the CPU decoder has no hardware share
+    assert isinstance(decode["settings"]["window"], bool) and decode["settings"]["num_threads"] in (1, 2)
+    assert decode["img_per_s"] == max(e["img_per_s"] for e in decode["sweep"] if e["img_per_s"] is not None)
+    assert {e["settings"]["window"] for e in decode["sweep"]} == {False, True}  # the recipe crops first
+    assert len(results["runs"]) == len(batch_sizes)
+    for run in results["runs"]:
+        rows = {r["variant"]: r for r in run["results"]}
+        limit = rows["decode"]["img_per_s"]
+        assert rows["decode"]["settings"] == run["decode"]["settings"]
+        assert rows["detaug-cpu"]["status"] == "ok"
+        assert rows["torchvision-gpu"]["status"] == "unavailable"
+        for row in run["results"]:
+            assert row["batch_size"] == run["batch_size"]
+            assert row["memory"]["gpu_peak_mib"] is None and row["memory"]["gpu_note"] == "no GPU in this run"
+            if row["status"] != "ok":
+                assert row["img_per_s"] is None and row["message"]
+                continue
+            assert row["vs_decode"] == pytest.approx(row["img_per_s"] / limit)
+            assert row["device"] == "cpu" and row["cpu_cores"] >= 1
+            assert row["img_per_s_per_core"] == pytest.approx(row["img_per_s"] / row["cpu_cores"])
+            assert row["memory"]["host_peak_rss_mib"] > 0
+            assert row["images"] >= 8
+        peers = [r["img_per_s"] for r in run["results"] if r["kind"] == "cpu-peer" and r["status"] == "ok"]
+        for row in run["results"]:
+            if row["status"] == "ok":
+                expected = row["img_per_s"] / max(peers) if peers else None
+                assert row["vs_best_cpu_peer"] == (pytest.approx(expected) if peers else None)
+        for peer in ("torchvision", "albumentations"):
+            assert "1 thread" in rows[peer]["runs"] and "decode" in rows[peer]["runs"]
+    assert {c["batch_size"] for c in results["checks"]} == set(batch_sizes)
+
+
+def test_bench_on_a_voc_folder(voc_folder, tmp_path):
+    results = _bench_json(tmp_path, "--data", str(voc_folder), "--repeat-to", "12", "--batch-sizes", "4,8",
+                          "--images", "8", "--warmup", "1", "--threads", "2", "--workers", "1", "--size", "128",
+                          "--only", "decode,detaug,detaug-list,detaug-cpu,raw-dali,torchvision,albumentations,"
+                          "torchvision-gpu")
+    _check_figures(results, [4, 8])
+    dataset = results["dataset"]
+    assert dataset["num_images"] == 12 and dataset["source"] == str(voc_folder)
+    assert not Path(dataset["root"]).exists()  # the links folder is gone with the run
+
+
+def test_bench_on_a_coco_json_with_its_images_elsewhere(coco_elsewhere, tmp_path):
+    json_file, images = coco_elsewhere
+    results = _bench_json(tmp_path, "--data", str(json_file), "--images-dir", str(images), "--batch-sizes", "4",
+                          "--images", "8", "--warmup", "1", "--threads", "2", "--workers", "1", "--size", "128")
+    _check_figures(results, [4])
+    assert results["dataset"]["source"].startswith(str(json_file))
+    rows = {r["variant"]: r for r in results["results"]}
+    assert rows["sequence"]["status"] == "ok" or not _installed("keras")
+
+
+def test_the_dataset_links_the_original_files(coco_elsewhere, tmp_path):
+    json_file, images = coco_elsewhere
+    dataset = prepare_dataset(json_file, images_dir=images, repeat_to=25, work_dir=tmp_path)
+    files = sorted(dataset.images_dir.iterdir())
+    assert len(files) == dataset.num_images == 25
+    assert all(f.is_symlink() and f.resolve().parent == images.resolve() for f in files)
+    assert dataset.unique_images < 25 and dataset.root == tmp_path / "bench-data"
+    records = load_records(dataset)
+    first, again = records[0], records[dataset.unique_images]
+    assert Path(first.path).resolve() == Path(again.path).resolve()
+    np.testing.assert_array_equal(first.boxes_xyxy, again.boxes_xyxy)
+    cut = prepare_dataset(json_file, images_dir=images, repeat_to=3, work_dir=tmp_path)
+    assert cut.num_images == cut.unique_images == 3
+
+
+@pytest.mark.skipif(not REALDATA.is_dir(), reason="../shared/realdata is not here")
+def test_realdata_leaves_out_what_would_break_a_peer(tmp_path):
+    """The truncated JPEG and the tiny images are left out and counted; the rest is merged."""
+    from detaug.bench.dataset import MIN_SIDE, realdata_folders
+
+    dataset = prepare_dataset(realdata_folders(REALDATA), work_dir=tmp_path)
+    assert dataset.left_out.get("not readable JPEGs", 0) >= 1
+    assert dataset.left_out.get(f"under {MIN_SIDE} px a side", 0) >= 1
+    assert min(dataset.min_size) >= MIN_SIDE and dataset.num_images >= 100
+    with open(dataset.annotations_file, encoding="utf-8") as f:
+        names = [c["name"] for c in json.load(f)["categories"]]
+    assert len(names) == len(set(names)) and "raccoon" in names and "RBC" in names
+
+
+def test_bad_data_is_one_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="Pascal VOC folder .* or a COCO JSON file"):
+        prepare_dataset(tmp_path)
+    with pytest.raises(ValueError, match="--images-dir goes with"):
+        prepare_dataset(None, images_dir=tmp_path)
+    with pytest.raises(ValueError, match="--repeat-to"):
+        prepare_dataset(tmp_path, repeat_to=0)
+
+
+def test_scaling_rows(dataset, tmp_path):
+    results = _bench_json(tmp_path, "--data", str(dataset.root), "--only", "decode,detaug", "--batch-sizes", "4",
+                          "--images", "4", "--warmup", "1", "--threads", "1", "--size", "64", "--scaling",
+                          "--megapixels", "0.02,0.08", "--scaling-batch-sizes", "2,4")
+    scaling = results["scaling"]
+    mp = {(r["megapixels"], r["variant"]): r for r in scaling["megapixels"]}
+    assert set(mp) == {(m, v) for m in (0.02, 0.08) for v in ("decode", "detaug")}
+    for (megapixels, _), row in mp.items():
+        w, h = row["size_wh"]
+        assert row["status"] == "ok" and row["img_per_s"] > 0
+        assert abs(w * h / 1e6 - megapixels) / megapixels < 0.05
+    assert [(r["batch_size"], r["variant"]) for r in scaling["batch"]] == [
+        (2, "decode"), (2, "detaug"), (4, "decode"), (4, "detaug")]
+    assert all(r["status"] == "ok" for r in scaling["batch"])
+
+
+def test_decode_sweep_grid():
+    from detaug.bench.decode import GPU_LOADS, recipe_crops_first, sweep_configs
+    from detaug.transforms import Compose, RandomHorizontalFlip, RandomIoUCrop, Resize
+
+    gpu = sweep_configs("gpu", 16, window=True)
+    assert len(gpu) == len(GPU_LOADS) * 2 * 2
+    assert {c.hw_decoder_load for c in gpu} == {0.0, 0.65, 0.99} and {c.num_threads for c in gpu} == {8, 16}
+    cpu = sweep_configs("cpu", 1, window=False)
+    assert [(c.num_threads, c.window, c.hw_decoder_load) for c in cpu] == [(1, False, None)]
+    assert recipe_crops_first()
+    assert not recipe_crops_first(Compose([RandomHorizontalFlip(), RandomIoUCrop(), Resize((64, 64))]))
+
+
+def test_per_core_check_and_ratios_of_a_made_up_run():
+    """detaug on the CPU against albumentations per core; ratios to the decode limit."""
+    def row(name, ips, cores):
+        m = Measurement(images=int(ips), batches=1, seconds=1.0, warmup_seconds=0.0)
+        return runner.VariantResult(_variant(name), "ok", measurement=m, batch_size=8, cpu_cores=cores)
+
+    results = [row("decode", 1000, 2), row("detaug-cpu", 120, 2), row("albumentations", 100, 4),
+               row("torchvision", 80, 4)]
+    runner._fill_ratios(results)
+    assert results[1].vs_decode == pytest.approx(0.12) and results[1].vs_cpu_peer == pytest.approx(1.2)
+    report = runner.BenchReport(BenchSettings(device="cpu", batch_size=8, workers=4, threads=2), None, {}, results)
+    check = next(c for c in CHECKS if c.per_core)
+    result = runner._evaluate(check, report)
+    assert result.value == pytest.approx((120 / 2) / (100 / 4)) and result.passed
+
+
+def test_startup_is_routed(capsys):
+    """``detaug bench --startup ...`` is the start-up benchmark's command line (its own options)."""
+    with pytest.raises(SystemExit) as stop:
+        main(["--startup", "--help"])
+    assert stop.value.code == 0
+    assert "--sizes" in capsys.readouterr().out
+
+
+class _WorkerThreads(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int):
+        import os
+
+        return torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"), os.environ.get("MKL_NUM_THREADS")
+
+
+def test_peer_workers_run_one_thread_each():
+    from detaug.bench.peers import pin_worker_threads
+
+    loader = torch.utils.data.DataLoader(_WorkerThreads(), batch_size=None, num_workers=1,
+                                         worker_init_fn=pin_worker_threads)
+    assert [tuple(item) for item in loader] == [(1, "1", "1")] * 2
