@@ -49,3 +49,36 @@ def test_cpu_and_gpu_give_same_boxes(kind, tmp_path):
     # Pixels: same geometry, decoders and interpolation may differ by a few grey levels.
     diff = (cpu_images.float() - gpu_images.float()).abs()
     assert diff.mean() < 2.0, f"mean abs pixel difference {diff.mean():.2f}"
+
+
+def _recipes() -> dict[str, T.Compose]:
+    size = (160, 192)
+    return {
+        "yolo": T.yolo_recipe(size=192, mixup=0.5, perspective=0.3),
+        "perspective": T.Compose([T.RandomPerspective(distortion_scale=0.4, p=1.0, fill=FILL), T.Resize(size)]),
+        "crops": T.Compose([T.ScaleJitter(target_size=(192, 192)), T.FixedSizeCrop(size=(192, 192), fill=FILL),
+                            T.RandomCrop((150, 150), pad_if_needed=True), T.RandomRotation(15, expand=True), T.Resize(size)]),
+        "photometric": T.Compose([
+            T.RandomIoUCrop(drop="invisible"), T.Resize(size), T.RandomPhotometricDistort(p=1.0), T.RandomGrayscale(p=0.3),
+            T.GaussianBlur(5, sigma=(0.1, 1.5)), T.GaussNoise(), T.RandomErasing(p=0.7),
+            T.OneOf([T.ColorJitter(brightness=0.3), T.ColorJitter(contrast=0.3)]),
+        ], min_visibility=0.3),
+        "composition": T.Compose([T.OneOf([T.RandomHorizontalFlip(p=1.0), T.RandomVerticalFlip(p=1.0)]),
+                                  T.RandomApply([T.RandomAffine(degrees=10, fill=FILL)], p=0.5),
+                                  T.SomeOf([T.Pad(8, fill=FILL), T.RandomZoomOut(fill=FILL, side_range=(1, 1.3))], n=1),
+                                  T.Resize(size)]),
+    }
+
+
+@pytest.mark.parametrize("name", ["yolo", "perspective", "crops", "photometric", "composition"])
+def test_new_transforms_give_same_boxes_on_cpu_and_gpu(name):
+    recipe = _recipes()[name]
+    make = lambda: SampleListSource(scene_samples(24, seed=5)[0])  # noqa: E731
+    cpu_images, cpu = run(DetectionLoader(make(), recipe, 8, device="cpu", seed=3, shuffle=True))
+    gpu_images, gpu = run(DetectionLoader(make(), recipe, 8, device="gpu", seed=3, shuffle=True))
+    assert [t["image_id"] for t in cpu] == [t["image_id"] for t in gpu]
+    for c, g in zip(cpu, gpu):
+        assert torch.equal(c["labels"], g["labels"])
+        torch.testing.assert_close(c["boxes"], g["boxes"], atol=1e-4, rtol=0)
+    diff = (cpu_images.float() - gpu_images.float()).abs()
+    assert diff.mean() < 3.0, f"{name}: mean abs pixel difference {diff.mean():.2f}"
