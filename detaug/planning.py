@@ -19,7 +19,13 @@ for the seed contract). :meth:`BatchPlanner.plan` computes it:
    raised); partners that are not needed (``MixUp`` not applied) are 1x1 placeholders;
 5. :meth:`detaug.transforms.Compose.plan_batch` plans every sample from its key
    ``(seed, epoch, image_id)``: the decode region, warp matrices, photometric parameters and
-   the exact output boxes.
+   the exact output boxes;
+6. labels and per-box fields follow their boxes: each sample's boxes (its own, then each
+   partner's, in the slots' order) are planned with their row numbers as labels, and the rows
+   the recipe keeps pick the labels and every field (``iscrowd``, ``difficult``, a track id,
+   ...: :attr:`BatchPlanner.fields`); boxes dropped before planning (clipped away in 3.) drop
+   their rows too. ``area`` is recomputed on the output boxes. Labels never change a draw: the
+   plan is the same with any fields.
 
 Because a batch depends on nothing else, it can be planned in any process, in any order, ahead
 of time (:mod:`detaug.workers` runs :func:`plan_job` in worker processes), and again after a
@@ -30,8 +36,9 @@ from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -40,16 +47,58 @@ from detaug.errors import DatasetError, ImageError
 from detaug.formats.images import annotation_frame, orient_boxes, probe_image
 from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
 from detaug.seeds import sample_keys
+from detaug.sources import FieldSpec, box_area, field_specs
 from detaug.transforms import Compose
 from detaug.transforms.compose import Partners
 
 __all__ = [
-    "ON_ERROR", "EpochSpec", "PlannedBatch", "BatchPlanner", "DecodedShapes", "DecodeFailure", "undecodable",
-    "init_plan_worker", "plan_job", "source_groups",
+    "FIELD_CHOICES", "ON_ERROR", "EpochSpec", "PlannedBatch", "BatchPlanner", "DecodedShapes", "DecodeFailure",
+    "field_outputs", "select_fields", "undecodable", "init_plan_worker", "plan_job", "source_groups",
 ]
 
 #: What an unreadable or undecodable image does: ``"skip"`` (replaced, named, counted) or ``"raise"``.
 ON_ERROR = ("skip", "raise")
+
+#: ``fields=`` words of the loaders: every per-box field of the source, or none.
+FIELD_CHOICES = ("all", "none")
+
+#: The field computed from the output boxes (``w * h`` pixels, float32), whether the source has it or not.
+AREA = "area"
+
+
+def select_fields(source: Any, fields: Any = "all") -> tuple[str, ...]:
+    """The per-box fields a loader returns, from its ``fields=`` argument.
+
+    Args:
+        source: the source (its ``field_specs``, :func:`detaug.sources.field_specs`).
+        fields: ``"all"`` (or ``None``): every field of the source; ``"none"``: no field (the
+            targets of a source without fields); or a sequence of names: those fields, in that
+            order (``"area"`` is computed on the output boxes also for a source without it).
+
+    Raises:
+        ValueError: a name the source does not have (the message lists those it has).
+    """
+    specs = field_specs(source)
+    if fields is None or (isinstance(fields, str) and fields == "all"):
+        return tuple(specs)
+    if isinstance(fields, str) and fields == "none":
+        return ()
+    if isinstance(fields, str) or not isinstance(fields, Iterable) or not all(isinstance(name, str) for name in fields):
+        raise ValueError(f"fields must be {' or '.join(map(repr, FIELD_CHOICES))} or a list of field names, got {fields!r}")
+    names = tuple(dict.fromkeys(fields))
+    unknown = [name for name in names if name not in specs and name != AREA]
+    if unknown:
+        have = ", ".join(map(repr, specs)) or "none"
+        raise ValueError(f"fields {', '.join(map(repr, unknown))}: the source has no such per-box field "
+                         f"(it has {have}; 'area' is always available)")
+    return names
+
+
+def field_outputs(source: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """``{name: FieldSpec}`` of the fields ``names`` as the planner gives them (``area``
+    float32 ``[N]``, the others as the source holds them)."""
+    specs = field_specs(source)
+    return {name: FieldSpec(np.dtype(np.float32), ()) if name == AREA else specs[name] for name in names}
 
 
 @dataclass(frozen=True)
@@ -89,7 +138,10 @@ class PlannedBatch:
             shapes (the caller loads them, :meth:`BatchPlanner.load_data`).
         params: float32 ``[B, P]`` parameter vectors (:meth:`Compose.param_slices`).
         boxes: per sample float32 ``[M, 4]`` xyxy boxes on the output image.
-        labels: per sample int64 ``[M]``.
+        labels: per sample int64 ``[M]``, the labels of the boxes kept, in their order.
+        fields: per sample ``{name: [M, ...]}``, each field of :attr:`BatchPlanner.fields` for
+            the boxes kept (``area``: float32, recomputed on the output boxes); empty dicts
+            without fields.
         partners: per partner slot (``Compose.num_partners`` of them: ``Mosaic``'s tiles 1-3, then
             ``MixUp``'s partner), per sample, the image data of that partner (as ``data``; a 1x1
             placeholder where not needed); empty without mixing transforms; ``None`` with
@@ -113,6 +165,7 @@ class PlannedBatch:
     repaired: list[dict[str, Any]] = field(default_factory=list)
     partners: list[list[np.ndarray]] | None = field(default_factory=list)
     partner_positions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
+    fields: list[dict[str, np.ndarray]] = field(default_factory=list)
 
     def new_findings(self, warned: set[tuple[str, str]]) -> list[str]:
         """Warning texts for this batch's skipped images and repaired boxes not warned of
@@ -142,12 +195,16 @@ class BatchPlanner:
         transforms: the recipe.
         spec: the epoch rules and seed.
         on_error: ``"skip"`` or ``"raise"`` (see the module docstring, step 2).
+        fields: the per-box fields to carry (:func:`select_fields`: ``"all"`` the source's,
+            ``"none"``, or names); kept in :attr:`fields`.
     """
 
-    def __init__(self, source: Any, transforms: Compose, spec: EpochSpec, on_error: str = "skip") -> None:
+    def __init__(self, source: Any, transforms: Compose, spec: EpochSpec, on_error: str = "skip",
+                 fields: Any = "all") -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
         self.source, self.transforms, self.spec, self.on_error = source, transforms, spec, on_error
+        self.fields = select_fields(source, fields)
         self._order: tuple[int, np.ndarray] | None = None
 
     def order(self, epoch: int) -> np.ndarray:
@@ -170,16 +227,12 @@ class BatchPlanner:
         order = self.order(epoch)
         wanted = self.positions(epoch, step)
         start = step * self.spec.batch_size
-        positions, data, shapes, boxes, labels, ids, skipped, repaired = [], [], [], [], [], [], [], []
+        positions, data, shapes, boxes, tables, ids, skipped, repaired = [], [], [], [], [], [], [], []
         for k, position in enumerate(wanted):
             for tries in range(len(order)):
                 p = int(order[(start + k + tries) % len(order)])
                 try:
-                    if p in bad:
-                        raise ImageError(self.source.file_of(p), self.source.samples[p].image_id, bad[p])
-                    d, hw, b, lab, image_id = self.load(p)
-                    if getattr(self.source.samples[p], "size", None) is None and len(b):
-                        b, lab = _clip_to_image(b, lab, hw, self.source.file_of(p), image_id, repaired)
+                    d, hw, b, table, image_id = self._read(p, bad, repaired)
                     break
                 except ImageError as err:
                     if self.on_error == "raise":
@@ -191,53 +244,85 @@ class BatchPlanner:
             data.append(d)
             shapes.append(hw)
             boxes.append(b)
-            labels.append(lab)
+            tables.append(table)
             ids.append(image_id)
         image_ids = np.asarray(ids, dtype=np.int64)
         keys = sample_keys(self.spec.seed, epoch, image_ids)
         partners, partner_data, partner_positions = None, [], np.zeros((len(ids), 0), np.int64)
+        partner_tables: list[list[_Rows]] = []
         if self.transforms.num_partners:
-            partners, partner_data, partner_positions = self._partners(keys, bad, skipped, repaired)
-        params, out_boxes, out_labels = self.transforms.plan_batch(shapes, boxes, labels, keys, partners)
+            partners, partner_tables, partner_data, partner_positions = self._partners(keys, bad, skipped, repaired)
+        rows, lookup = _row_labels(tables, partner_tables)
+        if partners is not None:
+            partners = Partners(partners.shapes, partners.boxes, rows[1:])
+        params, out_boxes, kept = self.transforms.plan_batch(shapes, boxes, rows[0], keys, partners)
+        out_labels, out_fields = [], []
+        for b, r, table in zip(out_boxes, kept, lookup):
+            r = np.asarray(r, dtype=np.int64)
+            out_labels.append(table.labels[r])
+            picked = {name: table.fields[name][r] for name in self.fields if name in table.fields}
+            if AREA in self.fields:
+                picked[AREA] = box_area(b)
+            out_fields.append({name: picked[name] for name in self.fields if name in picked})
         decoded_shapes = isinstance(self.source, DecodedShapes)
         return PlannedBatch(
             epoch=epoch, step=step, positions=np.asarray(positions, dtype=np.int64), image_ids=image_ids,
             data=None if decoded_shapes else data,
             params=np.stack(params).astype(np.float32, copy=False), boxes=out_boxes,
-            labels=[np.asarray(lab, dtype=np.int64) for lab in out_labels], skipped=skipped, repaired=repaired,
+            labels=out_labels, skipped=skipped, repaired=repaired,
             partners=None if decoded_shapes else partner_data, partner_positions=partner_positions,
+            fields=out_fields,
         )
 
+    def _read(self, p: int, bad: Mapping[int, str], repaired: list[dict[str, Any]]
+              ) -> tuple[np.ndarray, tuple[int, int], np.ndarray, _Rows, int]:
+        """``(data, (h, w), boxes, their labels and fields, image_id)`` of position ``p``
+        (:meth:`load`), boxes clipped to an image whose size was not declared (dropped with
+        their rows when nothing is left); :class:`ImageError` when it cannot be read."""
+        if p in bad:
+            raise ImageError(self.source.file_of(p), self.source.samples[p].image_id, bad[p])
+        d, hw, b, lab, image_id = self.load(p)
+        sample = self.source.samples[p]
+        table = _Rows(np.asarray(lab, dtype=np.int64).reshape(-1), self._fields_of(sample))
+        if getattr(sample, "size", None) is None and len(b):
+            b, keep = _clip_to_image(b, hw, self.source.file_of(p), image_id, repaired)
+            table = table.take(keep)
+        return d, hw, b, table, image_id
+
+    def _fields_of(self, sample: Any) -> dict[str, np.ndarray]:
+        """The fields of :attr:`fields` that ``sample`` holds (``area`` is computed, not read)."""
+        given = getattr(sample, "fields", None)
+        if not given:
+            return {}
+        return {name: np.asarray(given[name]) for name in self.fields if name != AREA and name in given}
+
     def _partners(self, keys: np.ndarray, bad: Mapping[int, str], skipped: list[dict[str, Any]],
-                  repaired: list[dict[str, Any]]) -> tuple[Partners, list[list[np.ndarray]], np.ndarray]:
+                  repaired: list[dict[str, Any]]) -> tuple[Partners, list[list[_Rows]], list[list[np.ndarray]], np.ndarray]:
         """Draw, read and check the partner images of a batch (step 4 of the module docstring):
-        ``(Partners for plan_batch, their data per slot and sample, positions [B, J])``."""
+        ``(Partners for plan_batch (their labels: the source's), their labels and fields per
+        slot and sample, their data per slot and sample, positions [B, J])``."""
         n = len(self.source)
         drawn, needed = self.transforms.partner_draws(keys, n)
         b, j = drawn.shape
         positions = np.full((b, j), -1, dtype=np.int64)
         shapes = [[None] * b for _ in range(j)]
         boxes = [[None] * b for _ in range(j)]
-        labels = [[None] * b for _ in range(j)]
+        tables: list[list[Any]] = [[None] * b for _ in range(j)]
         data: list[list[Any]] = [[None] * b for _ in range(j)]
         loaded: dict[int, tuple] = {}  # a position drawn twice in a batch is read once
         for i in range(b):
             for k in range(j):
                 if not needed[i, k]:
                     data[k][i], shapes[k][i] = self.placeholder(), (1, 1)
-                    boxes[k][i], labels[k][i] = np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
+                    boxes[k][i], tables[k][i] = np.zeros((0, 4), np.float32), _Rows(np.zeros(0, np.int64), {})
                     continue
                 for tries in range(n):
                     p = int((drawn[i, k] + tries) % n)
                     if p in loaded:
                         break
                     try:
-                        if p in bad:
-                            raise ImageError(self.source.file_of(p), self.source.samples[p].image_id, bad[p])
-                        d, hw, bx, lab, image_id = self.load(p)
-                        if getattr(self.source.samples[p], "size", None) is None and len(bx):
-                            bx, lab = _clip_to_image(bx, lab, hw, self.source.file_of(p), image_id, repaired)
-                        loaded[p] = (d, hw, bx, lab)
+                        d, hw, bx, table, _ = self._read(p, bad, repaired)
+                        loaded[p] = (d, hw, bx, table)
                         break
                     except ImageError as err:
                         if self.on_error == "raise":
@@ -246,8 +331,9 @@ class BatchPlanner:
                 else:
                     raise DatasetError(f"no image of the dataset can be read as a partner; the last: {skipped[-1]}")
                 positions[i, k] = p
-                data[k][i], shapes[k][i], boxes[k][i], labels[k][i] = loaded[p]
-        return Partners(shapes, boxes, labels), data, positions
+                data[k][i], shapes[k][i], boxes[k][i], tables[k][i] = loaded[p]
+        labels = [[t.labels for t in slot] for slot in tables]
+        return Partners(shapes, boxes, labels), tables, data, positions
 
     def placeholder(self) -> np.ndarray:
         """The image data fed for a partner that is not needed: a 1x1 grey image, encoded (PNG)
@@ -313,18 +399,58 @@ def _placeholder(decoded: bool) -> np.ndarray:
     return _PLACEHOLDERS[decoded]
 
 
-def _clip_to_image(boxes: np.ndarray, labels: np.ndarray, hw: tuple[int, int], file: str, image_id: int,
+@dataclass
+class _Rows:
+    """An image's boxes' labels (int64 ``[N]``) and fields (``{name: [N, ...]}``), row for row."""
+
+    labels: np.ndarray
+    fields: dict[str, np.ndarray]
+
+    def take(self, rows: np.ndarray) -> _Rows:
+        """The rows ``rows`` (indices or a boolean mask)."""
+        return _Rows(self.labels[rows], {name: arr[rows] for name, arr in self.fields.items()})
+
+
+def _row_labels(tables: list[_Rows], partner_tables: list[list[_Rows]]) -> tuple[list[list[np.ndarray]], list[_Rows]]:
+    """The labels to plan with, and what the kept ones index (step 6 of the module docstring).
+
+    Sample ``i``'s boxes (its own, then each partner slot's) are numbered ``0 .. T_i - 1`` in
+    that order: ``rows[0][i]`` are its own rows, ``rows[1 + k][i]`` partner slot ``k``'s; the
+    labels and fields of all of them, concatenated in the same order, are ``lookup[i]``, so
+    that the kept rows index them whatever order the recipe returns its boxes in."""
+    j = len(partner_tables)
+    rows: list[list[np.ndarray]] = [[] for _ in range(1 + j)]
+    lookup = []
+    for i, own in enumerate(tables):
+        parts = [own] + [partner_tables[k][i] for k in range(j)]
+        start = 0
+        for slot, part in enumerate(parts):
+            rows[slot].append(np.arange(start, start + len(part.labels), dtype=np.int64))
+            start += len(part.labels)
+        if j == 0:
+            lookup.append(own)
+            continue
+        fields = {}
+        for name, arr in own.fields.items():  # a partner without the field (not of the source's kind): -1 rows
+            fields[name] = np.concatenate([
+                part.fields[name] if name in part.fields else np.full((len(part.labels), *arr.shape[1:]), -1, arr.dtype)
+                for part in parts])
+        lookup.append(_Rows(np.concatenate([part.labels for part in parts]), fields))
+    return rows, lookup
+
+
+def _clip_to_image(boxes: np.ndarray, hw: tuple[int, int], file: str, image_id: int,
                    repaired: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
     """Boxes checked against the decoded image ``hw`` by the sources' own rule
-    (:func:`detaug.formats.validation.check_boxes`: clipped, or dropped with their labels when no
-    area is left); each repair is recorded with its count."""
+    (:func:`detaug.formats.validation.check_boxes`: clipped, or dropped when no area is left):
+    ``(the boxes kept, bool [N] which rows were kept)``; each repair is recorded with its count."""
     report = Report(file)
     sizes = np.tile(np.asarray(hw, dtype=np.float64), (len(boxes), 1))
     checked, keep = check_boxes(boxes, sizes, report, lambda j: (file, image_id, None))
     for reason in (BOX_CLIPPED, BOX_OUTSIDE):
         if report.counts[reason]:
             repaired.append({"image_id": image_id, "file": file, "reason": reason, "count": report.counts[reason]})
-    return checked[keep], np.asarray(labels)[keep]
+    return checked[keep], keep
 
 
 def undecodable(data: list[np.ndarray]) -> list[tuple[int, str]]:
@@ -370,13 +496,16 @@ def _reason(err: BaseException) -> str:
 
 class DecodedShapes:
     """What planning workers get of a source of decoded arrays: each image's shape, not its
-    pixels (``load`` returns a read-only zero-stride view of that shape), boxes, labels, ids."""
+    pixels (``load`` returns a read-only zero-stride view of that shape), boxes, labels, ids,
+    per-box fields."""
 
     decoded = True
     orientation = "ignore"
 
     def __init__(self, source: Any) -> None:
-        self.samples = [_Shape(np.shape(s.image), s.boxes, s.labels, s.image_id) for s in source.samples]
+        self.samples = [_Shape(np.shape(s.image), s.boxes, s.labels, s.image_id, getattr(s, "fields", None) or {})
+                        for s in source.samples]
+        self.field_specs = field_specs(source)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -396,13 +525,15 @@ class _Shape:
     boxes: np.ndarray
     labels: np.ndarray
     image_id: int
+    fields: dict[str, np.ndarray] = field(default_factory=dict)
     size: None = None
 
 
 def worker_planner(planner: BatchPlanner) -> BatchPlanner:
     """The planner to send to worker processes (decoded arrays stay in this process)."""
     if getattr(planner.source, "decoded", False) and not isinstance(planner.source, DecodedShapes):
-        return BatchPlanner(DecodedShapes(planner.source), planner.transforms, planner.spec, planner.on_error)
+        return BatchPlanner(DecodedShapes(planner.source), planner.transforms, planner.spec, planner.on_error,
+                            fields=planner.fields)
     return planner
 
 

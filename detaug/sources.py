@@ -9,12 +9,20 @@ counted in ``source.report``), and then read by position:
 * :class:`CocoSource`: a COCO detection JSON, parsed by :func:`detaug.formats.coco.load_coco`.
 * :class:`VocSource`: a Pascal VOC folder through the ``voc2coco`` converter, in memory.
 
+Per-box fields (``Sample.fields``): arrays of one row per box, such as COCO's ``iscrowd`` and
+``area``, VOC's ``difficult``, or a user's track id column. The checks keep them aligned with
+their boxes (a box dropped drops its row), and the loaders carry them through every transform
+and filter (:mod:`detaug.planning`); ``source.field_specs`` says which fields every sample of a
+source has (:class:`FieldSpec`: dtype and trailing shape). ``area`` is always recomputed from
+the boxes it goes out with.
+
 The interface the loaders use (every source has it)::
 
     source.samples: list[Sample]; len(source); source.decoded; source.categories: dict[int, str]
     source.orientation ("auto" | "apply" | "ignore"); source.report
     source.describe(i) -> str; source.file_of(i) -> str
     source.load(i) -> (data, boxes, labels, image_id)
+    source.field_specs: dict[str, FieldSpec]  (may be absent: no fields)
 
 Boxes are float32 ``[N, 4]`` absolute ``xyxy`` in continuous pixel coordinates (pixel ``i`` spans
 ``[i, i + 1)``), labels int64 ``[N]`` category ids in ``[0, 2**31 - 1]``, image ids ints that fit
@@ -27,7 +35,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -37,7 +45,10 @@ from detaug.formats.coco import NO_ANNOTATION_ID, CocoDataset, load_coco
 from detaug.formats.box_formats import check_box_format, to_xyxy
 from detaug.formats.images import ORIENTATIONS, probe_file, probe_image
 
-__all__ = ["ORIENTATIONS", "CocoSource", "Sample", "SampleListSource", "VocSource", "coco_to_samples"]
+__all__ = [
+    "COCO_FIELDS", "ORIENTATIONS", "RESERVED_FIELDS", "VOC_FIELDS", "CocoSource", "FieldSpec", "Sample",
+    "SampleListSource", "VocSource", "box_area", "coco_to_samples", "field_specs",
+]
 
 ImageLike = str | os.PathLike | bytes | bytearray | memoryview | np.ndarray
 
@@ -59,6 +70,9 @@ class Sample:
         size: the declared ``(height, width)`` the boxes were annotated on, or ``None``; it tells
             the frame of an EXIF-rotated image's boxes (``orientation="auto"``), and boxes are
             clipped to it.
+        fields: per-box arrays by name, each ``[N, ...]`` (one row per box, in the boxes'
+            order): numbers or bools (bools are kept as int64), e.g. ``{"iscrowd": [0, 1],
+            "track_id": [7, 9]}``. Names are strings other than :data:`RESERVED_FIELDS`.
     """
 
     image: ImageLike
@@ -66,6 +80,39 @@ class Sample:
     labels: Any = field(default_factory=lambda: np.zeros(0, np.int64))
     image_id: int = 0
     size: tuple[int, int] | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+#: Names a per-box field cannot take: the targets' own keys and the sample's.
+RESERVED_FIELDS = ("image", "boxes", "labels", "image_id", "size", "fields")
+
+
+class FieldSpec(NamedTuple):
+    """A per-box field of a source: its arrays are ``dtype [N, *shape]``."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...] = ()
+
+
+_INT64, _FLOAT32 = np.dtype(np.int64), np.dtype(np.float32)
+
+#: The fields of a :class:`CocoSource`: ``iscrowd`` (0/1) and ``area`` (the box's, in pixels).
+COCO_FIELDS = {"iscrowd": FieldSpec(_INT64), "area": FieldSpec(_FLOAT32)}
+
+#: The fields of a :class:`VocSource`: ``iscrowd`` (0/1, 1 for difficult objects with
+#: ``difficult="crowd"``) and ``difficult`` (0/1, the XML's flag).
+VOC_FIELDS = {"iscrowd": FieldSpec(_INT64), "difficult": FieldSpec(_INT64)}
+
+
+def box_area(boxes: np.ndarray) -> np.ndarray:
+    """float32 ``[N]``: the areas ``(x2 - x1) * (y2 - y1)`` of xyxy boxes ``[N, 4]``, in pixels."""
+    b = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    return ((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])).astype(np.float32)
+
+
+def field_specs(source: Any) -> dict[str, FieldSpec]:
+    """The per-box fields every sample of ``source`` has (``{}`` for a source without any)."""
+    return dict(getattr(source, "field_specs", None) or {})
 
 
 def check_orientation(orientation: str) -> str:
@@ -82,9 +129,13 @@ class SampleListSource:
     PIL images, tensors).
 
     Args:
-        samples: the samples, each a :class:`Sample`, a mapping with its field names, or a tuple
-            ``(image, boxes, labels)`` / ``(image, boxes, labels, image_id)``; ``image_id``
-            defaults to the 1-based position when all are 0.
+        samples: the samples, each a :class:`Sample`, a mapping with its field names (per-box
+            fields under the key ``"fields"``: ``{"image": ..., "boxes": ..., "labels": ...,
+            "fields": {"track_id": [...]}}``), or a tuple ``(image, boxes, labels)`` /
+            ``(image, boxes, labels, image_id)``; ``image_id`` defaults to the 1-based
+            position when all are 0. Every sample with boxes must carry the same per-box fields
+            (a sample without boxes may leave them out), each of one trailing shape; a field's
+            arrays are cast to one dtype (NumPy's promotion; bools become int64).
         categories: optional names by category id; when given, every label must be one of them.
         orientation: the frame of the boxes of EXIF-rotated images (:data:`ORIENTATIONS`; see
             :mod:`detaug.formats.images`).
@@ -93,10 +144,15 @@ class SampleListSource:
             the image header); converted once to xyxy pixels (:mod:`detaug.formats.box_formats`).
 
     Raises:
-        DatasetError: any error of the :mod:`detaug.formats.validation` table.
+        DatasetError: any error of the :mod:`detaug.formats.validation` table; a per-box field
+            whose rows are not one per box, that is not numbers, has a reserved name, or that
+            some samples with boxes lack ("malformed annotation", naming the sample).
         TypeError: naming the sample's index and what it got: a sample that is not a
             :class:`Sample`, mapping or tuple of 3 or 4 items, an unknown key, an image of
             another type (see :class:`Sample`).
+
+    Attributes:
+        field_specs: ``{name: FieldSpec}`` of the per-box fields every sample has.
     """
 
     samples: list[Sample]
@@ -104,6 +160,7 @@ class SampleListSource:
     categories: dict[int, str]
     orientation: str
     report: v.Report
+    field_specs: dict[str, FieldSpec]
 
     def __init__(self, samples: Iterable[Sample | Mapping[str, Any] | tuple], categories: Mapping[int, str] | None = None,
                  *, orientation: str = "auto", box_format: str = "xyxy") -> None:
@@ -111,19 +168,21 @@ class SampleListSource:
         check_box_format(box_format)
         report = v.Report("sample list")
         names = _check_categories(categories, report)
-        checked = _check_samples(samples, names if categories is not None else None, report, box_format)
+        checked, specs = _check_samples(samples, names if categories is not None else None, report, box_format)
         report.images = len(checked)
         report.boxes = sum(len(s.boxes) for s in checked)
         report.finish()
-        self._adopt(checked, names, report, orientation)
+        self._adopt(checked, names, report, orientation, specs)
 
-    def _adopt(self, samples: list[Sample], categories: dict[int, str], report: v.Report, orientation: str) -> None:
-        """Take samples that went through the checks."""
+    def _adopt(self, samples: list[Sample], categories: dict[int, str], report: v.Report, orientation: str,
+               specs: Mapping[str, FieldSpec] | None = None) -> None:
+        """Take samples that went through the checks (``specs``: their per-box fields)."""
         self.samples = samples
         self.categories = categories
         self.report = report
         self.orientation = orientation
         self.decoded = _is_decoded(samples[0].image)
+        self.field_specs = dict(specs or {})
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -205,6 +264,9 @@ class CocoSource(SampleListSource):
 
     Attributes:
         categories: names by category id. report: the checks' findings.
+        field_specs: :data:`COCO_FIELDS`: each sample's ``fields`` hold ``iscrowd`` (int64
+            ``[N]``, the annotations' flag) and ``area`` (float32 ``[N]``, the box's area in
+            pixels; the loaders recompute it on the output boxes).
     """
 
     def __init__(
@@ -242,11 +304,11 @@ class CocoSource(SampleListSource):
 
             columns = load_coco_columns(self.annotations_file, cache_dir=None if cache is True else cache)
             view, report = coco_view(columns, self.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
-            self._adopt(view, columns.categories, report, orientation)
+            self._adopt(view, columns.categories, report, orientation, COCO_FIELDS)
             return
         dataset = load_coco(annotations_file)
         samples = coco_to_samples(dataset, self.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
-        self._adopt(samples, dataset.categories, dataset.report, orientation)
+        self._adopt(samples, dataset.categories, dataset.report, orientation, COCO_FIELDS)
 
 
 class VocSource(SampleListSource):
@@ -258,6 +320,10 @@ class VocSource(SampleListSource):
     drops ``iscrowd=1`` boxes (e.g. ``difficult="crowd"``) when false. ``self.report`` holds the
     checks' findings, ``self.report.conversion`` (also ``self.conversion_report``) the
     converter's report of what was skipped and why; ``report.summary()`` shows both.
+
+    Per-box fields (:data:`VOC_FIELDS`): ``difficult`` (int64 ``[N]``, the object's
+    ``<difficult>`` flag; all 0 with ``difficult="drop"``) and ``iscrowd`` (int64 ``[N]``:
+    ``difficult`` with ``difficult="crowd"``, else 0).
     """
 
     def __init__(
@@ -277,26 +343,31 @@ class VocSource(SampleListSource):
         from converters.voc2coco import read_voc_boxes
 
         orientation = check_orientation(orientation)
+        # "keep" and "crowd" keep the same objects, with the same report; "crowd" marks the
+        # difficult ones iscrowd: read so, the converter's crowd flag is each box's difficult flag.
         voc = read_voc_boxes(root, split=split, annotations_dir=annotations_dir, images_dir=images_dir,
-                             labels=labels, coords=coords, difficult=difficult, verify_images=verify_images,
-                             orientation=orientation)
+                             labels=labels, coords=coords, difficult="crowd" if difficult == "keep" else difficult,
+                             verify_images=verify_images, orientation=orientation)
         self.conversion_report = voc.report
         report = v.Report(f"{root} (VOC" + (f", split {split})" if split else ")"))
         report.conversion = voc.report
         samples = []
         for image in voc.images:  # xyxy as converted: no JSON, no [x, y, w, h] round trip
-            keep = np.ones(len(image.boxes), bool) if include_iscrowd else ~image.iscrowd
+            hard = np.asarray(image.iscrowd, dtype=bool)  # the difficult flags (read with "crowd")
+            crowd = hard if difficult == "crowd" else np.zeros_like(hard)
+            keep = np.ones(len(image.boxes), bool) if include_iscrowd else ~crowd
             for _ in np.flatnonzero(~keep):
                 report.add(v.CROWD_LEFT_OUT, f"{report.source}: {image.file_name}", image_id=image.image_id)
+            fields = {"iscrowd": crowd[keep].astype(np.int64), "difficult": hard[keep].astype(np.int64)}
             samples.append(Sample(str(Path(voc.image_root) / image.file_name), image.boxes[keep], image.labels[keep],
-                                  image.image_id, image.size))
+                                  image.image_id, image.size, fields))
         try:
-            checked = _check_samples(samples, voc.categories, report)  # the one set of checks
+            checked, _ = _check_samples(samples, voc.categories, report)  # the one set of checks
         except DatasetError as err:
             raise DatasetError(f"{err}\nconversion:\n{voc.report.summary()}") from err
         report.images, report.boxes = len(checked), sum(len(s.boxes) for s in checked)
         report.finish()
-        self._adopt(checked, voc.categories, report, orientation)
+        self._adopt(checked, voc.categories, report, orientation, VOC_FIELDS)
 
 
 def coco_to_samples(
@@ -308,8 +379,10 @@ def coco_to_samples(
 ) -> list[Sample]:
     """Samples of a COCO dataset (a :class:`~detaug.formats.coco.CocoDataset`, or a dict checked
     with :func:`~detaug.formats.coco.load_coco`), in its image order: path ``image_root /
-    file_name``, xyxy boxes, the declared size. Crowd boxes left out (``include_iscrowd=False``)
-    and images left out (``skip_empty``) are counted as notes in the dataset's report.
+    file_name``, xyxy boxes, the declared size, and the per-box fields of :data:`COCO_FIELDS`
+    (``iscrowd`` int64, ``area`` float32: the box's). Crowd boxes left out
+    (``include_iscrowd=False``) and images left out (``skip_empty``) are counted as notes in the
+    dataset's report.
 
     Raises:
         DatasetError: the dataset's errors, or no image left.
@@ -318,17 +391,18 @@ def coco_to_samples(
     report, root = dataset.report, Path(image_root)
     samples = []
     for image in dataset.images:
-        boxes, labels = image.boxes, image.labels
+        boxes, labels, crowd = image.boxes, image.labels, np.asarray(image.iscrowd, dtype=bool)
         file = f"{dataset.source}: {image.file_name}"
-        if not include_iscrowd and image.iscrowd.any():
-            for j in np.flatnonzero(image.iscrowd):
+        if not include_iscrowd and crowd.any():
+            for j in np.flatnonzero(crowd):
                 aid = int(image.annotation_ids[j])
                 report.add(v.CROWD_LEFT_OUT, file, image_id=image.id, annotation=None if aid == NO_ANNOTATION_ID else aid)
-            boxes, labels = boxes[~image.iscrowd], labels[~image.iscrowd]
+            boxes, labels, crowd = boxes[~crowd], labels[~crowd], crowd[~crowd]
         if skip_empty and not len(boxes):
             report.add(v.EMPTY_IMAGE_LEFT_OUT, file, image_id=image.id)
             continue
-        samples.append(Sample(str(root / image.file_name), boxes, labels, image.id, image.size))
+        fields = {"iscrowd": crowd.astype(np.int64), "area": box_area(boxes)}
+        samples.append(Sample(str(root / image.file_name), boxes, labels, image.id, image.size, fields))
     report.images = len(samples)
     report.boxes = sum(len(s.boxes) for s in samples)
     if not samples:
@@ -442,21 +516,91 @@ def _label_array(labels: Any) -> tuple[np.ndarray | None, str, str]:
     return np.array([int(x) for x in flat] if raw.dtype.kind in "fO" else flat, dtype=np.int64), "", ""
 
 
+def _field_arrays(fields: Any, count: int | None) -> tuple[dict[str, np.ndarray] | None, str]:
+    """A sample's per-box fields as arrays ``[count, ...]`` (bools as int64), or ``(None, why)``;
+    ``count`` ``None``: the boxes are malformed (rows not checked)."""
+    if fields is None:
+        return {}, ""
+    if not isinstance(fields, Mapping):
+        return None, f"fields must be a mapping of name to per-box array, got {type(fields).__name__}"
+    arrays = {}
+    for name, values in fields.items():
+        if not isinstance(name, str) or not name:
+            return None, f"field name {name!r:.40} is not a non-empty string"
+        if name in RESERVED_FIELDS:
+            return None, f"field name {name!r} is reserved ({', '.join(RESERVED_FIELDS)})"
+        try:
+            arr = np.asarray(values.detach().cpu().numpy() if hasattr(values, "detach") else values)
+        except (ValueError, TypeError) as err:
+            return None, f"field {name!r} is not an array ({err})"
+        if arr.dtype.kind not in "biuf":
+            return None, f"field {name!r} of dtype {arr.dtype} is not numbers"
+        if arr.ndim == 0 or (count is not None and arr.shape[0] != count):
+            rows = "no rows" if arr.ndim == 0 else f"{arr.shape[0]} rows"
+            return None, f"field {name!r} has {rows}, expected one per box ({count})"
+        arrays[name] = arr.astype(np.int64) if arr.dtype.kind == "b" else arr
+    return arrays, ""
+
+
+def _check_fields(checked: list[Sample], fields: list[dict[str, np.ndarray]], files: list[str],
+                  report: v.Report) -> dict[str, FieldSpec]:
+    """Every sample with boxes carries the same fields, each of one trailing shape (errors in
+    ``report``); each field cast to one dtype, and given empty to the samples without boxes that
+    left it out. The specs of the fields."""
+    names: dict[str, int] = {}  # name -> first sample carrying it
+    for k, f in enumerate(fields):
+        for name in f:
+            names.setdefault(name, k)
+    specs: dict[str, FieldSpec] = {}
+    for name, first in names.items():
+        shape = fields[first][name].shape[1:]
+        for k, (s, f) in enumerate(zip(checked, fields)):
+            if name not in f:
+                if len(s.boxes):
+                    report.add(v.MALFORMED_ANNOTATION, files[k], image_id=s.image_id,
+                               detail=f"no field {name!r} (sample {first} has one): every sample with boxes "
+                                      "carries the same fields")
+                    break
+            elif f[name].shape[1:] != shape:
+                report.add(v.MALFORMED_ANNOTATION, files[k], image_id=s.image_id,
+                           detail=f"field {name!r} of shape {f[name].shape}: its rows are not of shape {shape} "
+                                  f"as sample {first}'s")
+                break
+        else:
+            dtype = np.result_type(*(f[name] for f in fields if name in f))
+            specs[name] = FieldSpec(np.dtype(dtype), tuple(int(d) for d in shape))
+    if report.errors:
+        return specs
+    for f in fields:
+        for name, spec in specs.items():
+            f[name] = (f[name].astype(spec.dtype, copy=False) if name in f
+                       else np.zeros((0, *spec.shape), spec.dtype))
+    return specs
+
+
 def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: dict[int, str] | None,
-                   report: v.Report, box_format: str = "xyxy") -> list[Sample]:
+                   report: v.Report, box_format: str = "xyxy") -> tuple[list[Sample], dict[str, FieldSpec]]:
+    """The samples checked (boxes as float32 xyxy, labels int64, fields aligned with the boxes
+    kept) and the specs of their per-box fields; errors raised as :class:`DatasetError`."""
     if isinstance(samples, (str, bytes, Mapping)) or not isinstance(samples, Iterable):
         raise TypeError("samples must be a list of Sample, mappings or (image, boxes, labels[, image_id]) "
                         f"tuples, got {type(samples).__name__}")
     items = []
     for i, s in enumerate(samples):
         if not isinstance(s, Sample):
+            extra = None
+            if isinstance(s, Mapping) and "fields" in s:
+                s = dict(s)
+                extra = s.pop("fields")
             s = Sample(**v.sample_fields(s, i))  # TypeError naming i for anything else
+            s.fields = extra
         items.append(s)
     if not items:
         report.add(v.NO_IMAGES, "sample list", detail="the sample list is empty")
         report.raise_errors()
 
     checked: list[Sample] = []
+    checked_fields: list[dict[str, np.ndarray]] = []
     files: list[str] = []
     all_boxes: list[np.ndarray] = []
     clip: list[tuple[float, float]] = []
@@ -496,9 +640,13 @@ def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: di
                 report.add(v.UNKNOWN_CATEGORY, file, image_id=image_id, detail=f"labels {unknown[:5]}")
         if boxes is not None and labels is not None and len(boxes) != len(labels):
             report.add(v.MALFORMED_BOX, file, image_id=image_id, detail=f"{len(boxes)} boxes but {len(labels)} labels")
+        fields, why = _field_arrays(s.fields, None if boxes is None else len(boxes))
+        if fields is None:
+            report.add(v.MALFORMED_ANNOTATION, file, image_id=image_id, detail=why)
         if report.total > errors:
             continue
         checked.append(Sample(image, boxes, labels, image_id, size))
+        checked_fields.append(fields)
         files.append(file)
         all_boxes.append(boxes)
         clip.append(clip_hw or (np.nan, np.nan))
@@ -511,6 +659,7 @@ def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: di
                        detail="samples mix decoded arrays with encoded images (paths/bytes); use one kind")
         _check_ids(checked, files, report)
         _check_files(checked, files, report)
+    specs = _check_fields(checked, checked_fields, files, report) if not report.errors else {}
     report.raise_errors()
 
     counts = [len(b) for b in all_boxes]
@@ -528,7 +677,8 @@ def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: di
     for k, s in enumerate(checked):
         part = slice(starts[k], starts[k + 1])
         s.boxes, s.labels = boxes32[part][keep[part]], s.labels[keep[part]]
-    return checked
+        s.fields = {name: arr[keep[part]] for name, arr in checked_fields[k].items()}
+    return checked, specs
 
 
 def _from_format(boxes: np.ndarray, box_format: str, hw: tuple[int, int] | None, image: Any) -> tuple[np.ndarray | None, str]:

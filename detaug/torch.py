@@ -76,13 +76,22 @@ class DetectionLoader:
             label < num_classes``, for every category of the source (also one without boxes),
             else a ``ValueError`` names the label, its category id and the fix
             (``label_map="contiguous"`` or a larger ``num_classes``). ``None``: not checked.
+        fields: the per-box fields each target carries besides boxes and labels, under their
+            names (:func:`detaug.planning.select_fields`): ``"all"`` (default) every field of
+            the source (a ``CocoSource``: ``iscrowd`` and ``area``, as torchvision's detection
+            references name them; a ``VocSource``: ``iscrowd`` and ``difficult``; a sample
+            list: its ``fields``), ``"none"`` none (``{"boxes", "labels", "image_id"}`` only), or
+            a list of names (``"area"`` is available for any source). They follow their boxes
+            through every transform and filter; ``area`` is recomputed on the output boxes.
 
     Yields:
         ``images``: one tensor ``[B, 3, H, W]`` on the pipeline's device (float32 when the recipe
         normalises, else uint8) when the recipe fixes the output size (ends with ``Resize((h,
         w))``, ``LetterBox`` or ``RandomResizedCrop``), else always a list of ``[3, H, W]``
         tensors (also when a batch's images happen to share a size); ``targets``: a list of ``{"boxes": float32 [N, 4] xyxy output-image
-        pixels, "labels": int64 [N] class indices (``label_map``), "image_id": int}``.
+        pixels, "labels": int64 [N] class indices (``label_map``), "image_id": int, **fields}``:
+        each field a CPU tensor ``[N, ...]`` of the boxes kept, in their order (``iscrowd``
+        int64, ``area`` float32 ``w * h`` output pixels, the others in their source dtype).
 
     Epochs (the rules of ``DistributedSampler``, :mod:`detaug.epochs`): every rank yields
     ``len(loader)`` batches per epoch, the same number on every rank; with ``drop_last=False``
@@ -128,6 +137,7 @@ class DetectionLoader:
         label_map: str | None = None,
         num_classes: int | None = None,
         targets: str = "dict",
+        fields: Any = "all",
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -162,7 +172,8 @@ class DetectionLoader:
         self.spec = EpochSpec(n=len(source), batch_size=self.batch_size, shard_id=shard_id, num_shards=num_shards,
                               shuffle=self.shuffle, drop_last=self.drop_last, seed=self.seed,
                               groups=source_groups(source))
-        self.planner = BatchPlanner(source, transforms, self.spec, on_error)
+        self.planner = BatchPlanner(source, transforms, self.spec, on_error, fields=fields)
+        self.fields = self.planner.fields  # the names each target carries, in order
         self.on_error = on_error
         if num_workers is None:
             num_workers = 0 if self.device_id is None else min(8, os.cpu_count() or 1)
@@ -389,6 +400,10 @@ class DetectionLoader:
              "image_id": int(i)}
             for b, lab, i in zip(planned.boxes, labels, planned.image_ids)
         ]
+        if self.fields:
+            for target, fields in zip(targets, planned.fields):
+                for name, values in fields.items():
+                    target[name] = torch.from_numpy(np.ascontiguousarray(values))
         if self.targets == "tv_tensors":
             batch, targets = _as_tv_tensors(batch, targets)
         return batch, targets

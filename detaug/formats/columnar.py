@@ -184,10 +184,13 @@ class SampleView(Sequence):
         image_of: position -> the sample's ``image`` (a path, or a description such as
             ``"shard-000001.tar:000000042.jpg"`` for an image inside a tar file).
         rows: int64 ``[k]`` table rows of the view's positions (``None``: all, in order).
+        fields_of: ``(first box row, end box row, boxes [N, 4]) -> {name: [N, ...]}``: the
+            sample's per-box fields (``Sample.fields``); ``None``: none.
     """
 
-    def __init__(self, table: SampleTable, image_of: Callable[[int], Any], rows: np.ndarray | None = None) -> None:
-        self.table, self.image_of, self.rows = table, image_of, rows
+    def __init__(self, table: SampleTable, image_of: Callable[[int], Any], rows: np.ndarray | None = None,
+                 fields_of: Callable[[int, int, np.ndarray], dict[str, np.ndarray]] | None = None) -> None:
+        self.table, self.image_of, self.rows, self.fields_of = table, image_of, rows, fields_of
 
     def __len__(self) -> int:
         return len(self.table) if self.rows is None else len(self.rows)
@@ -207,7 +210,9 @@ class SampleView(Sequence):
             return [self[i] for i in range(*index.indices(len(self)))]
         r = self.row(int(index))
         t = self.table
-        return Sample(self.image_of(r), t.boxes_of(r), t.labels_of(r), int(t.image_ids[r]), t.size_of(r))
+        boxes = t.boxes_of(r)
+        fields = {} if self.fields_of is None else self.fields_of(int(t.box_starts[r]), int(t.box_starts[r + 1]), boxes)
+        return Sample(self.image_of(r), boxes, t.labels_of(r), int(t.image_ids[r]), t.size_of(r), fields)
 
     def __iter__(self) -> Iterator[Any]:
         for i in range(len(self)):
@@ -222,6 +227,7 @@ class SampleView(Sequence):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.setdefault("fields_of", None)  # pickled before views had fields
         self.__dict__.update(state)
         if self.table is None:
             self.table = self.image_of.columns.table
@@ -774,11 +780,28 @@ class _CocoImages:
         return str(self.root / self.columns.file_name(row))
 
 
+class _CocoFields:
+    """``fields_of`` of a COCO view: :data:`~detaug.sources.COCO_FIELDS`, as ``coco_to_samples``
+    gives them: ``iscrowd`` from the columns (zeros where the crowd boxes were left out: the
+    view's table is then not the columns'), ``area`` the boxes' (picklable: the columns are
+    pickled as their cache folder)."""
+
+    def __init__(self, columns: CocoColumns, crowd: bool) -> None:
+        self.columns, self.crowd = columns, crowd
+
+    def __call__(self, start: int, end: int, boxes: np.ndarray) -> dict[str, np.ndarray]:
+        from detaug.sources import box_area
+
+        crowd = np.asarray(self.columns.iscrowd[start:end], dtype=np.int64) if self.crowd else np.zeros(end - start, np.int64)
+        return {"iscrowd": crowd, "area": box_area(boxes)}
+
+
 def coco_view(columns: CocoColumns, images_dir: str | os.PathLike, *, include_iscrowd: bool = True,
               skip_empty: bool = False) -> tuple[SampleView, v.Report]:
     """The samples of ``columns`` as :func:`~detaug.sources.coco_to_samples` gives them (crowd
     boxes left out with ``include_iscrowd=False``, images without boxes with ``skip_empty``,
-    each counted as a note), and the report with those notes."""
+    each counted as a note; the per-box fields ``iscrowd`` and ``area``), and the report with
+    those notes."""
     report = columns.report
     table = columns.table
     rows = None
@@ -802,7 +825,7 @@ def coco_view(columns: CocoColumns, images_dir: str | os.PathLike, *, include_is
         rows = np.flatnonzero(counts > 0).astype(np.int64)
     if table is not columns.table:
         columns.cache = None  # type: ignore[attr-defined]  # the view holds its own arrays: pickled as they are
-    view = SampleView(table, _CocoImages(columns, Path(images_dir)), rows)
+    view = SampleView(table, _CocoImages(columns, Path(images_dir)), rows, _CocoFields(columns, table is columns.table))
     report.images = len(view)
     report.boxes = int(table.box_starts[-1]) if rows is None else int(np.diff(np.asarray(table.box_starts))[rows].sum())
     if not len(view):
@@ -820,7 +843,7 @@ def cached_coco_source(annotations_file: str | os.PathLike, images_dir: str | os
     parsed once and cached (:func:`load_coco_columns`): the same samples, ids, boxes, report
     and arguments as ``CocoSource(annotations_file, images_dir, ...)``, with a start-up that
     opens the cache instead of parsing the JSON."""
-    from detaug.sources import CocoSource, check_orientation
+    from detaug.sources import COCO_FIELDS, CocoSource, check_orientation
 
     source = CocoSource.__new__(CocoSource)
     orientation = check_orientation(orientation)
@@ -832,7 +855,7 @@ def cached_coco_source(annotations_file: str | os.PathLike, images_dir: str | os
     source.include_iscrowd, source.shard_id, source.num_shards = include_iscrowd, shard_id, num_shards
     columns = load_coco_columns(source.annotations_file, cache=cache, cache_dir=cache_dir)
     view, report = coco_view(columns, source.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
-    source._adopt(view, columns.categories, report, orientation)
+    source._adopt(view, columns.categories, report, orientation, COCO_FIELDS)
     source.present_labels = _TableCall(view, "present_labels")  # type: ignore[attr-defined]
     source.max_boxes = _TableCall(view, "max_boxes")  # type: ignore[attr-defined]
     return source

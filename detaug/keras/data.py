@@ -9,8 +9,9 @@ augmentations). Elements are ``(images, targets)``:
 * ``images``: float32 ``[B, H, W, 3]`` (``B <= batch_size``: the last batch of an epoch may be
   smaller unless ``drop_last=True``), channels last, as ``seq[i]``'s (a NumPy array here, also
   when the sequence hands torch tensors to Keras' torch backend);
-* ``targets``: ``{"boxes": float32 [B, max_boxes, 4], "labels": int32 [B, max_boxes]}``, boxes in
-  the sequence's ``bounding_box_format``, labels its class indices, ``-1`` padding.
+* ``targets``: ``{"boxes": float32 [B, max_boxes, 4], "labels": int32 [B, max_boxes], **fields}``,
+  boxes in the sequence's ``bounding_box_format``, labels its class indices, its per-box fields
+  ``[B, max_boxes, ...]`` (``seq.field_specs``), ``-1`` padding.
 
 TensorFlow and Grain are imported only when these are used.
 """
@@ -35,15 +36,21 @@ def _host(images: Any) -> np.ndarray:
 def element_spec(seq: Any) -> tuple[Any, dict[str, Any]]:
     """The ``tf.TensorSpec`` s of ``seq``'s batches: images ``[None, H, W, 3]`` float32 (``H, W``
     from the recipe's fixed output size, ``None`` when it has none), boxes ``[None, max_boxes,
-    4]`` float32 and labels ``[None, max_boxes]`` int32."""
+    4]`` float32, labels ``[None, max_boxes]`` int32 and each per-box field ``[None, max_boxes,
+    ...]`` of its dtype (``seq.field_specs``)."""
     import tensorflow as tf
 
     height, width = seq.transforms.output_size() or (None, None)
+    fields = {
+        name: tf.TensorSpec((None, seq.max_boxes, *shape), tf.as_dtype(dtype), name=name)
+        for name, (dtype, shape) in getattr(seq, "field_specs", {}).items()
+    }
     return (
         tf.TensorSpec((None, height, width, 3), tf.float32, name="images"),
         {
             "boxes": tf.TensorSpec((None, seq.max_boxes, 4), tf.float32, name="boxes"),
             "labels": tf.TensorSpec((None, seq.max_boxes), tf.int32, name="labels"),
+            **fields,
         },
     )
 

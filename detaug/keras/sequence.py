@@ -33,7 +33,7 @@ share one interpreter lock with Keras'). A batch whose plan is not ready is plan
 calling thread, as with ``plan_workers=0``: the results are the same either way.
 
 Targets (:mod:`detaug.keras.targets`) are padded to ``max_boxes`` with ``-1`` as Keras 3 and
-KerasHub detectors take them. A sample with more boxes than ``max_boxes`` is handled by
+KerasHub detectors take them, per-box fields (``fields=``) too. A sample with more boxes than ``max_boxes`` is handled by
 ``overflow``: ``"raise"`` (default), ``"warn"`` or ``"truncate"`` (both keep the first
 ``max_boxes`` boxes, in annotation order, and count what they cut).
 
@@ -63,6 +63,7 @@ from detaug.keras.targets import (
     OVERFLOW_POLICIES,
     BoxOverflowWarning,
     check_box_format,
+    keras_field_dtype,
     overflowing,
     pad_targets,
 )
@@ -73,6 +74,7 @@ from detaug.planning import (
     DecodeFailure,
     EpochSpec,
     PlannedBatch,
+    field_outputs,
     source_groups,
     undecodable,
 )
@@ -148,15 +150,24 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         on_error: an image that cannot be read or decoded: ``"skip"`` replaces it by the next
             readable sample of the shard's epoch order (named in a :class:`~detaug.DataWarning`
             and listed in :attr:`skipped`), ``"raise"`` raises :class:`~detaug.ImageError`.
+        fields: the per-box fields the targets carry besides boxes and labels
+            (:func:`detaug.planning.select_fields`): ``"all"`` (default) every field of the
+            source (a ``CocoSource``: ``iscrowd`` and ``area``; a ``VocSource``: ``iscrowd`` and
+            ``difficult``; a sample list: its ``fields``), ``"none"`` none (``{"boxes",
+            "labels"}`` only, what a detector's ``fit`` takes), or a list of names (``"area"``
+            is available for any source). They follow their boxes through every transform
+            and filter (and ``overflow`` cuts); ``area`` is recomputed on the output boxes.
 
     ``seq[i]`` returns ``(images, targets)``:
 
     * ``images``: float32 ``[B, H, W, 3]``, channels last: normalised when the recipe ends with
       ``Normalize``, else ``0..255``. A NumPy array, or with ``images_on_device`` a GPU tensor of
       Keras' backend (``keras.ops.convert_to_numpy(images)`` gives the array).
-    * ``targets``: ``{"boxes": float32 [B, max_boxes, 4], "labels": int32 [B, max_boxes]}``, boxes
-      in ``bounding_box_format`` on the output image, labels the class indices of ``label_map``
-      (the source's category ids by default); rows past a sample's boxes are ``-1``.
+    * ``targets``: ``{"boxes": float32 [B, max_boxes, 4], "labels": int32 [B, max_boxes],
+      **fields}``, boxes in ``bounding_box_format`` on the output image, labels the class indices
+      of ``label_map`` (the source's category ids by default), each field ``[B, max_boxes, ...]``
+      (float32 for float fields such as ``area``, int32 for the others, such as ``iscrowd``:
+      :func:`~detaug.keras.targets.keras_field_dtype`); rows past a sample's boxes are ``-1``.
 
     Attributes:
         epoch: the current epoch (``on_epoch_end`` adds one; :meth:`set_epoch` sets it).
@@ -166,6 +177,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         prefetch_hits, prefetch_wasted: prefetched batches that were / were not asked for next.
         planned_ahead, planned_inline: batches fed with a worker's plan / planned in the calling
             thread (``plan_workers=0``, a plan not ready yet, a batch fed a second time).
+        fields: the names of the per-box fields of the targets, in order.
+        field_specs: ``{name: (dtype, shape)}``: each field's Keras dtype and trailing shape.
         class_names: ``list``, the name of each class index: ``class_names[label]``; with
             ``label_map=None`` an index that is no category id is ``None``. ``len(class_names)``
             is the smallest ``num_classes`` that fits the labels.
@@ -202,6 +215,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         on_error: str = "skip",
         label_map: str | None = None,
         num_classes: int | None = None,
+        fields: Any = "all",
     ) -> None:
         # 1. Arguments.
         device = pick_device(device)
@@ -278,7 +292,10 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self.spec = EpochSpec(n=len(source), batch_size=self.batch_size, shard_id=shard_id, num_shards=num_shards,
                               shuffle=self.shuffle, drop_last=self.drop_last, seed=self.seed,
                               groups=source_groups(source))
-        self.planner = BatchPlanner(source, transforms, self.spec, on_error)
+        self.planner = BatchPlanner(source, transforms, self.spec, on_error, fields=fields)
+        self.fields = self.planner.fields
+        self._field_outputs = field_outputs(source, self.fields)
+        self.field_specs = {name: (keras_field_dtype(spec.dtype), spec.shape) for name, spec in self._field_outputs.items()}
         self.on_error = on_error
         if len(self) == 0:  # as the PyTorch loader: every shard has the same (empty) length
             warnings.warn(
@@ -542,14 +559,14 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
 
     def _targets(self, i: int, epoch: int, planned: PlannedBatch, images: Any) -> dict[str, np.ndarray]:
         """The batch's boxes (xyxy ``[N_k, 4]`` per sample, the plan's: the pipeline only moves
-        pixels) and labels padded to ``max_boxes`` rows (:func:`~detaug.keras.targets.pad_targets`),
-        after the ``overflow`` policy."""
+        pixels), labels and fields padded to ``max_boxes`` rows
+        (:func:`~detaug.keras.targets.pad_targets`), after the ``overflow`` policy."""
         over = overflowing(planned.boxes, self.max_boxes)
         if over:
             self._overflow(i, epoch, planned.image_ids, over, planned.boxes)
         height, width = images.shape[1:3]
         return pad_targets(planned.boxes, planned.labels, self.max_boxes, self.bounding_box_format, (height, width),
-                           self.label_mapping)
+                           self.label_mapping, planned.fields, self._field_outputs)
 
     def _overflow(self, i: int, epoch: int, image_ids: np.ndarray, over: list[int], boxes: list[np.ndarray]) -> None:
         detail = ", ".join(

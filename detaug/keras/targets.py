@@ -1,8 +1,11 @@
-"""Keras' detection targets: box formats and the padded ``{"boxes", "labels"}`` arrays.
+"""Keras' detection targets: box formats and the padded ``{"boxes", "labels", **fields}`` arrays.
 
 Keras 3 and KerasHub detectors take a batch's targets as fixed-size arrays: ``max_boxes`` rows
 per sample, rows past a sample's boxes filled with ``-1`` (``keras.layers.MaxNumBoundingBoxes``
-pads the same way). No Keras import here: the formats are computed with NumPy.
+pads the same way). Per-box fields (``iscrowd``, ``area``, a track id, ...) are padded the same
+way: ``[B, max_boxes, ...]``, float fields as float32 (``-1.0`` padding), the others as int32
+like the labels (:func:`keras_field_dtype`). No Keras import here: the formats are computed with
+NumPy.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ __all__ = [
     "PAD_VALUE",
     "BoxOverflowWarning",
     "check_box_format",
+    "keras_field_dtype",
     "overflowing",
     "pad_targets",
     "to_keras_boxes",
@@ -70,6 +74,12 @@ def to_keras_boxes(boxes_xyxy: np.ndarray, bounding_box_format: str, canvas_size
     return convert_format(boxes_xyxy, rel + ("cxcywh" if base == "center_xywh" else base), canvas_size)
 
 
+def keras_field_dtype(dtype: Any) -> np.dtype:
+    """The dtype of a per-box field in Keras targets: float32 for floating-point fields, int32
+    (as the labels) for integer and boolean ones."""
+    return np.dtype(np.float32) if np.dtype(dtype).kind == "f" else np.dtype(np.int32)
+
+
 def overflowing(boxes: list[np.ndarray], max_boxes: int) -> list[int]:
     """Indices of the samples with more than ``max_boxes`` boxes (``boxes``: per sample ``[N_k, 4]``)."""
     counts = np.fromiter(map(len, boxes), dtype=np.int64, count=len(boxes))
@@ -83,6 +93,8 @@ def pad_targets(
     bounding_box_format: str,
     canvas_size: tuple[int, int],
     label_mapping: Any,
+    fields: list[dict[str, np.ndarray]] | None = None,
+    specs: dict[str, Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """A batch's targets as Keras takes them: whole-batch array operations, none per sample.
 
@@ -94,18 +106,31 @@ def pad_targets(
         bounding_box_format: a Keras format (:data:`KERAS_BOX_FORMATS`).
         canvas_size: the output image's ``(height, width)``, for the ``rel_*`` formats.
         label_mapping: a :class:`~detaug.labels.LabelMap`: category ids -> class indices.
+        fields: per sample ``{name: [N_k, ...]}``, the per-box fields of the boxes (each sample
+            has every field of ``specs``).
+        specs: ``{name: FieldSpec}`` (:func:`detaug.planning.field_outputs`): the fields to
+            pad, in order, with their dtype and trailing shape; ``None``: none.
 
     Returns:
-        ``{"boxes": float32 [B, max_boxes, 4], "labels": int32 [B, max_boxes]}``, rows past a
-        sample's boxes :data:`PAD_VALUE`.
+        ``{"boxes": float32 [B, max_boxes, 4], "labels": int32 [B, max_boxes], **fields}``, each
+        field ``[B, max_boxes, *shape]`` of :func:`keras_field_dtype`; rows past a sample's boxes
+        :data:`PAD_VALUE`.
+
+    Raises:
+        ValueError: an integer field with a value that does not fit int32 (named).
     """
     count = len(boxes)
+    specs = specs or {}
     out_boxes = np.full((count, max_boxes, 4), PAD_VALUE, dtype=np.float32)
     out_labels = np.full((count, max_boxes), PAD_VALUE, dtype=np.int32)
+    out_fields = {name: np.full((count, max_boxes, *spec.shape), PAD_VALUE, dtype=keras_field_dtype(spec.dtype))
+                  for name, spec in specs.items()}
     counts = np.fromiter(map(len, boxes), dtype=np.int64, count=count)
     if (counts > max_boxes).any():
         boxes = [b[:max_boxes] for b in boxes]
         labels = [lab[:max_boxes] for lab in labels]
+        if specs:
+            fields = [{name: arr[:max_boxes] for name, arr in f.items()} for f in fields]  # type: ignore[union-attr]
         counts = np.minimum(counts, max_boxes)
     total = int(counts.sum())
     if total:
@@ -114,4 +139,11 @@ def pad_targets(
         every = np.concatenate(boxes).reshape(-1, 4).astype(np.float32, copy=False)
         out_boxes[rows, slots] = to_keras_boxes(every, bounding_box_format, canvas_size)
         out_labels[rows, slots] = label_mapping.map(np.concatenate(labels).reshape(-1))
-    return {"boxes": out_boxes, "labels": out_labels}
+        for name, out in out_fields.items():
+            values = np.concatenate([f[name] for f in fields])  # type: ignore[union-attr]
+            if out.dtype.kind == "i" and values.size and values.dtype.kind in "iu" and (
+                    values.min() < np.iinfo(np.int32).min or values.max() > np.iinfo(np.int32).max):
+                raise ValueError(f"per-box field {name!r} has values beyond int32 ({values.min()}..{values.max()}), "
+                                 "the dtype of integer fields in Keras targets")
+            out[rows, slots] = values
+    return {"boxes": out_boxes, "labels": out_labels, **out_fields}

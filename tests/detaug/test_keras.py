@@ -115,7 +115,9 @@ class TestProtocol:
         assert images.dtype == np.float32 and images.shape == (BATCH, *OUT_HW, 3)
         assert 0 <= images.min() and images.max() <= 255 and images.max() > 1  # no Normalize: 0..255
         assert targets["boxes"].dtype == np.float32 and targets["labels"].dtype == np.int32
-        assert set(targets) == {"boxes", "labels"}
+        assert list(targets) == ["boxes", "labels", "iscrowd", "difficult"]  # a VocSource's per-box fields
+        assert targets["iscrowd"].dtype == np.int32 and targets["iscrowd"].shape == targets["labels"].shape
+        assert ((targets["difficult"] == -1) == (targets["labels"] == -1)).all()  # padded like the labels
 
 
 class TestIndexing:
