@@ -1,7 +1,9 @@
 """The measured detaug variants: the PyTorch iterator and the Keras Sequence.
 
-Both run ``detaug.transforms.default_detection_recipe(size)`` on a shuffled ``CocoSource`` (the
-``detaug-list`` variant: a ``SampleListSource`` of the same files, boxes and labels). Every other
+Both run the recipe of ``settings.recipe`` (:func:`detaug.bench.recipe.detaug_recipe`: the default
+detection recipe, or ``detaug.transforms.yolo_recipe`` for ``"yolo"``) at ``settings.size`` on a
+shuffled ``CocoSource`` (the ``detaug-list`` variant: a ``SampleListSource`` of the same files,
+boxes and labels; the YOLO recipe's Mosaic and MixUp partners come from the same source). Every other
 setting is the adapters' default for the device (planning workers, Sequence threads, where the
 images go), so the rows measure what a user gets.
 """
@@ -17,6 +19,7 @@ import numpy as np
 
 from detaug.bench.dataset import BenchDataset
 from detaug.bench.harness import BenchSettings, VariantUnavailable
+from detaug.bench.recipe import detaug_recipe
 
 __all__ = [
     "iter_detaug",
@@ -32,12 +35,11 @@ def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: 
     """The ``detaug`` variant: ``DetectionLoader`` batches, epoch after epoch, on a ``CocoSource``
     or, with ``sample_list``, on a ``SampleListSource`` of the same samples (file paths)."""
     try:
-        from detaug import transforms as T
         from detaug.sources import CocoSource
         from detaug.torch import DetectionLoader
     except ImportError as exc:
         raise VariantUnavailable(f"detaug's PyTorch iterator is not importable: {exc}") from exc
-    recipe = T.default_detection_recipe(size=settings.size)
+    recipe = detaug_recipe(settings.recipe, settings.size)
     source = CocoSource(
         str(dataset.annotations_file), str(dataset.images_dir), shuffle=True, seed=settings.seed
     )
@@ -112,7 +114,6 @@ def iter_sequence(dataset: BenchDataset, settings: BenchSettings, *, mode: str =
     except ImportError as exc:
         raise VariantUnavailable(f'not installed (python3 -m pip install -e ".[keras]", from the detaug clone): {exc}') from exc
     try:
-        from detaug import transforms as T
         from detaug.keras import DetectionSequence
         from detaug.sources import CocoSource
     except ImportError as exc:
@@ -125,7 +126,7 @@ def iter_sequence(dataset: BenchDataset, settings: BenchSettings, *, mode: str =
             )
         except ImportError as exc:
             raise VariantUnavailable(f"Keras' PyDatasetAdapter is not importable (Keras 3 needed): {exc}") from exc
-    recipe = T.default_detection_recipe(size=settings.size)
+    recipe = detaug_recipe(settings.recipe, settings.size)
     source = CocoSource(
         str(dataset.annotations_file), str(dataset.images_dir), shuffle=True, seed=settings.seed
     )

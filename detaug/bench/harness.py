@@ -80,6 +80,7 @@ class BenchSettings:
         threads: DALI CPU threads of the DALI-based variants (default :func:`default_threads`).
         size: output side in pixels.
         seed: seed of every random draw and shuffle.
+        recipe: the benchmarked recipe, ``"default"`` or ``"yolo"`` (:data:`detaug.bench.recipe.RECIPES`).
     """
 
     device: Device = "gpu"
@@ -88,10 +89,15 @@ class BenchSettings:
     threads: int = field(default_factory=default_threads)
     size: int = 512
     seed: int = 0
+    recipe: str = "default"
 
     def __post_init__(self) -> None:
+        from detaug.bench.recipe import RECIPES
+
         if self.device not in ("gpu", "cpu"):
             raise ValueError(f"device should be 'gpu' or 'cpu', got {self.device!r}")
+        if self.recipe not in RECIPES:
+            raise ValueError(f"recipe should be one of {', '.join(RECIPES)}, got {self.recipe!r}")
         for name, low in (("batch_size", 1), ("workers", 0), ("threads", 1), ("size", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:

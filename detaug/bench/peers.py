@@ -1,5 +1,6 @@
 """The peers: torchvision.transforms.v2 and albumentations 2.x in a PyTorch DataLoader on the
-CPU, and torchvision.transforms.v2 on the GPU.
+CPU, and torchvision.transforms.v2 on the GPU; for the YOLO-style recipe, albumentations' Mosaic
+(``albumentations-mosaic``).
 
 CPU peers (``torchvision``, ``albumentations``): each sample is read and decoded in a worker
 with its library's usual decoder (``torchvision.io.decode_jpeg`` / ``cv2.imdecode``), augmented
@@ -22,6 +23,11 @@ Differences forced by the libraries, printed with the results:
   box) stands in for it.
 * albumentations resizes with ``cv2.INTER_LINEAR`` without antialiasing (its normal); DALI and
   torchvision antialias when shrinking.
+* YOLO recipe (``albumentations-mosaic``): albumentations 2.0.8 has no MixUp, so that peer blends
+  nothing (detaug blends ``YoloSpec.mixup`` of its samples); its Mosaic crops the output straight
+  from the 2x2 grid and the perspective and affine steps run on that output, where detaug warps the
+  ``2 size`` mosaic canvas once into the output (less work for albumentations, not more); its HSV
+  jitter shifts where detaug's multiplies (see :func:`albumentations_mosaic_transform`).
 """
 
 from __future__ import annotations
@@ -35,15 +41,18 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from detaug.bench.dataset import BenchDataset, Record, load_records
 from detaug.bench.harness import BenchSettings, VariantUnavailable
-from detaug.bench.recipe import RecipeSpec
+from detaug.bench.recipe import RecipeSpec, YoloSpec
 
 __all__ = [
     "ALBUMENTATIONS_CROP_NOTE",
+    "ALBUMENTATIONS_MOSAIC_NOTE",
     "ALBUMENTATIONS_PIP",
     "PEERS_PIP",
     "TORCHVISION_PIP",
+    "albumentations_mosaic_transform",
     "albumentations_transform",
     "iter_albumentations",
+    "iter_albumentations_mosaic",
     "iter_torchvision",
     "iter_torchvision_gpu",
     "peer_description",
@@ -59,6 +68,10 @@ ALBUMENTATIONS_PIP = PEERS_PIP
 #: torchvision must be the build of the installed torch; :func:`torchvision_pip` fills in the version.
 TORCHVISION_PIP = 'python3 -m pip install torchvision "torch==<your torch version>"'
 ALBUMENTATIONS_CROP_NOTE = "no IoU crop in albumentations: BBoxSafeRandomCrop stands in"
+ALBUMENTATIONS_MOSAIC_NOTE = (
+    "albumentations 2.0.8 has no MixUp: none here (detaug blends 10% of its samples); Mosaic crops "
+    "the output from the grid, then Perspective, Affine, HSV, flip, letterbox"
+)
 
 
 # ------------------------------------------------------------------------------------------
@@ -314,13 +327,161 @@ class AlbumentationsDetection(Dataset):
 
 def iter_albumentations(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tuple]:
     """The ``albumentations`` variant: endless ``(images, targets)`` batches."""
+    _import_albumentations()
+    data = AlbumentationsDetection(load_records(dataset), RecipeSpec(size=settings.size))
+    yield from _iterate(data, settings, worker_init_fn=pin_worker_threads)
+
+
+# ------------------------------------------------------------------------------------------
+# albumentations 2.x: the YOLO-style recipe (Mosaic)
+# ------------------------------------------------------------------------------------------
+
+
+def albumentations_mosaic_transform(spec: YoloSpec):
+    """The YOLO-style recipe as an ``A.Compose`` taking ``image=`` (RGB uint8 HWC), ``bboxes=``
+    (pascal_voc xyxy pixels), ``labels=`` and ``mosaic_metadata=`` (the 3 partners, each a dict
+    of ``image``, ``bboxes``, ``labels``); returns a uint8 CHW tensor of ``size x size``.
+
+    The closest albumentations 2.0.8 has to :class:`~detaug.bench.recipe.YoloSpec`:
+
+    * ``A.Mosaic(grid_yx=(2, 2), cell_shape=(size, size), target_size=(size, size),
+      fit_mode="contain", center_range=(0, 1))``: each image fit into a ``size`` cell (aspect
+      kept, as ultralytics' load letterbox), the ``size`` output cut from the ``2 size`` grid
+      with the junction anywhere in it (ultralytics' centre range ``0.5 .. 1.5 size``);
+    * ``A.Perspective(scale=(0, perspective / 2), p=0.5)``: corners moved by ``|N(0, sigma)|`` of
+      each side (detaug: uniform up to ``perspective / 2``);
+    * ``A.Affine(translate_percent=translate, scale=(1 - scale, 1 + scale))``, ``fill`` outside;
+    * ``A.HueSaturationValue`` with shifts for YOLO's gains: hue ``hsv_h * 180`` (OpenCV's hue
+      runs over 180), saturation and value ``hsv_s * 128`` and ``hsv_v * 128`` (the gains at
+      mid-range), ``p=1``;
+    * ``A.HorizontalFlip(flip_p)``; ``A.LongestMaxSize(size)`` + ``A.PadIfNeeded(size, size)``
+      (the letterbox; the mosaic output is already ``size`` square);
+    * no MixUp: albumentations 2.0.8 has none.
+
+    Boxes: clipped, dropped under ``min_box_size`` pixels or ``min_visibility`` of their area.
+    """
+    import albumentations as A
+    import cv2
+    from albumentations.pytorch import ToTensorV2
+
+    size = spec.size
+    return A.Compose(
+        [
+            A.Mosaic(
+                grid_yx=(2, 2),
+                target_size=(size, size),
+                cell_shape=(size, size),
+                center_range=(0.0, 1.0),
+                fit_mode="contain",
+                interpolation=cv2.INTER_LINEAR,
+                fill=spec.fill,
+                metadata_key="mosaic_metadata",
+                p=1.0,
+            ),
+            A.Perspective(
+                scale=(0.0, spec.perspective / 2),
+                keep_size=True,
+                interpolation=cv2.INTER_LINEAR,
+                border_mode=cv2.BORDER_CONSTANT,
+                fill=spec.fill,
+                p=0.5,
+            ),
+            A.Affine(
+                translate_percent={"x": (-spec.translate, spec.translate), "y": (-spec.translate, spec.translate)},
+                scale=(1.0 - spec.scale, 1.0 + spec.scale),
+                keep_ratio=True,
+                interpolation=cv2.INTER_LINEAR,
+                border_mode=cv2.BORDER_CONSTANT,
+                fill=spec.fill,
+                p=1.0,
+            ),
+            A.HueSaturationValue(
+                hue_shift_limit=spec.hsv_h * 180.0,
+                sat_shift_limit=spec.hsv_s * 128.0,
+                val_shift_limit=spec.hsv_v * 128.0,
+                p=1.0,
+            ),
+            A.HorizontalFlip(p=spec.flip_p),
+            A.LongestMaxSize(max_size=size, interpolation=cv2.INTER_LINEAR),
+            A.PadIfNeeded(min_height=size, min_width=size, border_mode=cv2.BORDER_CONSTANT, fill=spec.fill),
+            ToTensorV2(),
+        ],
+        bbox_params=A.BboxParams(
+            format="pascal_voc",
+            label_fields=["labels"],
+            clip=True,
+            min_width=spec.min_box_size,
+            min_height=spec.min_box_size,
+            min_visibility=spec.min_visibility,
+        ),
+    )
+
+
+class MosaicSampler(Sampler[tuple[int, ...]]):
+    """``(index, partner_1, ..., partner_k)`` forever: the indices of fresh random permutations of
+    ``range(n)``, one after another, each with ``partners`` positions drawn uniformly from the
+    whole dataset (with replacement, as ultralytics and detaug draw them), from one seeded
+    generator in the main process."""
+
+    def __init__(self, n: int, seed: int, partners: int = 3) -> None:
+        if n < 1:
+            raise ValueError(f"the dataset is empty (n={n})")
+        self.n, self.seed, self.partners = n, seed, partners
+
+    def __iter__(self) -> Iterator[tuple[int, ...]]:
+        generator = torch.Generator().manual_seed(self.seed)
+        while True:
+            order = torch.randperm(self.n, generator=generator)
+            partners = torch.randint(self.n, (self.n, self.partners), generator=generator)
+            yield from (tuple(row) for row in torch.cat([order[:, None], partners], dim=1).tolist())
+
+
+class AlbumentationsMosaic(Dataset):
+    """Reads the sample's JPEG and its 3 partners' with ``cv2.imdecode``; returns ``(uint8
+    [3, S, S], target dict)`` of :func:`albumentations_mosaic_transform`. Indexed by the tuples
+    of :class:`MosaicSampler`."""
+
+    def __init__(self, records: list[Record], spec: YoloSpec) -> None:
+        self.records = records
+        self.transform = albumentations_mosaic_transform(spec)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def _read(self, index: int) -> dict:
+        import cv2
+
+        record = self.records[index]
+        image = cv2.imdecode(np.fromfile(record.path, dtype=np.uint8), cv2.IMREAD_COLOR)
+        return {"image": cv2.cvtColor(image, cv2.COLOR_BGR2RGB), "bboxes": record.boxes_xyxy, "labels": record.labels}
+
+    def __getitem__(self, indices: tuple[int, ...]):
+        first, *partners = indices
+        sample = self._read(first)
+        out = self.transform(**sample, mosaic_metadata=[self._read(i) for i in partners])
+        boxes = np.asarray(out["bboxes"], dtype=np.float32).reshape(-1, 4)
+        labels = np.asarray(out["labels"], dtype=np.int64).reshape(-1)
+        return out["image"], {"boxes": torch.from_numpy(boxes), "labels": torch.from_numpy(labels)}
+
+
+def iter_albumentations_mosaic(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tuple]:
+    """The ``albumentations-mosaic`` variant (YOLO recipe): endless ``(images, targets)``
+    batches, uint8 ``[B, 3, size, size]`` images."""
+    _import_albumentations()
+    spec = YoloSpec(size=settings.size)
+    records = load_records(dataset)
+    data = AlbumentationsMosaic(records, spec)
+    sampler = MosaicSampler(len(records), settings.seed, partners=spec.mosaic_images - 1)
+    yield from _iterate(data, settings, worker_init_fn=pin_worker_threads, sampler=sampler)
+
+
+def _import_albumentations() -> None:
+    """Import albumentations and OpenCV, or raise :class:`VariantUnavailable` with the install line."""
     try:
         import albumentations  # noqa: F401
         import cv2  # noqa: F401
     except ImportError as exc:
         raise VariantUnavailable(f"not installed ({PEERS_PIP}, from the detaug clone): {exc}") from exc
-    data = AlbumentationsDetection(load_records(dataset), RecipeSpec(size=settings.size))
-    yield from _iterate(data, settings, worker_init_fn=pin_worker_threads)
 
 
 # ------------------------------------------------------------------------------------------
@@ -377,22 +538,32 @@ def peer_description(name: str, settings: BenchSettings) -> str:
     if name == "albumentations":
         return (f"{workers}; cv2.imdecode; BBoxSafeRandomCrop (no IoU crop in albumentations), flip, Affine, "
                 "Resize (cv2 INTER_LINEAR, no antialiasing), ColorJitter, Normalize")
+    if name == "albumentations-mosaic":
+        return (f"{workers}; cv2.imdecode of the sample and 3 partners; Mosaic (2x2, contain), Perspective, "
+                "Affine, HueSaturationValue, flip, LongestMaxSize + PadIfNeeded; no MixUp (albumentations "
+                "has none)")
     if name == "torchvision-gpu":
         return (f"{workers} reading files; torchvision.io.decode_jpeg(device='cuda') per batch; the v2 recipe "
                 "per sample on CUDA tensors")
     raise ValueError(f"unknown peer {name!r}")
 
 
-def _iterate(data: Dataset, settings: BenchSettings, worker_init_fn=None) -> Iterator[tuple]:
+def _iterate(data: Dataset, settings: BenchSettings, worker_init_fn=None,
+             sampler: Sampler | None = None) -> Iterator[tuple]:
     gpu = settings.device == "gpu"
     loader = DataLoader(
         data,
         batch_size=settings.batch_size,
-        sampler=EndlessRandomSampler(len(data), settings.seed),
+        sampler=EndlessRandomSampler(len(data), settings.seed) if sampler is None else sampler,
         num_workers=settings.workers,
         collate_fn=collate_detection,
         pin_memory=gpu,
         worker_init_fn=worker_init_fn if settings.workers > 0 else None,
+        # workers forked from a clean server process: a fork of this process copies OpenCV's and
+        # DALI's thread pools in whatever state they are (a worker then waits forever on a lock of
+        # one of them), and spawned albumentations workers abort at exit ("terminate called")
+        multiprocessing_context="forkserver" if settings.workers > 0 else None,
+        persistent_workers=False,
         drop_last=True,
     )
     torch.manual_seed(settings.seed)

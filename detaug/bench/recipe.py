@@ -1,4 +1,11 @@
-"""The parameters of the benchmarked detection recipe, shared by every hand-written variant.
+"""The parameters of the benchmarked recipes, shared by every hand-written variant.
+
+Two recipes (:data:`RECIPES`, ``detaug bench --recipes``): ``"default"`` (:class:`RecipeSpec`,
+below) and ``"yolo"`` (:class:`YoloSpec`: ``detaug.transforms.yolo_recipe``). :func:`detaug_recipe`
+builds detaug's ``Compose`` of either; :func:`source_images_per_sample` says how many source
+images one output sample is made of.
+
+The default recipe
 
 detaug builds the recipe itself (``detaug.transforms.default_detection_recipe``); the raw DALI
 pipeline and the CPU peers read the numbers below, so all variants do the same work:
@@ -27,7 +34,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RecipeSpec"]
+__all__ = [
+    "DEFAULT_SIZES",
+    "RECIPES",
+    "RECIPE_TITLES",
+    "RecipeSpec",
+    "YoloSpec",
+    "detaug_recipe",
+    "source_images_per_sample",
+]
+
+#: The recipes ``detaug bench --recipes`` knows, in the order they are reported.
+RECIPES: tuple[str, ...] = ("default", "yolo")
+#: Output side of each recipe when ``--size`` is not given.
+DEFAULT_SIZES: dict[str, int] = {"default": 512, "yolo": 640}
+#: One line per recipe for the report (``{size}`` filled in).
+RECIPE_TITLES: dict[str, str] = {
+    "default": "IoU crop, flip, affine, resize {size}, colour jitter, normalize",
+    "yolo": "Mosaic, RandomPerspective, affine, resize {size} (letterbox of the square mosaic), flip, "
+            "MixUp, HSV jitter",
+}
 
 
 @dataclass(frozen=True)
@@ -62,3 +88,72 @@ class RecipeSpec:
     def torchvision_sampler_options(self) -> list[float]:
         """``RandomIoUCrop.sampler_options``: the thresholds, plus 1.0 ("no crop") when allowed."""
         return [*self.crop_iou_thresholds, *([1.0] if self.crop_allow_no_crop else [])]
+
+
+@dataclass(frozen=True)
+class YoloSpec:
+    """Numbers of the YOLO-style recipe (ultralytics' defaults, ``detaug.transforms.yolo_recipe``).
+
+    1. ``Mosaic``: the sample and 3 partner images, each scaled to fit ``size`` (aspect kept), as
+       2x2 tiles around a random centre on a ``2 size`` canvas (``fill`` elsewhere);
+    2. ``RandomPerspective(perspective, p=0.5)``: corners moved inwards by up to
+       ``perspective / 2`` of each side;
+    3. a random affine about the canvas centre: translation ``+-translate`` of each side, zoom
+       ``1 +- scale`` of the central ``size`` (ultralytics' ``scale=0.5``: 0.5 .. 1.5);
+    4. resize to ``size x size`` (on the square canvas, the letterbox);
+    5. horizontal flip with probability ``flip_p``;
+    6. ``MixUp`` with probability ``mixup``: a partner image letterboxed into the canvas and
+       blended, ratio from ``Beta(32, 32)``;
+    7. HSV jitter: hue shift within ``+-hsv_h`` of the circle, saturation and value gains in
+       ``1 +- hsv_s`` and ``1 +- hsv_v``.
+
+    Boxes under ``min_box_size`` pixels or with less than ``min_visibility`` of their area left are
+    dropped. Images stay uint8 (no normalization; YOLO trainers divide by 255 on the GPU).
+    """
+
+    size: int = 640
+    mixup: float = 0.1
+    perspective: float = 0.1
+    translate: float = 0.1
+    scale: float = 0.5
+    flip_p: float = 0.5
+    hsv_h: float = 0.015
+    hsv_s: float = 0.7
+    hsv_v: float = 0.4
+    fill: int = 114
+    min_box_size: float = 2.0
+    min_visibility: float = 0.1
+    #: images of a mosaic: the sample's own and 3 partners
+    mosaic_images: int = 4
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"size should be a positive int, got {self.size!r}")
+
+
+def detaug_recipe(name: str, size: int):
+    """detaug's ``Compose`` of recipe ``name`` (:data:`RECIPES`) at output side ``size``:
+    ``default_detection_recipe(size)`` or ``yolo_recipe(size, mixup=..., perspective=...)`` with
+    the numbers of :class:`YoloSpec`."""
+    from detaug import transforms as T
+
+    if name == "default":
+        return T.default_detection_recipe(size=size)
+    if name == "yolo":
+        spec = YoloSpec(size=size)
+        return T.yolo_recipe(size, mixup=spec.mixup, perspective=spec.perspective)
+    raise ValueError(f"unknown recipe {name!r}; choose from {', '.join(RECIPES)}")
+
+
+def source_images_per_sample(name: str, *, mixup: bool = True) -> float:
+    """Source images read and decoded per output sample of recipe ``name``, on average: 1 for the
+    default recipe; for ``"yolo"`` the 4 images of the mosaic plus the MixUp partner of the
+    samples it blends (``YoloSpec.mixup`` of them: a partner that is not blended is not read),
+    ``mixup=False`` for a pipeline without MixUp. detaug decodes only the visible part of each
+    tile (ROI decoding); a peer decodes whole images: both count as one image here."""
+    if name == "default":
+        return 1.0
+    if name == "yolo":
+        spec = YoloSpec()
+        return spec.mosaic_images + (spec.mixup if mixup else 0.0)
+    raise ValueError(f"unknown recipe {name!r}; choose from {', '.join(RECIPES)}")

@@ -1,6 +1,13 @@
-"""``detaug bench``: every variant of the default detection recipe, side by side in one run.
+"""``detaug bench``: every variant of the benchmarked recipes, side by side in one run.
 
-Variants (``--only`` names):
+Recipes (``--recipes default,yolo``, :data:`detaug.bench.recipe.RECIPES`): ``default`` (the default
+detection recipe, every variant below) and ``yolo`` (``detaug.transforms.yolo_recipe``: Mosaic,
+RandomPerspective, affine, letterbox 640, flip, MixUp, HSV; :data:`YOLO_VARIANTS`: the three
+detaug iterators and ``albumentations-mosaic``). Rows carry their recipe; the decode limit is
+measured once and shared; the YOLO rows also give the source images decoded per second (a mosaic
+is made of 4 images, plus the MixUp partner of a blended sample).
+
+Variants of the default recipe (``--only`` names):
 
 * ``decode``: the decode limit: DALI reading and decoding the same files and nothing else, the
   best of a small sweep of decoder settings (:mod:`detaug.bench.decode`), its settings recorded;
@@ -16,6 +23,10 @@ Variants (``--only`` names):
 * ``raw-dali``: the same recipe hand-written in plain DALI (:mod:`detaug.bench.raw_dali`);
 * ``torchvision``, ``albumentations``: the CPU peers in DataLoaders (:mod:`detaug.bench.peers`);
 * ``torchvision-gpu``: torchvision.transforms.v2 on CUDA tensors, decoded by nvJPEG.
+
+Of the YOLO recipe: ``detaug``, ``detaug-list``, ``detaug-cpu`` (the same loaders on
+``yolo_recipe(size)``) and ``albumentations-mosaic`` (albumentations' Mosaic and its closest
+transforms in a DataLoader, :func:`detaug.bench.peers.albumentations_mosaic_transform`).
 
 Every variant runs at each batch size (``--batch-sizes``); each row gets its ratio to the decode
 limit and to the best CPU peer, img/s per CPU core for the paths on the CPU, and its peak GPU
@@ -67,12 +78,15 @@ from detaug.bench.harness import (
     default_workers,
     measure,
 )
-from detaug.bench.peers import ALBUMENTATIONS_CROP_NOTE, PEERS_PIP
+from detaug.bench.peers import ALBUMENTATIONS_CROP_NOTE, ALBUMENTATIONS_MOSAIC_NOTE, PEERS_PIP
+from detaug.bench.recipe import DEFAULT_SIZES, RECIPE_TITLES, RECIPES, source_images_per_sample
 
 __all__ = [
     "CHECKS",
     "DEFAULTS",
     "VARIANTS",
+    "YOLO_CHECKS",
+    "YOLO_VARIANTS",
     "BenchReport",
     "Check",
     "Variant",
@@ -82,8 +96,10 @@ __all__ = [
 ]
 
 Kind = Literal["limit", "detaug", "reference", "cpu-peer", "gpu-peer"]
-RECIPE_TITLE = "IoU crop, flip, affine, resize {size}, colour jitter, normalize"
-SCHEMA = "detaug-bench/2"
+RECIPE_TITLE = RECIPE_TITLES["default"]
+#: 3: rows carry their ``recipe`` (two rows may share a variant name), ``source_img_per_s``,
+#: ``sources_vs_decode`` and ``vs_default_recipe``; ``settings`` has ``recipes`` and ``sizes``.
+SCHEMA = "detaug-bench/3"
 #: The variants of the ``--scaling`` rows.
 SCALING_VARIANTS = ("decode", "detaug")
 DEFAULT_MEGAPIXELS = (0.3, 1.0, 4.0, 12.0)
@@ -106,6 +122,12 @@ class Variant:
         cpu_note: the note of a CPU run, where it differs (:meth:`note_for`).
         runs_on: ``"device"`` (the run's device), ``"cpu"`` (always on the CPU: the CPU peers,
             ``detaug-cpu``) or ``"gpu"`` (only on a GPU).
+        recipe: the recipe it runs (:data:`~detaug.bench.recipe.RECIPES`); ``None`` for the decode
+            limit, which runs none and is shared by every recipe.
+        blends: whether it runs the recipe's MixUp (``False``: a peer without one; the source
+            images per sample leave the MixUp partner out).
+        counterpart: the variant of the default recipe its ``vs_default_recipe`` ratio is taken
+            against (a YOLO row; default: the same name).
     """
 
     name: str
@@ -115,6 +137,17 @@ class Variant:
     note: str = ""
     cpu_note: str | None = None
     runs_on: Literal["device", "cpu", "gpu"] = "device"
+    recipe: str | None = "default"
+    blends: bool = True
+    counterpart: str | None = None
+
+    @property
+    def sources_per_sample(self) -> float:
+        """Source images read and decoded per output sample (1 for the default recipe and the
+        decode limit; 4 plus the MixUp share for the YOLO recipe)."""
+        if self.recipe is None:
+            return 1.0
+        return source_images_per_sample(self.recipe, mixup=self.blends)
 
     def note_for(self, device: str) -> str:
         """The note true to ``device`` (``"gpu"`` or ``"cpu"``)."""
@@ -125,6 +158,7 @@ class Variant:
         return self.runs_on == "cpu" or (self.runs_on == "device" and device == "cpu")
 
     def batches(self, dataset: BenchDataset, settings: BenchSettings) -> Iterator:
+        """The endless batches of the variant (``settings.recipe`` is its recipe)."""
         import importlib
 
         module, function = self.factory.split(":")
@@ -141,6 +175,7 @@ VARIANTS: tuple[Variant, ...] = (
         "limit",
         "detaug.bench.decode:iter_decode",
         note="DALI's COCO reader + decoder only, best of the decoder sweep (settings in the JSON)",
+        recipe=None,
     ),
     Variant(
         "detaug",
@@ -204,9 +239,51 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("torchvision-gpu", "torchvision.transforms.v2 on the GPU", "gpu-peer",
             "detaug.bench.peers:iter_torchvision_gpu", runs_on="gpu"),
 )
-VARIANT_NAMES = tuple(v.name for v in VARIANTS)
+#: The variants of the YOLO-style recipe (``--recipes yolo``): the three iterators and
+#: albumentations' Mosaic. Raw DALI, the Keras Sequence and torchvision run the default recipe only.
+YOLO_VARIANTS: tuple[Variant, ...] = (
+    Variant(
+        "detaug",
+        "detaug iterator, COCO reader",
+        "detaug",
+        "detaug.bench.detaug_variants:iter_detaug",
+        note="yolo_recipe on a CocoSource, partners from it; planning in worker processes",
+        cpu_note="yolo_recipe on a CocoSource, partners from it; planning in the main process",
+        recipe="yolo",
+    ),
+    Variant(
+        "detaug-list",
+        "detaug iterator, sample list",
+        "detaug",
+        "detaug.bench.detaug_variants:iter_detaug_list",
+        note="yolo_recipe on a SampleListSource of the same files; planning in worker processes",
+        cpu_note="yolo_recipe on a SampleListSource of the same files; planning in the main process",
+        recipe="yolo",
+    ),
+    Variant(
+        "detaug-cpu",
+        "detaug iterator on the CPU",
+        "detaug",
+        "detaug.bench.detaug_variants:iter_detaug_cpu",
+        note="yolo_recipe, DetectionLoader(device='cpu'): DALI's CPU operators, images on the host",
+        runs_on="cpu",
+        recipe="yolo",
+    ),
+    Variant(
+        "albumentations-mosaic",
+        "albumentations Mosaic",
+        "cpu-peer",
+        "detaug.bench.peers:iter_albumentations_mosaic",
+        note=ALBUMENTATIONS_MOSAIC_NOTE,
+        runs_on="cpu",
+        recipe="yolo",
+        blends=False,
+        counterpart="albumentations",
+    ),
+)
+VARIANT_NAMES = tuple(dict.fromkeys(v.name for v in (*VARIANTS, *YOLO_VARIANTS)))
 #: Peers first: their DataLoader workers fork before DALI starts threads in this process.
-PEER_ORDER = ("torchvision", "albumentations", "torchvision-gpu")
+PEER_ORDER = ("torchvision", "albumentations", "albumentations-mosaic", "torchvision-gpu")
 RUN_ORDER = (
     *PEER_ORDER,
     "decode",
@@ -230,6 +307,10 @@ class VariantResult:
             workers, or DALI threads, at most the CPUs available); ``None`` for GPU paths.
         description: what the variant runs with these settings (the peers' workers, decoder, recipe).
         extra: the decode variant's ``settings`` and ``sweep``.
+        vs_default_recipe: a YOLO row's img/s over its counterpart's in the default recipe
+            (:attr:`Variant.counterpart`), same batch size.
+        sources_vs_decode: :attr:`source_images_per_second` over the decode limit.
+        size: the output side it ran at.
     """
 
     variant: Variant
@@ -243,10 +324,24 @@ class VariantResult:
     cpu_cores: int | None = None
     description: str = ""
     extra: dict = field(default_factory=dict)
+    vs_default_recipe: float | None = None
+    sources_vs_decode: float | None = None
+    size: int | None = None
+
+    @property
+    def recipe(self) -> str | None:
+        return self.variant.recipe
 
     @property
     def images_per_second(self) -> float | None:
         return self.measurement.images_per_second if self.measurement is not None else None
+
+    @property
+    def source_images_per_second(self) -> float | None:
+        """Source images read and decoded per second: img/s times the variant's source images
+        per sample (4 per mosaic, plus the MixUp partners; 1 for the default recipe)."""
+        ips = self.images_per_second
+        return None if ips is None else ips * self.variant.sources_per_sample
 
     @property
     def per_core(self) -> float | None:
@@ -270,6 +365,7 @@ class VariantResult:
         }
         row = {
             "variant": self.variant.name,
+            "recipe": self.variant.recipe,
             "label": self.variant.label,
             "kind": self.variant.kind,
             "batch_size": self.batch_size,
@@ -283,6 +379,11 @@ class VariantResult:
             "vs_decode": self.vs_decode,
             "vs_best_cpu_peer": self.vs_cpu_peer,
             "vs_raw_dali": self.vs_raw_dali,
+            "vs_default_recipe": self.vs_default_recipe,
+            "size": self.size,
+            "source_images_per_sample": self.variant.sources_per_sample,
+            "source_img_per_s": self.source_images_per_second,
+            "sources_vs_decode": self.sources_vs_decode,
             "cpu_cores": self.cpu_cores,
             "img_per_s_per_core": self.per_core,
             "memory": memory,
@@ -302,13 +403,15 @@ class VariantResult:
 
 @dataclass(frozen=True)
 class Check:
-    """A target: ``numerator / denominator >= target`` in img/s (img/s per core with ``per_core``)."""
+    """A target: ``numerator / denominator >= target`` in img/s (img/s per core with ``per_core``),
+    the two rows of the recipes ``recipes`` (numerator's, denominator's) at one batch size."""
 
     name: str
     numerator: str
-    denominator: str  # a variant name, or "cpu-peer" for the best CPU peer
+    denominator: str  # a variant name, or "cpu-peer" for the best CPU peer of the numerator's recipe
     target: float
     per_core: bool = False
+    recipes: tuple[str, str] = ("default", "default")
 
 
 #: The targets of a GPU run (issue 16); a CPU run prints them as well, for what they are worth.
@@ -322,6 +425,18 @@ CHECKS: tuple[Check, ...] = (
     Check("detaug (COCO reader) / torchvision v2 on the GPU", "detaug", "torchvision-gpu", 100.0),
     Check("detaug on the CPU / albumentations, per core", "detaug-cpu", "albumentations", 1.0, per_core=True),
 )
+#: The targets of the YOLO-style recipe (issue 11), evaluated when ``--recipes`` has ``yolo``.
+YOLO_CHECKS: tuple[Check, ...] = (
+    Check("YOLO recipe / default recipe, detaug (COCO reader)", "detaug", "detaug", 0.5, recipes=("yolo", "default")),
+    Check("YOLO recipe: detaug (COCO reader) / albumentations Mosaic", "detaug", "albumentations-mosaic", 20.0,
+          recipes=("yolo", "yolo")),
+)
+
+
+def checks_for(recipes: Sequence[str]) -> tuple[Check, ...]:
+    """The checks of a run of ``recipes``: :data:`CHECKS` with the default recipe,
+    :data:`YOLO_CHECKS` with the YOLO one."""
+    return (*(CHECKS if "default" in recipes else ()), *(YOLO_CHECKS if "yolo" in recipes else ()))
 
 
 @dataclass
@@ -348,6 +463,8 @@ class CheckResult:
             "batch_size": self.batch_size,
             "numerator": self.check.numerator,
             "denominator": self.check.denominator,
+            "numerator_recipe": self.check.recipes[0],
+            "denominator_recipe": self.check.recipes[1],
             "per_core": self.check.per_core,
             "value": self.value,
             "target": self.check.target,
@@ -361,7 +478,8 @@ class BenchReport:
     """Everything ``detaug bench`` prints (:meth:`format`) and writes with ``--json``.
 
     The report of the first batch size; :attr:`more_runs` holds the reports of the others
-    (same dataset and environment), :attr:`scaling` the ``--scaling`` rows.
+    (same dataset and environment), :attr:`scaling` the ``--scaling`` rows. :attr:`results` holds
+    the rows of every recipe of the run (:attr:`recipes`, output sides in :attr:`sizes`).
     """
 
     settings: BenchSettings
@@ -374,9 +492,15 @@ class BenchReport:
     warmup: int | None = None
     more_runs: list[BenchReport] = field(default_factory=list)
     scaling: dict | None = None
+    recipes: tuple[str, ...] = ("default",)
+    sizes: dict[str, int] = field(default_factory=dict)
 
-    def result(self, name: str) -> VariantResult | None:
-        return next((r for r in self.results if r.variant.name == name), None)
+    def result(self, name: str, recipe: str = "default") -> VariantResult | None:
+        """The row of variant ``name`` in ``recipe`` (the decode limit, shared, in any)."""
+        return next((r for r in self.results if r.variant.name == name and r.recipe in (recipe, None)), None)
+
+    def size_of(self, recipe: str) -> int:
+        return self.sizes.get(recipe, self.settings.size)
 
     @property
     def runs(self) -> list[BenchReport]:
@@ -401,13 +525,20 @@ class BenchReport:
         env, s = self.environment, self.settings
         gpu = s.device == "gpu"
         sizes = ", ".join(str(r.settings.batch_size) for r in self.runs)
+        if tuple(self.recipes) == ("default",):
+            title = f"default detection recipe ({RECIPE_TITLE.format(size=s.size)})"
+            size_text = f"size {s.size}"
+        else:
+            title = "recipes " + "; ".join(
+                f"{name} ({RECIPE_TITLES[name].format(size=self.size_of(name))})" for name in self.recipes)
+            size_text = "size " + ", ".join(f"{self.size_of(name)} ({name})" for name in self.recipes)
         lines = [
-            f"detaug bench: default detection recipe ({RECIPE_TITLE.format(size=s.size)})",
+            f"detaug bench: {title}",
             f"GPU: {env['gpu']} | CPUs: {env['cpus']} | "
             + " | ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
             (
                 f"device {s.device} | batch {sizes} | DALI threads {s.threads} | "
-                f"DataLoader workers {s.workers} | size {s.size} | seed {s.seed}"
+                f"DataLoader workers {s.workers} | {size_text} | seed {s.seed}"
             ),
             f"dataset: {self.dataset.describe()}",
         ]
@@ -424,6 +555,13 @@ class BenchReport:
         described = {r.variant.name: r.description for r in self.results
                      if r.description and r.variant.kind in ("cpu-peer", "gpu-peer")}
         lines += [f"{name} runs: {text}" for name, text in described.items()]
+        if "yolo" in self.recipes:
+            lines.append(
+                "src img/s: source images read and decoded per second, img/s times the images per sample "
+                f"(YOLO: {source_images_per_sample('yolo'):g} for detaug, 4 mosaic tiles plus the MixUp "
+                f"partners; {source_images_per_sample('yolo', mixup=False):g} for albumentations, which has "
+                "no MixUp; detaug decodes only the visible part of each tile): compare it, not img/s, "
+                "with the decode limit (one image each).")
         lines += _missing_peer_lines([r for run in self.runs for r in run.results])
         if gpu:
             lines.append(
@@ -439,31 +577,40 @@ class BenchReport:
         return "\n".join(lines)
 
     def _table(self) -> list[str]:
+        """One row per result: with several recipes a ``recipe`` column; with the YOLO recipe
+        the source images per second, their ratio to the decode limit and the ratio to the
+        default recipe; on a GPU the GPU memory."""
         gpu = self.settings.device == "gpu"
-        header = ("variant", "img/s", "vs decode", "vs best CPU", "per core", "images", "s", "GPU MiB", "note")
-        if not gpu:  # no GPU memory to show
-            header = header[:7] + header[8:]
+        several = len(self.recipes) > 1
+        yolo = "yolo" in self.recipes
+        columns = ["variant", *(["recipe"] if several else []), "img/s",
+                   *(["src img/s", "src vs decode", "vs default"] if yolo else []),
+                   "vs decode", "vs best CPU", "per core", "images", "s", *(["GPU MiB"] if gpu else []), "note"]
+        header = tuple(columns)
         rows = [header]
         for r in self.results:
             m = r.measurement
+            lead = [r.variant.label, *([r.recipe or "-"] if several else [])]
             if m is None:
-                rows.append((r.variant.label,) + ("-",) * (len(header) - 2) + (f"{r.status}: {r.message}",))
+                rows.append((*lead,) + ("-",) * (len(header) - len(lead) - 1) + (f"{r.status}: {r.message}",))
                 continue
             note = r.variant.note_for(self.settings.device)
             if r.variant.name == "decode" and r.extra.get("settings"):
                 note = "best of the sweep: " + _settings_text(r.extra["settings"])
+            src = r.source_images_per_second
             row = (
-                r.variant.label,
+                *lead,
                 f"{m.images_per_second:,.1f}",
+                *([f"{src:,.1f}", _ratio(r.sources_vs_decode), _ratio(r.vs_default_recipe)] if yolo else []),
                 _ratio(r.vs_decode),
                 _ratio(r.vs_cpu_peer),
                 "-" if r.per_core is None else f"{r.per_core:,.1f}",
                 str(m.images),
                 f"{m.seconds:.2f}",
-                "-" if m.gpu_peak_mib is None else f"{m.gpu_peak_mib:,.0f}",
+                *(["-" if m.gpu_peak_mib is None else f"{m.gpu_peak_mib:,.0f}"] if gpu else []),
                 note,
             )
-            rows.append(row if gpu else row[:7] + row[8:])
+            rows.append(row)
         widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
         lines = []
         for k, row in enumerate(rows):
@@ -493,6 +640,8 @@ class BenchReport:
                 "workers": s.workers,
                 "threads": s.threads,
                 "size": s.size,
+                "recipes": list(self.recipes),
+                "sizes": {name: self.size_of(name) for name in self.recipes},
                 "seed": s.seed,
                 "images_requested": self.images_requested,
                 "warmup": self.warmup,
@@ -549,7 +698,7 @@ def _missing_peer_lines(results: list[VariantResult]) -> list[str]:
     missing = {r.variant.name for r in results if r.variant.kind in ("cpu-peer", "gpu-peer") and r.status == "unavailable"
                and "CUDA GPU" not in r.message}
     lines = []
-    if "albumentations" in missing:
+    if missing & {"albumentations", "albumentations-mosaic"}:
         lines.append(f"albumentations missing: {PEERS_PIP} (from the detaug clone; it leaves torch as it is)")
     if missing & {"torchvision", "torchvision-gpu"}:
         from detaug.bench.peers import torchvision_pip
@@ -628,9 +777,10 @@ def run_bench(
     batch_sizes: Sequence[int] | None = None,
     workers: int | None = None,
     threads: int | None = None,
-    size: int = 512,
+    size: int | None = None,
     seed: int = 0,
     only: Sequence[str] | None = None,
+    recipes: Sequence[str] | None = None,
     images: int | None = None,
     warmup: int | None = None,
     scaling: bool = False,
@@ -656,7 +806,12 @@ def run_bench(
         batch_sizes: every variant runs at each; default 64 and 256 on a GPU, 16 on the CPU.
         workers, threads: DataLoader workers of the peers, DALI threads; by default from the
             CPUs available (:func:`~detaug.bench.harness.default_workers`, ``default_threads``).
-        only: variant names (:data:`VARIANT_NAMES`); all by default.
+        size: output side of every recipe; ``None``: each recipe's own
+            (:data:`~detaug.bench.recipe.DEFAULT_SIZES`: 512 for the default recipe, 640 for YOLO).
+        only: variant names (:data:`VARIANT_NAMES`), applied to every recipe; all by default.
+        recipes: the recipes measured side by side (:data:`~detaug.bench.recipe.RECIPES`; default
+            ``["default"]``): each runs its variants (:data:`VARIANTS`, :data:`YOLO_VARIANTS`); the
+            decode limit runs once for all.
         images: images timed per variant (and per sweep setting of ``decode``). ``None``: on the
             GPU 10 epochs for the DALI-based variants and 2 for the peers; on the CPU 64 images.
             DataLoader peers round up to whole waves of ``workers`` batches.
@@ -672,15 +827,22 @@ def run_bench(
     device = pick_bench_device(device)
     defaults = DEFAULTS[device]
     sizes = _batch_sizes(batch_size, batch_sizes, defaults)
+    recipes = _recipes(recipes)
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise ValueError(f"--size should be a positive int, got {size!r}")
+    recipe_sizes = {name: DEFAULT_SIZES[name] if size is None else size for name in RECIPES}
     base = BenchSettings(
         device=device,
         batch_size=sizes[0],
         workers=default_workers() if workers is None else workers,
         threads=default_threads() if threads is None else threads,
-        size=size,
+        size=recipe_sizes["default"],
         seed=seed,
     )
     selected = _select(only)
+    planned = _planned(selected, recipes)
+    if not planned:
+        raise ValueError(f"--only {','.join(sorted(selected))}: none of them runs the recipes {','.join(recipes)}")
     if images is not None and (isinstance(images, bool) or not isinstance(images, int) or images < 1):
         raise ValueError(f"--images should be a positive int, got {images!r}")
     warmup = defaults.warmup if warmup is None else warmup
@@ -700,18 +862,21 @@ def run_bench(
         )
         log(f"dataset: {dataset.describe()}")
         runner = _Runner(dataset, defaults, images, warmup, log)
-        if selected & {v.name for v in VARIANTS if v.kind in ("cpu-peer", "gpu-peer")}:
-            _warn_about_shared_memory(replace(base, batch_size=max(sizes)), log)
-        results: dict[int, dict[str, VariantResult]] = {b: {} for b in sizes}
-        order = [n for n in RUN_ORDER if n in selected]
-        for phase in ([n for n in order if n in PEER_ORDER], [n for n in order if n not in PEER_ORDER]):
+        if any(v.kind in ("cpu-peer", "gpu-peer") for v in planned):
+            _warn_about_shared_memory(replace(base, batch_size=max(sizes), size=max(recipe_sizes.values())), log)
+        results: dict[int, dict[tuple[str | None, str], VariantResult]] = {b: {} for b in sizes}
+        for phase in ([v for v in planned if v.name in PEER_ORDER], [v for v in planned if v.name not in PEER_ORDER]):
             for b in sizes:
-                for name in phase:
-                    results[b][name] = runner.run(_variant(name), replace(base, batch_size=b))
+                for variant in phase:
+                    settings = replace(base, batch_size=b, recipe=variant.recipe or "default",
+                                       size=recipe_sizes[variant.recipe or "default"])
+                    result = runner.run(variant, settings)
+                    result.size = settings.size if variant.recipe is not None else None
+                    results[b][(variant.recipe, variant.name)] = result
         reports = []
         environment = _environment(device)
         for b in sizes:
-            ordered = [results[b][v.name] for v in VARIANTS if v.name in results[b]]
+            ordered = [results[b][(v.recipe, v.name)] for v in _all_variants() if (v.recipe, v.name) in results[b]]
             _fill_ratios(ordered)
             report = BenchReport(
                 settings=replace(base, batch_size=b),
@@ -721,12 +886,14 @@ def run_bench(
                 images_requested=images,
                 images_per_variant=runner.per_variant,
                 warmup=warmup,
+                recipes=recipes,
+                sizes={name: recipe_sizes[name] for name in recipes},
             )
-            report.checks = [_evaluate(c, report) for c in CHECKS]
+            report.checks = [_evaluate(c, report) for c in checks_for(recipes)]
             reports.append(report)
         main_report = reports[0]
         main_report.more_runs = reports[1:]
-        if scaling:
+        if scaling:  # the default recipe's detaug iterator and the decode limit
             main_report.scaling = _run_scaling(runner, base, main_report, megapixels, scaling_sizes, Path(work))
         return main_report
     finally:
@@ -743,8 +910,35 @@ def _batch_sizes(batch_size: int | None, batch_sizes: Sequence[int] | None, defa
     return tuple(dict.fromkeys(sizes))
 
 
-def _variant(name: str) -> Variant:
-    return next(v for v in VARIANTS if v.name == name)
+def _variant(name: str, recipe: str = "default") -> Variant:
+    return next(v for v in _all_variants() if v.name == name and v.recipe in (recipe, None))
+
+
+def _all_variants() -> tuple[Variant, ...]:
+    """Every variant in report order: the default recipe's (the decode limit first), then the YOLO
+    recipe's."""
+    return (*VARIANTS, *YOLO_VARIANTS)
+
+
+def _recipes(recipes: Sequence[str] | None) -> tuple[str, ...]:
+    """The recipes asked for, in :data:`RECIPES` order, without repeats; ``None``: the default."""
+    if recipes is None:
+        return ("default",)
+    if isinstance(recipes, str):
+        recipes = [recipes]
+    names = {n.strip() for n in recipes if n and n.strip()}
+    unknown = names - set(RECIPES)
+    if unknown or not names:
+        raise ValueError(f"unknown recipe(s) {sorted(unknown)}; choose from {', '.join(RECIPES)}")
+    return tuple(n for n in RECIPES if n in names)
+
+
+def _planned(selected: set[str], recipes: Sequence[str]) -> list[Variant]:
+    """The variants to run, in :data:`RUN_ORDER` (peers first), each recipe's after the other's:
+    the selected names among the variants of ``recipes``, the decode limit once for all."""
+    chosen = [v for v in _all_variants() if v.name in selected and (v.recipe is None or v.recipe in recipes)]
+    rank = {name: k for k, name in enumerate(RUN_ORDER)}
+    return sorted(chosen, key=lambda v: (rank[v.name], RECIPES.index(v.recipe or "default")))
 
 
 class _Runner:
@@ -918,37 +1112,47 @@ def _run_decode(
 
 
 def _fill_ratios(results: list[VariantResult]) -> None:
-    """Each row's ratios to raw DALI, the decode limit and the best CPU peer (same batch size)."""
+    """Each row's ratios (same batch size): to the decode limit (img/s, and source images per
+    second), to raw DALI (rows of the default recipe, which raw DALI runs), to the best CPU peer
+    of the row's recipe, and a YOLO row's to its counterpart in the default recipe."""
     raw = next((r.images_per_second for r in results if r.variant.name == "raw-dali" and r.measurement), None)
     limit = next((r.images_per_second for r in results if r.variant.name == "decode" and r.measurement), None)
-    best_peer = _best_cpu_peer(results)
+    default_rates = {r.variant.name: r.images_per_second for r in results if r.recipe == "default" and r.measurement}
     for r in results:
         ips = r.images_per_second
         if ips is None:
             continue
-        r.vs_raw_dali = ips / raw if raw else None
+        best_peer = _best_cpu_peer(results, r.recipe or "default")
+        r.vs_raw_dali = ips / raw if raw and r.recipe in ("default", None) else None
         r.vs_decode = ips / limit if limit else None
+        r.sources_vs_decode = r.source_images_per_second / limit if limit else None
         r.vs_cpu_peer = ips / best_peer if best_peer else None
+        if r.recipe not in ("default", None):
+            counterpart = default_rates.get(r.variant.counterpart or r.variant.name)
+            r.vs_default_recipe = ips / counterpart if counterpart else None
 
 
-def _best_cpu_peer(results: list[VariantResult]) -> float | None:
-    rates = [r.images_per_second for r in results if r.variant.kind == "cpu-peer" and r.measurement]
+def _best_cpu_peer(results: list[VariantResult], recipe: str = "default") -> float | None:
+    """The img/s of the fastest CPU peer of ``recipe``, or ``None``."""
+    rates = [r.images_per_second for r in results
+             if r.variant.kind == "cpu-peer" and r.recipe == recipe and r.measurement]
     return max(rates) if rates else None
 
 
 def _evaluate(check: Check, report: BenchReport) -> CheckResult:
     batch = report.settings.batch_size
-    top = report.result(check.numerator)
+    top_recipe, bottom_recipe = check.recipes
+    top = report.result(check.numerator, top_recipe)
     if top is None or top.measurement is None:
-        return CheckResult(check, None, _why_missing(check.numerator, top), batch)
+        return CheckResult(check, None, _why_missing(check.numerator, top, top_recipe), batch)
     if check.denominator == "cpu-peer":
-        bottom = _best_cpu_peer(report.results)
+        bottom = _best_cpu_peer(report.results, top_recipe)
         if bottom is None:
             return CheckResult(check, None, "no CPU peer measured", batch)
         return CheckResult(check, top.images_per_second / bottom, batch_size=batch)
-    other = report.result(check.denominator)
+    other = report.result(check.denominator, bottom_recipe)
     if other is None or other.measurement is None:
-        return CheckResult(check, None, _why_missing(check.denominator, other), batch)
+        return CheckResult(check, None, _why_missing(check.denominator, other, bottom_recipe), batch)
     if check.per_core:
         if top.per_core is None or other.per_core is None:
             return CheckResult(check, None, "no per-core figure", batch)
@@ -956,10 +1160,11 @@ def _evaluate(check: Check, report: BenchReport) -> CheckResult:
     return CheckResult(check, top.images_per_second / other.images_per_second, batch_size=batch)
 
 
-def _why_missing(name: str, result: VariantResult | None) -> str:
+def _why_missing(name: str, result: VariantResult | None, recipe: str = "default") -> str:
+    label = name if recipe == "default" else f"{name} ({recipe} recipe)"
     if result is None:
-        return f"{name} not run"
-    return f"{name} {result.status}"
+        return f"{label} not run"
+    return f"{label} {result.status}"
 
 
 def _run_scaling(
@@ -1063,7 +1268,7 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
         prog=prog,
         description=(
             "Measure the default detection recipe (IoU crop, flip, affine, resize, colour jitter, "
-            "normalize) through detaug's PyTorch iterator (GPU and CPU) and Keras Sequence, a "
+            "normalize; --recipes default,yolo adds the YOLO-style recipe beside it) through detaug's PyTorch iterator (GPU and CPU) and Keras Sequence, a "
             "hand-written raw DALI pipeline, torchvision.transforms.v2 / albumentations in "
             "DataLoaders and torchvision v2 on the GPU, against the decode limit (DALI decoding "
             "alone, best of a sweep of decoder settings), on one COCO-style JPEG dataset; print "
@@ -1110,7 +1315,18 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
     )
     parser.add_argument("--threads", type=positive_int,
                         help=f"DALI CPU threads (default: CPUs / LOCAL_WORLD_SIZE, at most 16: {default_threads()} here)")
-    parser.add_argument("--size", type=positive_int, default=512, help="output side in pixels (default 512)")
+    parser.add_argument(
+        "--size", type=positive_int,
+        help="output side in pixels of every recipe (default: " + ", ".join(
+            f"{v} for {k}" for k, v in DEFAULT_SIZES.items()) + ")",
+    )
+    parser.add_argument(
+        "--recipe", "--recipes", dest="recipes", action="append", type=_recipe_list, metavar="NAME[,NAME]",
+        help=f"the recipes measured side by side in one run, repeatable or comma-separated: "
+        f"{', '.join(RECIPES)} (default: default). yolo: detaug's yolo_recipe (Mosaic, RandomPerspective, "
+        "affine, letterbox, flip, MixUp, HSV) through the three detaug iterators and albumentations' "
+        "Mosaic in a DataLoader (albumentations-mosaic); rows and checks are labelled by recipe",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--only",
@@ -1139,6 +1355,14 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
     parser.add_argument("--quiet", action="store_true", help="no progress messages")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     return parser
+
+
+def _recipe_list(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in RECIPES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown recipe(s) {unknown or [text]}; choose from {', '.join(RECIPES)}")
+    return names
 
 
 def _non_negative_int(text: str) -> int:
@@ -1218,6 +1442,7 @@ def main(argv: Sequence[str] | None = None, *, debug: bool = False) -> int:
                 size=args.size,
                 seed=args.seed,
                 only=args.only.split(",") if args.only else None,
+                recipes=[n for group in args.recipes for n in group] if args.recipes else None,
                 images=args.images,
                 warmup=args.warmup,
                 scaling=args.scaling,

@@ -410,7 +410,7 @@ def _bench_json(tmp_path: Path, *args: str) -> dict:
 def _check_figures(results: dict, batch_sizes: list[int]) -> None:
     """The decode limit with its settings, ratios that are img/s over img/s, per-core figures of
     the CPU paths, memory fields (no GPU figure, with a reason, on the CPU)."""
-    assert results["schema"] == "detaug-bench/2"
+    assert results["schema"] == "detaug-bench/3"
     assert results["settings"]["batch_sizes"] == batch_sizes
     decode = results["decode"]
     assert decode["status"] == "ok" and decode["img_per_s"] > 0
@@ -572,6 +572,168 @@ class _WorkerThreads(torch.utils.data.Dataset):
 def test_peer_workers_run_one_thread_each():
     from detaug.bench.peers import pin_worker_threads
 
+    # from a fork server, as the peers' workers are (a forked worker hangs in OpenCV when this process used it)
     loader = torch.utils.data.DataLoader(_WorkerThreads(), batch_size=None, num_workers=1,
-                                         worker_init_fn=pin_worker_threads)
+                                         worker_init_fn=pin_worker_threads, multiprocessing_context="forkserver")
     assert [tuple(item) for item in loader] == [(1, "1", "1")] * 2
+
+
+# ------------------------------------------------------------------------------------------
+# --recipes default,yolo: the YOLO-style recipe beside the default one (issue 11)
+# ------------------------------------------------------------------------------------------
+
+YOLO_ROWS = ("decode", "detaug", "detaug-list", "detaug-cpu", "raw-dali", "albumentations", "albumentations-mosaic")
+
+
+def test_yolo_recipe_beside_the_default_one(voc_folder, tmp_path, capsys):
+    """Both recipes in one run: rows labelled by recipe, the YOLO rows' ratios to the default
+    recipe and source images per second, the two YOLO checks; albumentations' Mosaic row is there
+    (unavailable with its install line where albumentations is missing)."""
+    from detaug.bench.peers import PEERS_PIP
+
+    results = _bench_json(tmp_path, "--data", str(voc_folder), "--repeat-to", "8", "--batch-sizes", "4",
+                          "--recipes", "default,yolo", "--images", "8", "--warmup", "1", "--threads", "2",
+                          "--workers", "1", "--size", "128", "--only", ",".join(YOLO_ROWS))
+    printed = capsys.readouterr().out
+    assert results["settings"]["recipes"] == ["default", "yolo"]
+    assert results["settings"]["sizes"] == {"default": 128, "yolo": 128}
+    rows = {(r["recipe"], r["variant"]): r for r in results["results"]}
+    assert set(rows) == {(None, "decode"), *(("default", n) for n in YOLO_ROWS[1:6]),
+                         *(("yolo", n) for n in ("detaug", "detaug-list", "detaug-cpu", "albumentations-mosaic"))}
+    limit = rows[None, "decode"]["img_per_s"]
+    for name in ("detaug", "detaug-list", "detaug-cpu"):
+        yolo, default = rows["yolo", name], rows["default", name]
+        assert yolo["status"] == default["status"] == "ok", (yolo["message"], default["message"])
+        assert yolo["size"] == 128 and yolo["images"] >= 8
+        assert yolo["vs_default_recipe"] == pytest.approx(yolo["img_per_s"] / default["img_per_s"])
+        assert yolo["source_images_per_sample"] == pytest.approx(4.1)  # 4 tiles + 10% MixUp partners
+        assert yolo["source_img_per_s"] == pytest.approx(4.1 * yolo["img_per_s"])
+        assert yolo["sources_vs_decode"] == pytest.approx(yolo["source_img_per_s"] / limit)
+        assert yolo["vs_decode"] == pytest.approx(yolo["img_per_s"] / limit)
+        assert yolo["vs_raw_dali"] is None  # raw DALI runs the default recipe
+        assert default["vs_default_recipe"] is None and default["source_img_per_s"] == default["img_per_s"]
+    mosaic = rows["yolo", "albumentations-mosaic"]
+    assert mosaic["kind"] == "cpu-peer" and "no MixUp" in mosaic["note"] and "Mosaic" in mosaic["runs"]
+    if _installed("albumentations", "cv2"):
+        assert mosaic["status"] == "ok" and mosaic["source_images_per_sample"] == 4.0
+        assert rows["yolo", "detaug"]["vs_best_cpu_peer"] == pytest.approx(
+            rows["yolo", "detaug"]["img_per_s"] / mosaic["img_per_s"])
+    else:
+        assert mosaic["status"] == "unavailable" and PEERS_PIP in mosaic["message"]
+        assert f"albumentations missing: {PEERS_PIP}" in printed
+        assert rows["yolo", "detaug"]["vs_best_cpu_peer"] is None  # the default recipe's peers do not count
+    checks = {c["name"]: c for c in results["checks"]}
+    assert len(checks) == len(CHECKS) + len(runner.YOLO_CHECKS)
+    versus_default = checks["YOLO recipe / default recipe, detaug (COCO reader)"]
+    assert (versus_default["numerator_recipe"], versus_default["denominator_recipe"], versus_default["target"]) == (
+        "yolo", "default", 0.5)
+    assert versus_default["value"] == pytest.approx(rows["yolo", "detaug"]["vs_default_recipe"])
+    assert versus_default["passed"] == (versus_default["value"] >= 0.5)
+    versus_peer = checks["YOLO recipe: detaug (COCO reader) / albumentations Mosaic"]
+    assert versus_peer["target"] == 20.0 and versus_peer["denominator"] == "albumentations-mosaic"
+    if mosaic["status"] == "ok":
+        assert versus_peer["value"] == pytest.approx(rows["yolo", "detaug"]["img_per_s"] / mosaic["img_per_s"])
+    else:
+        assert versus_peer["value"] is None and "albumentations-mosaic (yolo recipe) unavailable" in versus_peer["reason"]
+    assert "recipe" in printed and "src img/s" in printed and "YOLO recipe / default recipe" in printed
+
+
+def test_recipe_sizes_and_options(tmp_path, dataset, capsys):
+    """Without --size each recipe has its own side (512, 640); --recipe is repeatable; a YOLO-only
+    run leaves out the default recipe's checks; unknown recipes are one line, exit 2."""
+    results = _bench_json(tmp_path, "--data", str(dataset.root), "--recipe", "yolo", "--recipe", "yolo",
+                          "--only", "decode,raw-dali", "--batch-sizes", "2", "--images", "2", "--warmup", "1",
+                          "--threads", "1")
+    assert results["settings"]["recipes"] == ["yolo"] and results["settings"]["sizes"] == {"yolo": 640}
+    assert [(r["recipe"], r["variant"]) for r in results["results"]] == [(None, "decode")]  # raw DALI: default only
+    assert [c["name"] for c in results["checks"]] == [c.name for c in runner.YOLO_CHECKS]
+    assert runner.run_bench.__kwdefaults__["size"] is None
+    from detaug.bench.recipe import DEFAULT_SIZES
+
+    assert DEFAULT_SIZES == {"default": 512, "yolo": 640}
+    with pytest.raises(SystemExit) as stop:
+        main(["--recipes", "default,bogus", "--device", "cpu"])
+    assert stop.value.code == 2 and "unknown recipe(s) ['bogus']" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="none of them runs the recipes default"):
+        run_bench(data=dataset.root, device="cpu", only=["albumentations-mosaic"], log=lambda m: None)
+
+
+def test_yolo_spec_is_the_recipe_detaug_runs():
+    """The numbers the albumentations peer reads are those of detaug's yolo_recipe."""
+    from detaug.bench.recipe import YoloSpec, detaug_recipe
+    from detaug.transforms import ColorJitter, MixUp, Mosaic, RandomAffine, RandomHorizontalFlip, RandomPerspective
+
+    spec = YoloSpec(size=320)
+    recipe = detaug_recipe("yolo", 320)
+    by_type = {type(t): t for t in recipe.transforms}
+    assert tuple(by_type[Mosaic].size) == (320, 320) and by_type[Mosaic].fill == spec.fill
+    assert by_type[RandomPerspective].distortion_scale == spec.perspective
+    affine = by_type[RandomAffine]
+    assert tuple(affine.translate) == (spec.translate, spec.translate)
+    # the affine about the 2x canvas before halving it: ultralytics' 1 -/+ scale
+    assert tuple(affine.scale) == pytest.approx((2 * (1 - spec.scale), 2 * (1 + spec.scale)))
+    assert by_type[RandomHorizontalFlip].p == spec.flip_p and by_type[MixUp].p == spec.mixup
+    jitter = by_type[ColorJitter]
+    assert tuple(jitter.hue) == pytest.approx((-spec.hsv_h, spec.hsv_h))
+    assert tuple(jitter.saturation) == pytest.approx((1 - spec.hsv_s, 1 + spec.hsv_s))
+    assert tuple(jitter.brightness) == pytest.approx((1 - spec.hsv_v, 1 + spec.hsv_v))
+    assert (recipe.min_size, recipe.min_visibility) == (spec.min_box_size, spec.min_visibility)
+    assert Mosaic.partners + 1 == spec.mosaic_images
+
+
+def test_mosaic_sampler_draws_partners_over_the_whole_dataset():
+    from detaug.bench.peers import MosaicSampler
+
+    first = list(islice(iter(MosaicSampler(5, seed=3)), 10))
+    assert first == list(islice(iter(MosaicSampler(5, seed=3)), 10))  # seeded
+    assert sorted(t[0] for t in first[:5]) == list(range(5)) == sorted(t[0] for t in first[5:])  # permutations
+    assert all(len(t) == 4 and all(0 <= i < 5 for i in t) for t in first)
+    partners = {i for t in islice(iter(MosaicSampler(5, seed=0)), 200) for i in t[1:]}
+    assert partners == set(range(5))
+
+
+@pytest.mark.skipif(not _installed("albumentations", "cv2"), reason="albumentations is not installed")
+def test_albumentations_mosaic_peer(dataset):
+    """uint8 batches of the output size, boxes inside the image and on object pixels (the
+    synthetic objects are saturated colours on grey; the fill is grey too)."""
+    from detaug.bench.peers import iter_albumentations_mosaic
+
+    size = 256
+    batches = iter_albumentations_mosaic(dataset, _settings(recipe="yolo", size=size))
+    try:
+        for images, targets in islice(batches, 2):
+            assert images.shape == (BATCH, 3, size, size) and images.dtype == torch.uint8
+            rgb = images.float()
+            coloured = (rgb.max(1).values - rgb.min(1).values) > 60
+            for k, target in enumerate(targets):
+                boxes = target["boxes"]
+                assert boxes.dtype == torch.float32 and target["labels"].dtype == torch.int64
+                assert (boxes >= -1e-3).all() and (boxes <= size + 1e-3).all()
+                for x0, y0, x1, y1 in boxes.round().int().tolist():
+                    if min(x1 - x0, y1 - y0) >= 8:
+                        assert coloured[k, y0:y1, x0:x1].float().mean() > 0.05
+    finally:
+        batches.close()
+
+
+def test_ratios_and_checks_of_a_made_up_yolo_run():
+    """The YOLO rows: ratio to the same variant of the default recipe, the best CPU peer of their
+    own recipe, source images per second; the two YOLO checks."""
+    def row(name, recipe, ips):
+        variant = runner._variant(name, recipe)
+        m = Measurement(images=int(ips), batches=1, seconds=1.0, warmup_seconds=0.0)
+        return runner.VariantResult(variant, "ok", measurement=m, batch_size=8)
+
+    results = [row("decode", "default", 4000), row("detaug", "default", 3000), row("albumentations", "default", 200),
+               row("detaug", "yolo", 1800), row("albumentations-mosaic", "yolo", 60)]
+    runner._fill_ratios(results)
+    yolo = results[3]
+    assert yolo.vs_default_recipe == pytest.approx(0.6) and yolo.vs_cpu_peer == pytest.approx(30.0)
+    assert yolo.source_images_per_second == pytest.approx(1800 * 4.1)
+    assert yolo.sources_vs_decode == pytest.approx(1800 * 4.1 / 4000)
+    assert results[4].vs_default_recipe == pytest.approx(60 / 200)  # against albumentations' default recipe
+    assert results[1].vs_cpu_peer == pytest.approx(15.0)  # the default recipe's peers only
+    report = runner.BenchReport(BenchSettings(device="gpu", batch_size=8, workers=4, threads=2), None, {}, results,
+                                recipes=("default", "yolo"))
+    values = {c.name: runner._evaluate(c, report) for c in runner.YOLO_CHECKS}
+    assert [(v.value, v.passed) for v in values.values()] == [(pytest.approx(0.6), True), (pytest.approx(30.0), True)]
