@@ -60,12 +60,12 @@ def statistics(kept: list[int], given: list[int], areas: list[float], sizes: lis
 def run_torchvision(name: str, samples: list, repeats: int, seed: int) -> dict:
     import torch
     from torchvision import tv_tensors
-    from torchvision.io import decode_image
+    from torchvision.io import ImageReadMode, decode_image
 
     torch.manual_seed(seed)
     policy = torchvision_policy(name)
     kept, given, areas, sizes = [], [], [], []
-    images = [decode_image(str(s.image)) for s in samples]
+    images = [decode_image(str(s.image), mode=ImageReadMode.RGB) for s in samples]  # 3 channels, as detaug decodes
     for _ in range(repeats):
         for s, image in zip(samples, images):
             boxes = tv_tensors.BoundingBoxes(torch.as_tensor(np.asarray(s.boxes)), format="XYXY",

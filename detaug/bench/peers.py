@@ -67,6 +67,9 @@ PEERS_PIP = 'python3 -m pip install -e ".[peers]"'
 ALBUMENTATIONS_PIP = PEERS_PIP
 #: torchvision must be the build of the installed torch; :func:`torchvision_pip` fills in the version.
 TORCHVISION_PIP = 'python3 -m pip install torchvision "torch==<your torch version>"'
+#: Seconds a DataLoader peer may take for one batch before its row ends in an error (a worker that
+#: hangs, e.g. in a thread pool copied by ``fork``, must not stop the whole run).
+PEER_BATCH_TIMEOUT = 120.0
 ALBUMENTATIONS_CROP_NOTE = "no IoU crop in albumentations: BBoxSafeRandomCrop stands in"
 ALBUMENTATIONS_MOSAIC_NOTE = (
     "albumentations 2.0.8 has no MixUp: none here (detaug blends 10% of its samples); Mosaic crops "
@@ -548,6 +551,21 @@ def peer_description(name: str, settings: BenchSettings) -> str:
     raise ValueError(f"unknown peer {name!r}")
 
 
+#: Set once a peer ran in this process (``workers=0``): OpenCV's thread pool is then live here.
+_RAN_IN_PROCESS = False
+
+
+def _worker_context(workers: int) -> str | None:
+    """How DataLoader workers start: forked (the default, what the recorded GPU runs used) unless a
+    peer already ran in this process. A fork copies OpenCV's thread pool in whatever state it is,
+    and a worker then waits forever on one of its locks; a fork server starts them clean."""
+    global _RAN_IN_PROCESS
+    if workers == 0:
+        _RAN_IN_PROCESS = True
+        return None
+    return "forkserver" if _RAN_IN_PROCESS else None
+
+
 def _iterate(data: Dataset, settings: BenchSettings, worker_init_fn=None,
              sampler: Sampler | None = None) -> Iterator[tuple]:
     gpu = settings.device == "gpu"
@@ -559,10 +577,9 @@ def _iterate(data: Dataset, settings: BenchSettings, worker_init_fn=None,
         collate_fn=collate_detection,
         pin_memory=gpu,
         worker_init_fn=worker_init_fn if settings.workers > 0 else None,
-        # workers forked from a clean server process: a fork of this process copies OpenCV's and
-        # DALI's thread pools in whatever state they are (a worker then waits forever on a lock of
-        # one of them), and spawned albumentations workers abort at exit ("terminate called")
-        multiprocessing_context="forkserver" if settings.workers > 0 else None,
+        # a batch that takes longer ends the row with an error instead of hanging the run
+        timeout=PEER_BATCH_TIMEOUT if settings.workers > 0 else 0,
+        multiprocessing_context=_worker_context(settings.workers),
         persistent_workers=False,
         drop_last=True,
     )

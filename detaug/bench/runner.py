@@ -782,6 +782,7 @@ def run_bench(
     only: Sequence[str] | None = None,
     recipes: Sequence[str] | None = None,
     images: int | None = None,
+    peer_images: int | None = None,
     warmup: int | None = None,
     scaling: bool = False,
     megapixels: Sequence[float] | None = None,
@@ -815,6 +816,8 @@ def run_bench(
         images: images timed per variant (and per sweep setting of ``decode``). ``None``: on the
             GPU 10 epochs for the DALI-based variants and 2 for the peers; on the CPU 64 images.
             DataLoader peers round up to whole waves of ``workers`` batches.
+        peer_images: images timed per peer (CPU DataLoaders, torchvision on the GPU) instead of
+            ``images``: the peers are 20 to 300 times slower, so fewer of their images time as well.
         warmup: warm-up batches (the DataLoader peers take at least one wave, ``workers``).
         scaling: add the megapixel rows (``megapixels``, default 0.3, 1, 4, 12) and batch rows
             (``scaling_batch_sizes``, default 8, 32, 128, 256) for :data:`SCALING_VARIANTS`.
@@ -861,7 +864,7 @@ def run_bench(
             num_images=num_images, cache_dir=cache_dir, seed=seed, progress=progress,
         )
         log(f"dataset: {dataset.describe()}")
-        runner = _Runner(dataset, defaults, images, warmup, log)
+        runner = _Runner(dataset, defaults, images, warmup, log, peer_images)
         if any(v.kind in ("cpu-peer", "gpu-peer") for v in planned):
             _warn_about_shared_memory(replace(base, batch_size=max(sizes), size=max(recipe_sizes.values())), log)
         results: dict[int, dict[tuple[str | None, str], VariantResult]] = {b: {} for b in sizes}
@@ -945,10 +948,11 @@ class _Runner:
     """Runs variants on one dataset with the run's image counts and warm-up."""
 
     def __init__(self, dataset: BenchDataset, defaults: Defaults, images: int | None, warmup: int,
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], peer_images: int | None = None) -> None:
         self.dataset, self.defaults, self.images, self.warmup, self.log = dataset, defaults, images, warmup, log
+        self.peer_images = peer_images
         if images is not None:
-            self.per_variant = f"{images} images"
+            self.per_variant = f"{images} images" + (f", peers {peer_images}" if peer_images else "")
         elif defaults.images is not None:
             self.per_variant = f"{defaults.images} images"
         else:
@@ -956,6 +960,8 @@ class _Runner:
                                 f"peers {defaults.epochs[1]}")
 
     def count(self, variant: Variant, dataset: BenchDataset | None = None) -> int:
+        if self.peer_images is not None and variant.kind in ("cpu-peer", "gpu-peer"):
+            return self.peer_images
         if self.images is not None:
             return self.images
         return _default_images(variant, self.defaults, dataset or self.dataset)
@@ -1339,6 +1345,11 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
         f"DALI-based variants, {gpu.epochs[1]} for the peers; on the CPU {cpu.images})",
     )
     parser.add_argument(
+        "--peer-images",
+        type=positive_int,
+        help="images timed per peer (torchvision, albumentations, their GPU and Mosaic rows) instead of --images",
+    )
+    parser.add_argument(
         "--warmup",
         type=positive_int,
         help=f"warm-up batches (default {gpu.warmup} on a GPU, {cpu.warmup} on the CPU; DataLoaders: "
@@ -1444,6 +1455,7 @@ def main(argv: Sequence[str] | None = None, *, debug: bool = False) -> int:
                 only=args.only.split(",") if args.only else None,
                 recipes=[n for group in args.recipes for n in group] if args.recipes else None,
                 images=args.images,
+                peer_images=args.peer_images,
                 warmup=args.warmup,
                 scaling=args.scaling,
                 megapixels=args.megapixels,

@@ -737,3 +737,14 @@ def test_ratios_and_checks_of_a_made_up_yolo_run():
                                 recipes=("default", "yolo"))
     values = {c.name: runner._evaluate(c, report) for c in runner.YOLO_CHECKS}
     assert [(v.value, v.passed) for v in values.values()] == [(pytest.approx(0.6), True), (pytest.approx(30.0), True)]
+
+
+def test_peer_images_time_the_peers_only(dataset):
+    """``--peer-images``: the peers time their own count, every other variant ``--images``."""
+    from detaug.bench.runner import DEFAULTS, _Runner, _variant
+
+    runner = _Runner(dataset, DEFAULTS["cpu"], 64, 1, print, peer_images=8)
+    assert runner.count(_variant("albumentations", "default")) == 8
+    assert runner.count(_variant("albumentations-mosaic", "yolo")) == 8
+    assert runner.count(_variant("torchvision-gpu", "default")) == 8
+    assert runner.count(_variant("detaug", "default")) == 64 == runner.count(_variant("decode", "default"))
