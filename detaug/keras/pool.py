@@ -125,7 +125,15 @@ class PipelinePool:
 
     def hold(self, key: tuple[int, int], pipe: Any, planned: PlannedBatch) -> None:
         """Keep ``pipe``, scheduled on ``planned``, for the call that asks for ``key``
-        ``(epoch, index)``."""
+        ``(epoch, index)`` (the caller holds the lock). When another call already holds ``key``
+        (two readers walking the same batches, as Keras' adapters do when they peek at the first
+        batch), ``pipe``'s batch is dropped and ``pipe`` goes back to the idle ones: replacing the
+        entry would lose a pipeline for good, and the pool would wait forever once all are lost."""
+        if key in self.prefetched:
+            if self._reclaim(pipe):
+                self.idle.append(pipe)
+            self.lock.notify()
+            return
         self.prefetched[key] = (pipe, planned)
 
     def take(self, key: tuple[int, int]) -> tuple[Any, PlannedBatch | None]:

@@ -192,6 +192,23 @@ class TestConcurrency:
         assert_batches_equal(one[0], epoch0[0])  # takes the prefetching pipeline over
         assert (one.prefetch_wasted, one._pool.count, one._pool.prefetched) == (1, 1, {})
 
+    def test_two_prefetches_of_one_batch_keep_both_pipelines(self, source, epoch0):
+        """Two readers walking the same batches (Keras' adapters peek at the first batches with
+        one iterator, then train with another) both prefetch batch 2: the second pipeline goes
+        back to the idle ones instead of replacing the first, which was then lost for good and
+        left the next calls waiting forever."""
+        two = make_sequence(source, workers=2)
+        two.set_epoch(0)
+        first, second = two._pool.acquire(), two._pool.acquire()
+        assert two._prefetch_next(first, 2, 0) and two._prefetch_next(second, 2, 0)
+        assert list(two._pool.prefetched) == [(0, 2)] and two._pool.prefetched[(0, 2)][0] is first
+        assert len(two._pool.idle) == 1 and two._pool.idle[0] is second and two._pool.count == 2
+        assert_batches_equal(two[2], epoch0[2])
+        with ThreadPoolExecutor(1) as pool:  # both pipelines free again: two calls at once do not wait
+            both = pool.submit(lambda: [two._pool.acquire(), two._pool.acquire()]).result(timeout=60)
+        for pipe in both:
+            two._pool.release(pipe)
+
     def test_workers_must_be_a_positive_integer(self, source):
         for bad in (0, -1, 1.5, True):
             with pytest.raises(ValueError, match="workers must be an integer >= 1 or None"):
