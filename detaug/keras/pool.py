@@ -135,6 +135,7 @@ class PipelinePool:
             self.lock.notify()
             return
         self.prefetched[key] = (pipe, planned)
+        self.lock.notify()  # a caller waiting in acquire may take it over (else it sleeps on)
 
     def take(self, key: tuple[int, int]) -> tuple[Any, PlannedBatch | None]:
         """The pipeline holding ``key``'s batch and its plan, or ``(None, None)``."""
