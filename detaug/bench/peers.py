@@ -296,14 +296,17 @@ def albumentations_transform(spec: RecipeSpec):
             A.Normalize(mean=spec.mean, std=spec.std, max_pixel_value=255.0),
             ToTensorV2(),
         ],
-        bbox_params=A.BboxParams(
-            format="pascal_voc",
-            label_fields=["labels"],
-            clip=True,
-            min_width=spec.min_box_size,
-            min_height=spec.min_box_size,
-        ),
+        bbox_params=_bbox_params(spec.min_box_size),
     )
+
+
+def _bbox_params(min_box_size: float, min_visibility: float = 0.0):
+    """``A.BboxParams`` of both albumentations recipes: xyxy pixels, clipped to the image, boxes
+    under ``min_box_size`` pixels a side or ``min_visibility`` of their area dropped."""
+    import albumentations as A
+
+    return A.BboxParams(format="pascal_voc", label_fields=["labels"], clip=True, min_width=min_box_size,
+                        min_height=min_box_size, min_visibility=min_visibility)
 
 
 class AlbumentationsDetection(Dataset):
@@ -409,14 +412,7 @@ def albumentations_mosaic_transform(spec: YoloSpec):
             A.PadIfNeeded(min_height=size, min_width=size, border_mode=cv2.BORDER_CONSTANT, fill=spec.fill),
             ToTensorV2(),
         ],
-        bbox_params=A.BboxParams(
-            format="pascal_voc",
-            label_fields=["labels"],
-            clip=True,
-            min_width=spec.min_box_size,
-            min_height=spec.min_box_size,
-            min_visibility=spec.min_visibility,
-        ),
+        bbox_params=_bbox_params(spec.min_box_size, spec.min_visibility),
     )
 
 
