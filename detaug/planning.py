@@ -229,17 +229,11 @@ class BatchPlanner:
         start = step * self.spec.batch_size
         positions, data, shapes, boxes, tables, ids, skipped, repaired = [], [], [], [], [], [], [], []
         for k, position in enumerate(wanted):
-            for tries in range(len(order)):
-                p = int(order[(start + k + tries) % len(order)])
-                try:
-                    d, hw, b, table, image_id = self._read(p, bad, repaired)
-                    break
-                except ImageError as err:
-                    if self.on_error == "raise":
-                        raise
-                    skipped.append({"image_id": err.image_id, "file": err.file, "reason": err.reason})
-            else:
+            candidates = (int(order[(start + k + tries) % len(order)]) for tries in range(len(order)))
+            found = self._read_first(candidates, bad, skipped, repaired)
+            if found is None:
                 raise DatasetError(f"no image of shard {self.spec.shard_id} can be read; the last: {skipped[-1]}")
+            p, (d, hw, b, table, image_id) = found
             positions.append(p)
             data.append(d)
             shapes.append(hw)
@@ -273,6 +267,23 @@ class BatchPlanner:
             partners=None if decoded_shapes else partner_data, partner_positions=partner_positions,
             fields=out_fields,
         )
+
+    def _read_first(self, candidates: Iterable[int], bad: Mapping[int, str], skipped: list[dict[str, Any]],
+                    repaired: list[dict[str, Any]], loaded: Mapping[int, tuple] | None = None) -> tuple[int, tuple] | None:
+        """The first of ``candidates`` that can be read: ``(position, what _read gives)``, taken
+        from ``loaded`` where it is there; ``None`` when none can. Each unreadable one is recorded
+        in ``skipped`` (or raised, with ``on_error="raise"``): the one skip rule of samples and
+        partners."""
+        for p in candidates:
+            if loaded is not None and p in loaded:
+                return p, loaded[p]
+            try:
+                return p, self._read(p, bad, repaired)
+            except ImageError as err:
+                if self.on_error == "raise":
+                    raise
+                skipped.append({"image_id": err.image_id, "file": err.file, "reason": err.reason})
+        return None
 
     def _read(self, p: int, bad: Mapping[int, str], repaired: list[dict[str, Any]]
               ) -> tuple[np.ndarray, tuple[int, int], np.ndarray, _Rows, int]:
@@ -316,22 +327,14 @@ class BatchPlanner:
                     data[k][i], shapes[k][i] = self.placeholder(), (1, 1)
                     boxes[k][i], tables[k][i] = np.zeros((0, 4), np.float32), _Rows(np.zeros(0, np.int64), {})
                     continue
-                for tries in range(n):
-                    p = int((drawn[i, k] + tries) % n)
-                    if p in loaded:
-                        break
-                    try:
-                        d, hw, bx, table, _ = self._read(p, bad, repaired)
-                        loaded[p] = (d, hw, bx, table)
-                        break
-                    except ImageError as err:
-                        if self.on_error == "raise":
-                            raise
-                        skipped.append({"image_id": err.image_id, "file": err.file, "reason": err.reason})
-                else:
+                candidates = (int((drawn[i, k] + tries) % n) for tries in range(n))
+                found = self._read_first(candidates, bad, skipped, repaired, loaded)
+                if found is None:
                     raise DatasetError(f"no image of the dataset can be read as a partner; the last: {skipped[-1]}")
+                p, read = found
+                loaded[p] = read
                 positions[i, k] = p
-                data[k][i], shapes[k][i], boxes[k][i], tables[k][i] = loaded[p]
+                data[k][i], shapes[k][i], boxes[k][i], tables[k][i], _ = read
         labels = [[t.labels for t in slot] for slot in tables]
         return Partners(shapes, boxes, labels), tables, data, positions
 

@@ -125,17 +125,7 @@ def build_decode_pipeline(dataset: BenchDataset, settings: BenchSettings, config
         device = "mixed" if gpu else "cpu"
         if not config.window:
             return fn.decoders.image(jpegs, device=device, output_type=types.RGB, **options)
-        anchor, shape, _, _ = fn.random_bbox_crop(
-            boxes,
-            labels,
-            thresholds=list(spec.crop_iou_thresholds),
-            scaling=list(spec.crop_scale),
-            aspect_ratio=list(spec.crop_aspect_ratio),
-            allow_no_crop=spec.crop_allow_no_crop,
-            all_boxes_above_threshold=False,
-            num_attempts=spec.crop_trials,
-            bbox_layout="xyXY",
-        )
+        anchor, shape, _, _ = spec.dali_random_bbox_crop(boxes, labels)
         return fn.decoders.image_slice(jpegs, anchor, shape, device=device, output_type=types.RGB, **options)
 
     pipe = decode_pipeline()

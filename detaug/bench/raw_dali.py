@@ -50,17 +50,7 @@ def detection_pipeline(file_root: str, annotations_file: str, *, spec: RecipeSpe
     )
     # 2. random IoU crop: the window is chosen on the boxes, then only that window is decoded;
     #    one box reaching the threshold suffices (SSD and torchvision), not all of them
-    crop_anchor, crop_shape, boxes, labels = fn.random_bbox_crop(
-        boxes,
-        labels,
-        thresholds=list(spec.crop_iou_thresholds),
-        scaling=list(spec.crop_scale),
-        aspect_ratio=list(spec.crop_aspect_ratio),
-        allow_no_crop=spec.crop_allow_no_crop,
-        all_boxes_above_threshold=False,
-        num_attempts=spec.crop_trials,
-        bbox_layout="xyXY",
-    )
+    crop_anchor, crop_shape, boxes, labels = spec.dali_random_bbox_crop(boxes, labels)
     images = fn.decoders.image_slice(
         jpegs, crop_anchor, crop_shape, device=decode_device, output_type=types.RGB, **(decoder or {})
     )

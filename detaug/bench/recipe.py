@@ -84,6 +84,25 @@ class RecipeSpec:
         if not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"size should be a positive int, got {self.size!r}")
 
+    def dali_random_bbox_crop(self, boxes, labels):
+        """DALI's ``fn.random_bbox_crop`` of ``boxes`` (``xyXY``, relative) and ``labels`` with this
+        recipe's IoU-crop settings, one box reaching the threshold sufficing (SSD and
+        torchvision): ``(anchor, shape, boxes, labels)``. The one definition of the window of the
+        raw DALI pipeline and of the decode limit's window decoding."""
+        from nvidia.dali import fn
+
+        return fn.random_bbox_crop(
+            boxes,
+            labels,
+            thresholds=list(self.crop_iou_thresholds),
+            scaling=list(self.crop_scale),
+            aspect_ratio=list(self.crop_aspect_ratio),
+            allow_no_crop=self.crop_allow_no_crop,
+            all_boxes_above_threshold=False,
+            num_attempts=self.crop_trials,
+            bbox_layout="xyXY",
+        )
+
     @property
     def torchvision_sampler_options(self) -> list[float]:
         """``RandomIoUCrop.sampler_options``: the thresholds, plus 1.0 ("no crop") when allowed."""

@@ -1386,24 +1386,23 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"should be positive integers, got {text!r}")
-    return values
+def _positive_list(convert: Callable[[str], float], noun: str) -> Callable[[str], list]:
+    """An argparse ``type``: a comma-separated list of positive ``convert``-ed values (``noun``
+    names them in the errors)."""
+    def parse(text: str) -> list:
+        try:
+            values = [convert(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a comma-separated list of {noun}: {text!r}") from None
+        if not values or any(not v > 0 for v in values):
+            raise argparse.ArgumentTypeError(f"should be positive {noun}, got {text!r}")
+        return values
+
+    return parse
 
 
-def _float_list(text: str) -> list[float]:
-    try:
-        values = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") from None
-    if not values or any(not v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"should be positive numbers, got {text!r}")
-    return values
+_int_list = _positive_list(int, "integers")
+_float_list = _positive_list(float, "numbers")
 
 
 def _startup(argv: list[str]) -> int:
