@@ -2,6 +2,9 @@
 whose results come back in input order, a bounded number of chunks ahead.
 
 Input order makes the output deterministic: ``workers=1`` and ``workers=N`` give the same bytes.
+The pool is :func:`detaug.workers.start_pool`'s (spawned, not forked: a fork of a process whose
+other threads hold a lock, DALI's or OpenCV's, can hang the child; no re-run of a main script
+without a main guard; workers die with the parent).
 At most :data:`WINDOW_PER_WORKER` chunks per worker are in flight (sent and not yet consumed),
 so that a main process slower than the workers does not pile results up in memory: memory is
 bounded by the window, not by the dataset.
@@ -11,14 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import multiprocessing
 import os
-import signal
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from converters.convert_file import FileOptions, FileResult, convert_file, file_names
+from detaug.workers import start_pool, stop_pool
 
 #: Below this many XML files the parsing runs in the calling process (``workers=None``).
 PARALLEL_MIN_FILES = 2000
@@ -73,14 +75,12 @@ class Runner:
 
     def __enter__(self) -> Runner:
         if self.workers > 1:
-            self._pool = multiprocessing.get_context().Pool(self.workers, _init_worker,
-                                                            (self.options,))
+            self._pool = start_pool(self.workers, _init_worker, (self.options,))
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
+            stop_pool(self._pool, grace=0.0)
             self._pool = None
 
     def results(self, xml_files: Sequence[str]) -> Iterator[FileResult]:
@@ -114,7 +114,7 @@ class Runner:
         pending: deque[tuple[Any, int]] = deque()
         for start in range(0, len(items), size):
             part = items[start:start + size]
-            pending.append((self._pool.apply_async(function, (part,)), len(part)))
+            pending.append((self._pool.submit(function, part), len(part)))
             if len(pending) >= window:
                 yield self._take(pending.popleft())
         while pending:
@@ -122,7 +122,7 @@ class Runner:
 
     def _take(self, entry: tuple[Any, int]) -> Any:
         result, n = entry
-        value = result.get()
+        value = result.result()
         self.progress.update(n)
         return value
 
@@ -131,9 +131,7 @@ _worker_options: FileOptions | None = None
 
 
 def _init_worker(options: FileOptions) -> None:
-    # Ctrl-C goes to the whole process group: the main process handles it (and terminates the
-    # pool); workers ignore it instead of printing one traceback each.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # start_pool's workers ignore Ctrl-C already (the main process handles it and stops the pool)
     gc.disable()  # see gc_paused; the worker ends with the conversion
     global _worker_options
     _worker_options = options
