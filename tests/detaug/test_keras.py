@@ -209,6 +209,28 @@ class TestConcurrency:
         for pipe in both:
             two._pool.release(pipe)
 
+    def test_a_waiting_call_takes_over_a_pipeline_handed_to_a_prefetch(self, source, epoch0):
+        """A call waiting for the only pipeline wakes when its holder hands it to a prefetch
+        nobody asked for, and takes it over (it slept on before: waiting calls then piled up)."""
+        one = make_sequence(source, workers=1)
+        one.set_epoch(0)
+        pipe = one._pool.acquire()  # the only pipeline, busy
+        with ThreadPoolExecutor(1) as pool:
+            call = pool.submit(lambda: one[0])
+            deadline = time.monotonic() + 30
+            while not one._lock._waiters and time.monotonic() < deadline:  # the call waits in acquire
+                time.sleep(0.01)
+            assert one._lock._waiters and not call.done()
+            assert one._prefetch_next(pipe, 2, 0)
+            try:
+                batch = call.result(timeout=30)
+            finally:  # on failure, wake the call so that the test ends
+                with one._lock:
+                    one._lock.notify_all()
+        assert_batches_equal(batch, epoch0[0])
+        # batch 2's prefetch was dropped; the call then prefetched batch 1 (sequential from 0)
+        assert (one.prefetch_wasted, one._pool.count, list(one._pool.prefetched)) == (1, 1, [(0, 1)])
+
     def test_workers_must_be_a_positive_integer(self, source):
         for bad in (0, -1, 1.5, True):
             with pytest.raises(ValueError, match="workers must be an integer >= 1 or None"):
