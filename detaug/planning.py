@@ -456,20 +456,25 @@ def _clip_to_image(boxes: np.ndarray, hw: tuple[int, int], file: str, image_id: 
     return checked[keep], keep
 
 
-def undecodable(data: list[np.ndarray]) -> list[tuple[int, str]]:
-    """``(index, reason)`` of the encoded images in ``data`` that Pillow cannot decode fully:
-    the culprits of a batch DALI failed on although every header was fine."""
+def undecodable(planned: PlannedBatch) -> list[tuple[int, str]]:
+    """``(dataset position, reason)`` of the encoded images of ``planned``, its samples' and
+    its Mosaic/MixUp partners', that Pillow cannot decode fully: the culprits of a batch DALI
+    failed on although every header was fine. Each position once, samples first."""
     from PIL import Image
 
-    found = []
-    for k, d in enumerate(data):
-        if d.ndim != 1:
+    images = list(zip(planned.positions.tolist(), planned.data or []))
+    for k, column in enumerate(planned.partners or []):
+        images += [(p, d) for p, d in zip(planned.partner_positions[:, k].tolist(), column) if p >= 0]
+    found, seen = [], set()
+    for p, d in images:
+        if d.ndim != 1 or p in seen:
             continue
+        seen.add(p)
         try:
             with Image.open(io.BytesIO(d.tobytes())) as im:
                 im.load()
         except Exception as err:  # noqa: BLE001 - any failure marks the culprit
-            found.append((k, f"cannot be decoded: {err}"))
+            found.append((int(p), f"cannot be decoded: {err}"))
     return found
 
 
@@ -481,12 +486,13 @@ class DecodeFailure(Exception):
         self.planned = planned
 
     def error(self, source: Any, culprits: list[tuple[int, str]]) -> Exception:
-        """What the user gets when the culprit is not skipped: an :class:`ImageError` naming it,
-        or, when none is found, a ``RuntimeError`` naming every file of the batch."""
+        """What the user gets when the culprit is not skipped: an :class:`ImageError` naming the
+        first of ``culprits`` (``(dataset position, reason)``, :func:`undecodable`), or, when
+        there are none, a ``RuntimeError`` naming every file of the batch."""
         planned = self.planned
         if culprits:
-            k, reason = culprits[0]
-            return ImageError(source.file_of(int(planned.positions[k])), int(planned.image_ids[k]), reason)
+            p, reason = culprits[0]
+            return ImageError(source.file_of(p), int(source.samples[p].image_id), reason)
         files = [source.file_of(int(p)) for p in planned.positions]
         return RuntimeError(f"batch {planned.step} of epoch {planned.epoch} (files {files}) failed in DALI: {self}")
 

@@ -344,13 +344,13 @@ class DetectionLoader:
                 return images, inflight.popleft()
             except (RuntimeError, IndexError) as err:  # IndexError: DALI's "critical error"
                 failure = DecodeFailure(inflight[0], err)
-                culprits = undecodable(failure.planned.data)
+                culprits = undecodable(failure.planned)
                 if not culprits or self.on_error == "raise":
                     inflight.clear()
                     self._rebuild(inflight)
                     raise failure.error(self.source, culprits) from err
-                for k, reason in culprits:
-                    self._bad[int(failure.planned.positions[k])] = reason
+                for position, reason in culprits:
+                    self._bad[position] = reason
                 inflight[0] = self._result(failure.planned.epoch, failure.planned.step, None)
                 self._rebuild(inflight)
 

@@ -512,12 +512,12 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     def _without_undecodable(self, planned: PlannedBatch, failure: DecodeFailure) -> PlannedBatch:
         """Batch ``planned`` planned again without the images DALI failed on (``on_error="skip"``),
         or the error naming the culprit (``"raise"``, or no culprit found)."""
-        culprits = undecodable(planned.data)
+        culprits = undecodable(planned)
         if not culprits or self.on_error == "raise":
             raise failure.error(self.source, culprits) from failure.__cause__
         with self._lock:
-            for k, reason in culprits:
-                self._bad[int(planned.positions[k])] = reason
+            for position, reason in culprits:
+                self._bad[position] = reason
             bad = dict(self._bad)
         replanned = self.planner.plan(planned.epoch, planned.step, bad=bad)
         if replanned.data is None or replanned.partners is None:

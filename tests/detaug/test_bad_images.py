@@ -259,3 +259,27 @@ def test_a_decoder_failure_costs_only_the_culprit(tmp_path):
         images, targets = seq[0]
     assert len(images) == 3 and (targets["labels"][:, 0] == 1).all()
     assert [s["image_id"] for s in seq.skipped] == [99]
+
+
+def test_a_decoder_failure_of_a_mosaic_partner_costs_only_the_culprit(tmp_path):
+    """An image DALI cannot decode (header fine) that a batch reads only as a Mosaic partner is
+    found among the partners, skipped and named, like a sample; with on_error="raise" it is
+    the error, named."""
+    broken = header_fine_body_broken(tmp_path / "broken.jpg")
+    samples = [Sample(str(good_jpeg(tmp_path / f"g{i}.jpg")), [[10, 8, 30, 24]], [1], i + 1) for i in range(8)]
+    samples.insert(5, Sample(str(broken), [[10, 8, 30, 24]], [1], 99))
+    recipe = T.Compose([T.Mosaic((64, 64), fill=114), T.Resize(SIZE)])
+    loader = DetectionLoader(SampleListSource(samples), recipe, 3, device=DEVICE, shuffle=True, seed=1)
+    plans = [loader.planner.plan(0, step) for step in range(len(loader))]
+    assert any(5 in p.partner_positions and 5 not in p.positions for p in plans)  # a partner only
+    with pytest.warns(DataWarning, match="broken.jpg"):
+        batches = list(loader)
+    assert len(batches) == 3 and all(len(targets) == 3 for _, targets in batches)
+    assert 99 not in [t["image_id"] for _, targets in batches for t in targets]
+    assert {s["image_id"] for s in loader.skipped} == {99}
+    with pytest.raises(ImageError, match=r"broken.jpg \(image_id 99\): cannot be decoded"):
+        list(DetectionLoader(SampleListSource(samples), recipe, 3, device=DEVICE, shuffle=True, seed=1, on_error="raise"))
+    seq = DetectionSequence(SampleListSource(samples), recipe, 3, max_boxes=8, device=DEVICE, plan_workers=0, seed=1)
+    with pytest.warns(DataWarning, match="broken.jpg"):
+        got = [seq[i] for i in range(len(seq))]
+    assert all(len(images) == 3 for images, _ in got) and [s["image_id"] for s in seq.skipped][:1] == [99]
