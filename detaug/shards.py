@@ -10,12 +10,16 @@ Layout of a shard folder written by :func:`write_shards` (``detaug shards SRC OU
 ``<key>`` is the sample's position in the folder, zero-padded (``000000042``). ``<key>.json`` is
 the truth about the sample: ``{"image_id": int, "boxes": [[x1, y1, x2, y2], ...] absolute xyxy
 in continuous pixels (pixel i spans [i, i + 1)), "labels": [category id, ...], "size": [height,
-width] or null, "file": the file it was written from}``. The tars are plain POSIX tars that
+width] or null, "file": the file it was written from, "fields": {name: [value per box, ...]}
+(the source's per-box fields, such as ``iscrowd``, ``difficult`` or a track id; absent without
+any)}``. The tars are plain POSIX tars that
 ``tar``, the ``webdataset`` library and DALI's ``fn.readers.webdataset`` (with the ``.idx``
 files: no scan at start-up) read.
 
 ``manifest/`` holds the same facts as columns (:mod:`detaug.formats.columnar`: image ids,
-declared sizes, box offsets, boxes, labels, and where each image's bytes are in its tar), opened
+declared sizes, box offsets, boxes, labels, the per-box fields as ``field_<k>`` in the order of
+``dataset.json``'s ``"fields"`` ``[[name, dtype, shape], ...]``, and where each image's bytes
+are in its tar), opened
 memory-mapped: a :class:`ShardSource` starts in the same time, and with the same memory, for 1k
 or 10M samples, and holds no Python object per sample. It is rebuilt from the tars and index
 files when missing (:func:`rebuild_manifest`).
@@ -52,7 +56,7 @@ import numpy as np
 from detaug.errors import DatasetError
 from detaug.formats import validation as v
 from detaug.formats.columnar import SampleTable, SampleView, load_columns, save_columns
-from detaug.sources import SampleListSource, check_orientation
+from detaug.sources import FieldSpec, SampleListSource, check_orientation, field_specs
 
 __all__ = [
     "INDEX_VERSION", "ShardSource", "ShardSummary", "add_shards_parser", "parse_size", "read_index",
@@ -234,7 +238,8 @@ def write_shards(source: Any, out: str | os.PathLike, *, shard_size: int | str =
 
     Args:
         source: the samples (read with ``source.load(i)``: the image bytes as they are, the
-            checked boxes and labels, the image id; ``source.samples[i].size`` the declared size).
+            checked boxes and labels, the image id; ``source.samples[i].size`` the declared size
+            and ``.fields`` the per-box fields of ``source.field_specs``, kept with their boxes).
         out: the folder (created; tar files of an earlier run with the same prefix are replaced).
         shard_size: bytes per tar (``"1GB"``, ``"512MiB"``, an int); a sample larger than that
             gets a tar of its own.
@@ -267,6 +272,8 @@ def write_shards(source: Any, out: str | os.PathLike, *, shard_size: int | str =
     ids, sizes, counts, offsets, lengths, exts = [], [], [], [], [], []
     boxes_parts: list[np.ndarray] = []
     label_parts: list[np.ndarray] = []
+    specs = field_specs(source)
+    field_parts: dict[str, list[np.ndarray]] = {name: [] for name in specs}
     ext_names: list[str] = []
     writer: _TarWriter | None = None
     bar = _progress(n, progress)
@@ -301,8 +308,11 @@ def write_shards(source: Any, out: str | os.PathLike, *, shard_size: int | str =
             boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
             labels = np.asarray(labels, dtype=np.int64).reshape(-1)
             size = source.samples[i].size
+            fields = _fields_to_write(source.samples[i], specs, len(boxes))
             record = {"image_id": int(image_id), "boxes": boxes.tolist(), "labels": labels.tolist(),
                       "size": list(size) if size is not None else None, "file": source.file_of(i)}
+            if specs:
+                record["fields"] = {name: values.tolist() for name, values in fields.items()}
             payload = json.dumps(record, separators=(",", ":")).encode("utf-8")
             raw = data.tobytes()
             need = 4 * _BLOCK + len(raw) + len(payload) + 2 * _BLOCK
@@ -325,6 +335,8 @@ def write_shards(source: Any, out: str | os.PathLike, *, shard_size: int | str =
             exts.append(ext_names.index(ext))
             boxes_parts.append(boxes)
             label_parts.append(labels)
+            for name, values in fields.items():
+                field_parts[name].append(values)
         close_shard()
     finally:
         bar.close()
@@ -345,11 +357,26 @@ def write_shards(source: Any, out: str | os.PathLike, *, shard_size: int | str =
         "orientation": getattr(source, "orientation", "auto"), "key_width": width, "extensions": ext_names,
         "shards": shards, "samples": summary.samples, "boxes": summary.boxes, "skipped": summary.skipped,
         "written_from": str(getattr(source, "report", None) and source.report.source or type(source).__name__),
+        "fields": [[name, spec.dtype.str, list(spec.shape)] for name, spec in specs.items()],
     }
     summary.seconds = time.monotonic() - started
+    columns = {name: np.concatenate(parts) for name, parts in field_parts.items()}
     save_manifest(out, table, np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), np.asarray(exts, np.uint8),
-                  dataset)
+                  dataset, columns)
     return summary
+
+
+def _fields_to_write(sample: Any, specs: dict[str, FieldSpec], n: int) -> dict[str, np.ndarray]:
+    """The per-box fields of ``sample`` as their specs' arrays ``[n, *shape]``."""
+    fields = getattr(sample, "fields", None) or {}
+    return {name: np.asarray(fields[name], dtype=spec.dtype).reshape(n, *spec.shape) for name, spec in specs.items()}
+
+
+def _specs_of(dataset: dict[str, Any]) -> dict[str, FieldSpec]:
+    """The per-box fields of a shard folder (``dataset.json``'s ``"fields"``; none in a folder
+    written before shards kept them)."""
+    return {str(name): FieldSpec(np.dtype(dtype), tuple(int(k) for k in shape))
+            for name, dtype, shape in dataset.get("fields", [])}
 
 
 def _extension_of(file: str) -> str:
@@ -358,15 +385,18 @@ def _extension_of(file: str) -> str:
 
 
 def save_manifest(out: Path, table: SampleTable, offsets: np.ndarray, lengths: np.ndarray, exts: np.ndarray,
-                  dataset: dict[str, Any]) -> None:
+                  dataset: dict[str, Any], fields: dict[str, np.ndarray] | None = None) -> None:
     """Write ``dataset.json`` and ``manifest/`` (the columns, with the labels present and the
-    largest box count, so that no loader scans every sample at start-up)."""
+    largest box count, so that no loader scans every sample at start-up); ``fields``: the
+    per-box fields' columns, in the order of ``dataset["fields"]``."""
     labels = np.unique(np.asarray(table.labels)).astype(np.int64)
     most = table.max_boxes()
     meta = {"version": MANIFEST_VERSION, "samples": len(table), "present_labels": labels.tolist(), "max_boxes": most,
             "shards": [s["tar"] for s in dataset["shards"]],
             "shard_samples": [int(s["samples"]) for s in dataset["shards"]]}
-    save_columns(out / "manifest", {**table.arrays(), "offsets": offsets, "lengths": lengths, "exts": exts}, meta)
+    columns = {f"field_{k}": values for k, values in enumerate((fields or {}).values())}
+    save_columns(out / "manifest", {**table.arrays(), "offsets": offsets, "lengths": lengths, "exts": exts, **columns},
+                 meta)
     (out / "dataset.json").write_text(json.dumps(dataset, indent=1))
 
 
@@ -384,6 +414,7 @@ def rebuild_manifest(out: str | os.PathLike) -> None:
         dataset = {"version": MANIFEST_VERSION, "categories": None, "orientation": "auto",
                    "shards": [{"tar": t, "index": Path(t).with_suffix(".idx").name} for t in tars], "skipped": []}
     ids, sizes, counts, offsets, lengths, exts, boxes, labels = [], [], [], [], [], [], [], []
+    records_fields: list[dict[str, Any]] = []
     ext_names: list[str] = []
     width = 0
     for shard in dataset["shards"]:
@@ -410,6 +441,7 @@ def rebuild_manifest(out: str | os.PathLike) -> None:
                 exts.append(ext_names.index(ext))
                 boxes.append(b)
                 labels.append(np.asarray(record["labels"], dtype=np.int64).reshape(-1))
+                records_fields.append(record.get("fields") or {})
         shard["samples"], shard["bytes"] = len(entries), (out / shard["tar"]).stat().st_size
     table = SampleTable(np.asarray(ids, np.int64), np.asarray(sizes, np.int32).reshape(-1, 2),
                         np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
@@ -417,9 +449,32 @@ def rebuild_manifest(out: str | os.PathLike) -> None:
                         np.concatenate(labels or [np.zeros(0, np.int64)]).astype(np.int32))
     if dataset.get("categories") is None:
         dataset["categories"] = [[int(k), str(int(k))] for k in table.present_labels()]
+    if "fields" not in dataset:  # no dataset.json
+        dataset["fields"] = _inferred_fields(records_fields, counts)
+    specs = _specs_of(dataset)
+    columns = {name: np.concatenate([np.asarray(f[name], dtype=spec.dtype).reshape(n, *spec.shape)
+                                     for f, n in zip(records_fields, counts)] or [np.zeros((0, *spec.shape), spec.dtype)])
+               for name, spec in specs.items()}
     dataset.update(key_width=width, extensions=ext_names, samples=len(table), boxes=int(table.box_starts[-1]))
     save_manifest(out, table, np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), np.asarray(exts, np.uint8),
-                  dataset)
+                  dataset, columns)
+
+
+def _inferred_fields(records_fields: list[dict[str, Any]], counts: list[int]) -> list[list[Any]]:
+    """``dataset.json``'s ``"fields"`` from the samples' JSONs alone: the fields every record
+    has, in name order, typed by their values (int64 for whole numbers, else float32), shaped
+    by a sample with boxes."""
+    names = set.intersection(*(set(f) for f in records_fields)) if records_fields else set()
+    found = []
+    for name in sorted(names):
+        values = [np.asarray(f[name]) for f, n in zip(records_fields, counts) if n]
+        if not values:
+            found.append([name, np.dtype(np.int64).str, []])
+            continue
+        kind = np.result_type(*values).kind
+        dtype = np.dtype(np.int64) if kind in "biu" else np.dtype(np.float32)
+        found.append([name, dtype.str, list(values[0].shape[1:])])
+    return found
 
 
 # -- the source ------------------------------------------------------------------------------------
@@ -434,14 +489,24 @@ class _TarMember:
         return self.source.member_of(row)
 
 
+class _ShardFields:
+    """``fields_of`` of a shard view: the per-box fields' rows of a sample (picklable)."""
+
+    def __init__(self, source: ShardSource) -> None:
+        self.source = source
+
+    def __call__(self, start: int, end: int, boxes: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: np.array(column[start:end]) for name, column in self.source.field_columns.items()}
+
+
 class ShardSource(SampleListSource):
     """The samples of a shard folder written by :func:`write_shards` (``detaug shards``), read
     by offset from the tar files (the module docstring says why).
 
     Every rule of the other sources holds: ``source.samples[i]`` is the ``i``-th sample of the
     folder (a :class:`~detaug.sources.Sample` built on demand; its ``image`` names the tar
-    member, ``"OUT/shard-000003.tar:000012345.jpg"``), ``load(i)`` gives its bytes as written,
-    an image that cannot be decoded is named and skipped by the loaders, and
+    member, ``"OUT/shard-000003.tar:000012345.jpg"``; its ``fields`` the per-box fields the
+    folder was written with, :attr:`field_specs`), ``load(i)`` gives its bytes as written, an image that cannot be decoded is named and skipped by the loaders, and
     ``DetectionLoader`` / ``DetectionSequence`` give exact epochs, equal ranks and resumable
     states. Start-up opens ``manifest/`` memory-mapped (no scan of the tars; the same time for
     any number of samples); a process keeps resident only the pages of the samples it reads.
@@ -487,12 +552,15 @@ class ShardSource(SampleListSource):
         self._width = int(self.dataset["key_width"])
         self._ext_names = list(self.dataset["extensions"])
         self._files: dict[int, int] = {}
+        specs = _specs_of(self.dataset)
+        self.field_columns = {name: arrays[f"field_{k}"] for k, name in enumerate(specs)}
         self._check_tars()
         report = v.Report(str(self.root))
         report.images, report.boxes = len(self.table), int(self.table.box_starts[-1])
         categories = {int(k): str(name) for k, name in self.dataset["categories"]}
         orientation = check_orientation(orientation if orientation is not None else self.dataset.get("orientation", "auto"))
-        self._adopt(SampleView(self.table, _TarMember(self)), categories, report, orientation)  # type: ignore[arg-type]
+        view = SampleView(self.table, _TarMember(self), fields_of=_ShardFields(self) if specs else None)
+        self._adopt(view, categories, report, orientation, specs)  # type: ignore[arg-type]
 
     def _check_tars(self) -> None:
         """Every tar is there and as long as when it was written (one ``stat`` per tar)."""

@@ -27,7 +27,7 @@ from detaug.shards import (
     shard_shuffled_order,
     write_shards,
 )
-from detaug.sources import CocoSource, VocSource
+from detaug.sources import COCO_FIELDS, CocoSource, Sample, SampleListSource, VocSource
 from detaug.synthetic import write_coco_dataset, write_voc_dataset
 from detaug.torch import DetectionLoader
 
@@ -58,6 +58,14 @@ def _same_samples(source, shard_source):
         assert np.array_equal(got[2], labels) and got[2].dtype == np.int64
         assert got[3] == image_id == shard_source.samples[i].image_id
         assert shard_source.samples[i].size == source.samples[i].size
+        _same_fields(source.samples[i].fields, shard_source.samples[i].fields)
+    assert shard_source.field_specs == source.field_specs
+
+
+def _same_fields(expected, got):
+    assert list(got) == list(expected)
+    for name, values in expected.items():
+        assert np.array_equal(got[name], values) and got[name].dtype == np.asarray(values).dtype, name
 
 
 def test_round_trip_from_a_coco_json(coco, shards):
@@ -89,6 +97,39 @@ def test_round_trip_from_a_voc_folder(tmp_path):
     source = ShardSource(tmp_path / "out")
     _same_samples(voc, source)
     assert source.categories == voc.categories
+
+
+def test_per_box_fields_and_a_user_column_go_through_shards_to_the_targets(coco, tmp_path):
+    """A sample list's fields (a track id, a float vector per box) are written into the tars'
+    JSONs and the manifest, read back with their dtypes and shapes, carried by the loader like
+    any source's, and rebuilt from the tars alone (no dataset.json: typed by their values)."""
+    samples = [Sample(coco.samples[i].image, coco.samples[i].boxes, coco.samples[i].labels, coco.samples[i].image_id,
+                      fields={"track_id": np.arange(len(coco.samples[i].boxes), dtype=np.int64) + 10 * i,
+                              "keypoint": np.full((len(coco.samples[i].boxes), 2), i, np.float32)})
+               for i in range(6)]
+    listed = SampleListSource(samples, coco.categories)
+    write_shards(listed, tmp_path / "out", shard_size=8000, progress=False)
+    source = ShardSource(tmp_path / "out")
+    _same_samples(listed, source)
+    assert source.field_specs["keypoint"].shape == (2,)
+    with tarfile.open(source.tars[0]) as tar:
+        record = json.loads(tar.extractfile("000000000.json").read())
+    assert record["fields"]["track_id"] == samples[0].fields["track_id"].tolist()
+    plain = T.Compose([T.Resize((48, 64))])
+    ours = DetectionLoader(source, plain, 3, device="cpu", fields=["track_id", "keypoint"])
+    theirs = DetectionLoader(listed, plain, 3, device="cpu", fields=["track_id", "keypoint"])
+    for (_, a), (_, b) in zip(ours, theirs):
+        for x, y in zip(a, b):
+            assert x["image_id"] == y["image_id"]
+            assert x["track_id"].tolist() == y["track_id"].tolist()
+            assert x["keypoint"].tolist() == y["keypoint"].tolist()
+    for name in ("dataset.json",):
+        (tmp_path / "out" / name).unlink()
+    shutil.rmtree(tmp_path / "out" / "manifest")
+    rebuilt = ShardSource(tmp_path / "out")
+    assert list(rebuilt.field_specs) == ["keypoint", "track_id"]  # sorted: no dataset.json to say the order
+    for i in range(len(samples)):
+        assert np.array_equal(rebuilt.samples[i].fields["track_id"], samples[i].fields["track_id"])
 
 
 def test_index_files_are_dalis_and_fn_readers_webdataset_reads_the_shards(shards):
@@ -199,6 +240,8 @@ def test_manifest_is_rebuilt_from_the_tars_and_indexes(shards, tmp_path):
         got = after.samples[i]
         assert got.image_id == sample.image_id and got.size == sample.size
         assert np.array_equal(got.boxes, sample.boxes) and np.array_equal(got.labels, sample.labels)
+        _same_fields(sample.fields, got.fields)
+    assert after.field_specs == before.field_specs == COCO_FIELDS
 
 
 def test_missing_or_truncated_tars_and_pickling(shards, tmp_path):
