@@ -151,10 +151,16 @@ def build_pipeline(
             )
 
         def warp(images, matrix, size, fill, projective=False):
-            """One warp by a forward matrix in DALI pixel space (affine: [2, 3]; projective: [3, 3])."""
-            if projective:
+            """One warp by a forward matrix in DALI pixel space (affine: [2, 3]; projective: [3, 3]).
+            On the CPU an affine warp runs as the projective warp of the same map (the same
+            pixels to rounding; DALI's CPU warp_perspective takes a quarter of the time of its
+            CPU warp_affine: docs/benchmarks.md, "The CPU path")."""
+            if projective or not on_gpu:
+                m = params[matrix]
+                if not projective:  # [a b c; d e f] -> [a b c; d e f; 0 0 1]
+                    m = fn.cat(m, types.Constant(np.array([0, 0, 1], np.float32), device="cpu"))
                 return fn.experimental.warp_perspective(
-                    images, matrix=fn.reshape(params[matrix], shape=[3, 3]), size=params[size], inverse_map=False,
+                    images, matrix=fn.reshape(m, shape=[3, 3]), size=params[size], inverse_map=False,
                     fill_value=fill, interp_type=types.INTERP_LINEAR, pixel_origin="corner",
                 )
             return fn.warp_affine(
@@ -191,9 +197,15 @@ def build_pipeline(
         if transforms.mixup is not None and transforms.blend_at == len(transforms.segments):
             images = blend(images)
 
-        # 5. Photometric transforms, in recipe order, with the planned per-sample parameters.
-        for t, where in zip(transforms.photometric, layout_of["photometric"]):
-            images = t.dali(images, [params[i] for i in range(where.start, where.stop)])
+        # 5. Photometric transforms, in recipe order, with the planned per-sample parameters. On
+        #    the CPU the last one hands float32 to an output stage that takes it, where it can
+        #    (dali_float: DALI's CPU conversion to uint8 costs more than ColorJitter's op).
+        photometric = list(zip(transforms.photometric, layout_of["photometric"]))
+        float_last = not on_gpu and transforms.output is not None and transforms.output.takes_float
+        for k, (t, where) in enumerate(photometric):
+            values = [params[i] for i in range(where.start, where.stop)]
+            out = t.dali_float(images, values) if float_last and k == len(photometric) - 1 else None
+            images = t.dali(images, values) if out is None else out
 
         # 6. The output stage (Normalize: float32) and the layout.
         if transforms.output is not None:

@@ -208,6 +208,14 @@ class PhotometricTransform(Transform):
         """Add this transform's DALI operators to the graph; ``params`` are DataNodes."""
         raise NotImplementedError
 
+    def dali_float(self, images: Any, params: list[Any]) -> Any | None:
+        """:meth:`dali` ending in float32 HWC values in [0, 255] (clamped, not rounded to
+        uint8), for an output stage that takes them (:attr:`OutputTransform.takes_float`); the
+        CPU pipeline asks the last photometric transform for it, as DALI's CPU conversion to
+        uint8 can cost more than the op. ``None`` (the default): the transform has no such
+        form, and :meth:`dali` runs."""
+        return None
+
     def hidden_regions(self, params: list[np.ndarray], canvas_hw: np.ndarray) -> np.ndarray | None:
         """Regions this transform paints over, as float64 ``[B, R, 4]`` xyxy rectangles in
         output pixels (zero-size rows where none), from the parameters ``plan`` drew; ``None``
@@ -221,6 +229,11 @@ class OutputTransform(Transform):
 
     kind: ClassVar[str] = "output"
 
+    #: Whether :meth:`dali_output` also takes float32 HWC images in [0, 255]
+    #: (:meth:`PhotometricTransform.dali_float`).
+    takes_float: ClassVar[bool] = False
+
     def dali_output(self, images: Any, layout: str) -> Any:
-        """Add the output stage to the DALI graph: ``images`` HWC uint8 -> ``layout``."""
+        """Add the output stage to the DALI graph: ``images`` HWC uint8 (or float32 in [0, 255]
+        where :attr:`takes_float`) -> ``layout``."""
         raise NotImplementedError

@@ -84,6 +84,17 @@ class ColorJitter(PhotometricTransform):
         brightness, contrast, saturation, hue = params
         return fn.color_twist(images, brightness=brightness, contrast=contrast, saturation=saturation, hue=hue)
 
+    def dali_float(self, images: Any, params: list[Any]) -> Any:
+        """The same ``color_twist`` with float32 output, clamped to [0, 255] (on the CPU, half
+        the time of its uint8 output: docs/benchmarks.md, "The CPU path")."""
+        import nvidia.dali.math as dmath
+        from nvidia.dali import fn, types
+
+        brightness, contrast, saturation, hue = params
+        twisted = fn.color_twist(images, brightness=brightness, contrast=contrast, saturation=saturation, hue=hue,
+                                 dtype=types.FLOAT)
+        return dmath.clamp(twisted, 0.0, 255.0)
+
 
 @register
 class RandomPhotometricDistort(PhotometricTransform):

@@ -153,3 +153,19 @@ def test_schema_checks_of_colour_transforms():
         T.Grayscale(2)
     with pytest.raises(RecipeError, match=r"RandomPhotometricDistort\.hue: .*out of range"):
         T.RandomPhotometricDistort(hue=(-0.6, 0.1))
+
+
+def test_color_jitter_hands_float_to_normalize_equal_to_its_uint8_output_to_rounding():
+    """On the CPU the last ColorJitter before Normalize runs color_twist with float32 output
+    (clamped to [0, 255], not rounded): the same values as its uint8 output, to within half a
+    level (a second, neutral ColorJitter after it keeps the first on the uint8 path)."""
+    jitter = T.ColorJitter(brightness=0.6, contrast=0.6, saturation=0.9, hue=0.2)
+    std = (0.25, 0.5, 1.0)
+    images = random_images(6, hw=(20, 24), seed=4)
+    fast, _, _, _ = run_recipe(Compose([jitter, T.Normalize(mean=(0, 0, 0), std=std)]), images)
+    plain, _, _, _ = run_recipe(Compose([jitter, T.ColorJitter(), T.Normalize(mean=(0, 0, 0), std=std)]), images)
+    levels = np.abs(np.stack(fast) - np.stack(plain)) * (np.asarray(std) * 255)
+    assert levels.max() <= 0.5 + 1e-3  # rounding to uint8 only
+    assert (levels.max() > 0) == (DEVICE == "cpu")  # the float hand-over runs on the CPU only
+    assert (np.stack(plain) * (np.asarray(std) * 255)).max() == pytest.approx(255, abs=1e-3)  # saturated pixels stay clamped
+    assert (np.stack(fast) * (np.asarray(std) * 255)).max() == pytest.approx(255, abs=1e-3)
