@@ -43,7 +43,7 @@ and a missing peer the line that installs it without changing torch; the others 
 Defaults fit the machine (:data:`DEFAULTS`): DALI threads and DataLoader workers from the CPUs
 this process may use (:func:`~detaug.bench.harness.available_cpus`); on a GPU 2,048 images,
 batches of 64 and 256, 10 epochs per DALI variant; on the CPU a short run (256 images, batch 16,
-64 images per variant), longer with ``--images`` / ``--num-images`` / ``--batch-sizes``.
+192 images per variant), longer with ``--images`` / ``--num-images`` / ``--batch-sizes``.
 """
 
 from __future__ import annotations
@@ -742,10 +742,11 @@ class Defaults:
 
 
 #: A GPU run is the full run of docs/benchmarks.md; a CPU run is short (under a minute on 2
-#: cores with every variant; ``images=`` / ``--images`` for a longer one).
+#: cores with every variant, 192 images timed each: fewer move the ratios by a fifth;
+#: ``images=`` / ``--images`` for a longer one).
 DEFAULTS: dict[str, Defaults] = {
     "gpu": Defaults(num_images=2048, batch_size=64, warmup=5, epochs=(10, 2), batch_sizes=(64, 256)),
-    "cpu": Defaults(num_images=256, batch_size=16, warmup=2, images=64, batch_sizes=(16,),
+    "cpu": Defaults(num_images=256, batch_size=16, warmup=2, images=192, batch_sizes=(16,),
                     scaling_images=32, scaling_unique=8),
 }
 
@@ -814,7 +815,7 @@ def run_bench(
             ``["default"]``): each runs its variants (:data:`VARIANTS`, :data:`YOLO_VARIANTS`); the
             decode limit runs once for all.
         images: images timed per variant (and per sweep setting of ``decode``). ``None``: on the
-            GPU 10 epochs for the DALI-based variants and 2 for the peers; on the CPU 64 images.
+            GPU 10 epochs for the DALI-based variants and 2 for the peers; on the CPU 192 images.
             DataLoader peers round up to whole waves of ``workers`` batches.
         peer_images: images timed per peer (CPU DataLoaders, torchvision on the GPU) instead of
             ``images``: the peers are 20 to 300 times slower, so fewer of their images time as well.
