@@ -11,14 +11,17 @@ median output height and width, with detaug's relative difference to torchvision
         --repeats 20 --json presets.json
 
 torchvision must import next to the installed torch (it does on the GPU machine); detaug runs on
-the GPU when there is one. The figures are statistics of random draws: with ~2,000 samples per
-preset their standard error is about 1% for the shares.
+the GPU when there is one; torchvision's draws are spread over DataLoader workers (``--workers``,
+default: every CPU). The figures are statistics of random draws: with ~2,000 samples per preset
+their standard error is about 1% for the shares; the median box area of ``lsj`` (scales drawn in
+[0.1, 2]) needs ~10,000 (``--repeats 120`` over ~85 photos).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -57,26 +60,58 @@ def statistics(kept: list[int], given: list[int], areas: list[float], sizes: lis
     }
 
 
-def run_torchvision(name: str, samples: list, repeats: int, seed: int) -> dict:
+class TorchvisionDraws:
+    """Draw ``k`` (of ``repeats * len(samples)``): photo ``k % len(samples)`` through the
+    preset's torchvision policy; ``(boxes kept, boxes given, box areas, output (h, w))``.
+    A map-style dataset, so that DataLoader workers spread the draws over the cores."""
+
+    def __init__(self, name: str, samples: list, repeats: int) -> None:
+        self.name, self.repeats = name, repeats
+        self.files = [str(s.image) for s in samples]
+        self.boxes = [np.asarray(s.boxes, np.float32).reshape(-1, 4) for s in samples]
+        self.labels = [np.asarray(s.labels, np.int64).reshape(-1) for s in samples]
+        self.policy = None
+
+    def __len__(self) -> int:
+        return self.repeats * len(self.files)
+
+    def __getitem__(self, k: int) -> tuple[int, int, list[float], tuple[int, int]]:
+        import torch
+        from torchvision import tv_tensors
+        from torchvision.io import ImageReadMode, decode_image
+
+        if self.policy is None:
+            self.policy = torchvision_policy(self.name)
+        i = k % len(self.files)
+        image = decode_image(self.files[i], mode=ImageReadMode.RGB)  # 3 channels, as detaug decodes
+        boxes = tv_tensors.BoundingBoxes(torch.as_tensor(self.boxes[i]), format="XYXY", canvas_size=tuple(image.shape[-2:]))
+        out_image, out = self.policy(tv_tensors.Image(image), {"boxes": boxes, "labels": torch.as_tensor(self.labels[i])})
+        b = out["boxes"]
+        return len(b), len(self.boxes[i]), ((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])).tolist(), tuple(out_image.shape[-2:])
+
+
+def _one_thread(_: int) -> None:
     import torch
-    from torchvision import tv_tensors
-    from torchvision.io import ImageReadMode, decode_image
+
+    torch.set_num_threads(1)
+
+
+def run_torchvision(name: str, samples: list, repeats: int, seed: int, workers: int = 0) -> dict:
+    """The statistics of ``repeats`` passes of torchvision's policy over ``samples``, the draws
+    spread over ``workers`` DataLoader processes (spawned: DALI may have run in this process)."""
+    import torch
 
     torch.manual_seed(seed)
-    policy = torchvision_policy(name)
+    draws = TorchvisionDraws(name, samples, repeats)
+    loader = torch.utils.data.DataLoader(
+        draws, batch_size=None, num_workers=workers, worker_init_fn=_one_thread if workers else None,
+        multiprocessing_context="spawn" if workers else None)
     kept, given, areas, sizes = [], [], [], []
-    images = [decode_image(str(s.image), mode=ImageReadMode.RGB) for s in samples]  # 3 channels, as detaug decodes
-    for _ in range(repeats):
-        for s, image in zip(samples, images):
-            boxes = tv_tensors.BoundingBoxes(torch.as_tensor(np.asarray(s.boxes)), format="XYXY",
-                                             canvas_size=tuple(image.shape[-2:]))
-            target = {"boxes": boxes, "labels": torch.as_tensor(np.asarray(s.labels))}
-            out_image, out = policy(tv_tensors.Image(image), target)
-            b = out["boxes"]
-            kept.append(len(b))
-            given.append(len(s.boxes))
-            areas += ((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])).tolist()
-            sizes.append(tuple(out_image.shape[-2:]))
+    for n_kept, n_given, box_areas, size in loader:
+        kept.append(int(n_kept))
+        given.append(int(n_given))
+        areas += list(box_areas)
+        sizes.append(tuple(int(x) for x in size))
     return statistics(kept, given, areas, sizes)
 
 
@@ -107,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20, help="passes over the photos per preset")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes for torchvision's draws (default: the CPUs available)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
@@ -119,12 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     for i, s in enumerate(samples):  # unique ids over the folders
         s.image_id = i + 1
     source = SampleListSource(samples)
+    workers = len(os.sched_getaffinity(0)) if args.workers is None else args.workers
     results = {}
     print(f"{len(samples)} photos with boxes, {args.repeats} passes per preset")
     header = f"{'preset':<11} {'statistic':<24} {'torchvision':>12} {'detaug':>12} {'rel. diff':>9}"
     print(header + "\n" + "-" * len(header))
     for name in args.preset or PRESET_NAMES:
-        tv = run_torchvision(name, samples, args.repeats, args.seed)
+        tv = run_torchvision(name, samples, args.repeats, args.seed, workers)
         da = run_detaug(name, source, args.repeats, args.seed, args.device)
         results[name] = {"torchvision": tv, "detaug": da}
         for key in tv:
