@@ -122,3 +122,23 @@ def test_memory_does_not_grow_with_the_files_converted(tmp_path: Path) -> None:
     per_file = (peaks[large] - peaks[small]) / (large - small)
     assert size / large > 500  # about 650 bytes of JSON a file: holding it would show
     assert per_file < 1500, f"{per_file:.0f} bytes per file ({peaks})"
+
+
+def test_workers_from_a_script_without_main_guard_after_threads_ran(tmp_path: Path) -> None:
+    """``convert(..., workers=2)`` from ``python -c`` (no script for a spawned worker to import,
+    no main guard), in a process where other threads have run: the workers neither re-run the
+    caller nor inherit its threads' locks; the bytes are those of ``workers=1``."""
+    import subprocess
+    import textwrap
+
+    root = mixed(tmp_path / "voc")
+    code = textwrap.dedent(f"""
+        import threading
+        from converters.voc2coco import convert
+        threads = [threading.Thread(target=sum, args=(range(10**5),)) for _ in range(4)]
+        [t.start() for t in threads]
+        print(len(convert({str(root)!r}, workers=2).to_json()))
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout.strip()) == len(convert(root, workers=1).to_json())
