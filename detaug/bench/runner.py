@@ -225,7 +225,9 @@ VARIANTS: tuple[Variant, ...] = (
         note="seq[i] one at a time, random order (workers=1): latency-bound, no target",
     ),
     Variant("raw-dali", "raw DALI", "reference", "detaug.bench.raw_dali:iter_raw_dali",
-            note="the same ops hand-written in one DALI pipeline"),
+            note="the same ops hand-written in one DALI pipeline",
+            cpu_note="the same ops hand-written in one DALI pipeline (warp_affine and uint8 color_twist: "
+                     "on the CPU detaug runs faster equivalents, docs/benchmarks.md)"),
     Variant("torchvision", "torchvision.transforms.v2", "cpu-peer", "detaug.bench.peers:iter_torchvision",
             runs_on="cpu"),
     Variant(
