@@ -12,17 +12,15 @@ the truth about the sample: ``{"image_id": int, "boxes": [[x1, y1, x2, y2], ...]
 in continuous pixels (pixel i spans [i, i + 1)), "labels": [category id, ...], "size": [height,
 width] or null, "file": the file it was written from, "fields": {name: [value per box, ...]}
 (the source's per-box fields, such as ``iscrowd``, ``difficult`` or a track id; absent without
-any)}``. The tars are plain POSIX tars that
-``tar``, the ``webdataset`` library and DALI's ``fn.readers.webdataset`` (with the ``.idx``
-files: no scan at start-up) read.
+any)}``. The tars are plain POSIX tars that ``tar``, the ``webdataset`` library and DALI's
+``fn.readers.webdataset`` (with the ``.idx`` files: no scan at start-up) read.
 
 ``manifest/`` holds the same facts as columns (:mod:`detaug.formats.columnar`: image ids,
 declared sizes, box offsets, boxes, labels, the per-box fields as ``field_<k>`` in the order of
 ``dataset.json``'s ``"fields"`` ``[[name, dtype, shape], ...]``, and where each image's bytes
-are in its tar), opened
-memory-mapped: a :class:`ShardSource` starts in the same time, and with the same memory, for 1k
-or 10M samples, and holds no Python object per sample. It is rebuilt from the tars and index
-files when missing (:func:`rebuild_manifest`).
+are in its tar), opened memory-mapped: a :class:`ShardSource` starts in the same time, and with
+the same memory, for 1k or 10M samples, and holds no Python object per sample. It is rebuilt
+from the tars and index files when missing (:func:`rebuild_manifest`).
 
 Why detaug reads the tars by offset rather than through ``fn.readers.webdataset``: detaug plans
 every sample's augmentation on the host before DALI decodes it (the boxes decide the crop), and
@@ -273,7 +271,7 @@ def write_shards(source: Any, out: str | os.PathLike, *, shard_size: int | str =
     boxes_parts: list[np.ndarray] = []
     label_parts: list[np.ndarray] = []
     specs = field_specs(source)
-    field_parts: dict[str, list[np.ndarray]] = {name: [] for name in specs}
+    sample_fields: list[dict[str, np.ndarray]] = []
     ext_names: list[str] = []
     writer: _TarWriter | None = None
     bar = _progress(n, progress)
@@ -308,7 +306,7 @@ def write_shards(source: Any, out: str | os.PathLike, *, shard_size: int | str =
             boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
             labels = np.asarray(labels, dtype=np.int64).reshape(-1)
             size = source.samples[i].size
-            fields = _fields_to_write(source.samples[i], specs, len(boxes))
+            fields = _typed_fields(getattr(source.samples[i], "fields", None) or {}, specs, len(boxes))
             record = {"image_id": int(image_id), "boxes": boxes.tolist(), "labels": labels.tolist(),
                       "size": list(size) if size is not None else None, "file": source.file_of(i)}
             if specs:
@@ -335,8 +333,7 @@ def write_shards(source: Any, out: str | os.PathLike, *, shard_size: int | str =
             exts.append(ext_names.index(ext))
             boxes_parts.append(boxes)
             label_parts.append(labels)
-            for name, values in fields.items():
-                field_parts[name].append(values)
+            sample_fields.append(fields)
         close_shard()
     finally:
         bar.close()
@@ -360,16 +357,21 @@ def write_shards(source: Any, out: str | os.PathLike, *, shard_size: int | str =
         "fields": [[name, spec.dtype.str, list(spec.shape)] for name, spec in specs.items()],
     }
     summary.seconds = time.monotonic() - started
-    columns = {name: np.concatenate(parts) for name, parts in field_parts.items()}
     save_manifest(out, table, np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), np.asarray(exts, np.uint8),
-                  dataset, columns)
+                  dataset, _field_columns(sample_fields, specs))
     return summary
 
 
-def _fields_to_write(sample: Any, specs: dict[str, FieldSpec], n: int) -> dict[str, np.ndarray]:
-    """The per-box fields of ``sample`` as their specs' arrays ``[n, *shape]``."""
-    fields = getattr(sample, "fields", None) or {}
+def _typed_fields(fields: Any, specs: dict[str, FieldSpec], n: int) -> dict[str, np.ndarray]:
+    """A sample's per-box ``fields`` (arrays or a JSON record's lists) as their specs' arrays
+    ``[n, *shape]``."""
     return {name: np.asarray(fields[name], dtype=spec.dtype).reshape(n, *spec.shape) for name, spec in specs.items()}
+
+
+def _field_columns(per_sample: list[dict[str, np.ndarray]], specs: dict[str, FieldSpec]) -> dict[str, np.ndarray]:
+    """The manifest's columns of the per-box fields: each field of every sample, in order."""
+    return {name: np.concatenate([f[name] for f in per_sample] or [np.zeros((0, *spec.shape), spec.dtype)])
+            for name, spec in specs.items()}
 
 
 def _specs_of(dataset: dict[str, Any]) -> dict[str, FieldSpec]:
@@ -452,9 +454,7 @@ def rebuild_manifest(out: str | os.PathLike) -> None:
     if "fields" not in dataset:  # no dataset.json
         dataset["fields"] = _inferred_fields(records_fields, counts)
     specs = _specs_of(dataset)
-    columns = {name: np.concatenate([np.asarray(f[name], dtype=spec.dtype).reshape(n, *spec.shape)
-                                     for f, n in zip(records_fields, counts)] or [np.zeros((0, *spec.shape), spec.dtype)])
-               for name, spec in specs.items()}
+    columns = _field_columns([_typed_fields(f, specs, n) for f, n in zip(records_fields, counts)], specs)
     dataset.update(key_width=width, extensions=ext_names, samples=len(table), boxes=int(table.box_starts[-1]))
     save_manifest(out, table, np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), np.asarray(exts, np.uint8),
                   dataset, columns)
@@ -506,10 +506,11 @@ class ShardSource(SampleListSource):
     Every rule of the other sources holds: ``source.samples[i]`` is the ``i``-th sample of the
     folder (a :class:`~detaug.sources.Sample` built on demand; its ``image`` names the tar
     member, ``"OUT/shard-000003.tar:000012345.jpg"``; its ``fields`` the per-box fields the
-    folder was written with, :attr:`field_specs`), ``load(i)`` gives its bytes as written, an image that cannot be decoded is named and skipped by the loaders, and
-    ``DetectionLoader`` / ``DetectionSequence`` give exact epochs, equal ranks and resumable
-    states. Start-up opens ``manifest/`` memory-mapped (no scan of the tars; the same time for
-    any number of samples); a process keeps resident only the pages of the samples it reads.
+    folder was written with, :attr:`field_specs`), ``load(i)`` gives its bytes as written, an
+    image that cannot be decoded is named and skipped by the loaders, and ``DetectionLoader`` /
+    ``DetectionSequence`` give exact epochs, equal ranks and resumable states. Start-up opens
+    ``manifest/`` memory-mapped (no scan of the tars; the same time for any number of samples);
+    a process keeps resident only the pages of the samples it reads.
 
     Args:
         root: the folder (``dataset.json``, ``manifest/``, ``*.tar``, ``*.idx``); a missing
