@@ -349,8 +349,7 @@ class DetectionLoader:
                     inflight.clear()
                     self._rebuild(inflight)
                     raise failure.error(self.source, culprits) from err
-                for position, reason in culprits:
-                    self._bad[position] = reason
+                self._bad.update(culprits)  # (position, reason) pairs
                 inflight[0] = self._result(failure.planned.epoch, failure.planned.step, None)
                 self._rebuild(inflight)
 

@@ -516,8 +516,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         if not culprits or self.on_error == "raise":
             raise failure.error(self.source, culprits) from failure.__cause__
         with self._lock:
-            for position, reason in culprits:
-                self._bad[position] = reason
+            self._bad.update(culprits)  # (position, reason) pairs
             bad = dict(self._bad)
         replanned = self.planner.plan(planned.epoch, planned.step, bad=bad)
         if replanned.data is None or replanned.partners is None:
