@@ -86,8 +86,9 @@ def build_pipeline(
     :func:`feed` with ``"data"`` (per sample, encoded bytes uint8 ``[L]`` or a decoded
     ``uint8 [H, W, 3]`` array), ``"params"`` (float32 ``[B, P]``: the plan of
     :class:`~detaug.planning.PlannedBatch`) and, for a recipe with mixing transforms,
-    ``"data_1"`` ... ``"data_J"`` (the partner images, ``PlannedBatch.partners``; see
-    :func:`input_names`); boxes and labels are the plan's.
+    ``"data_1"`` ... ``"data_J"`` (the partner images, ``PlannedBatch.partners``, but for slots
+    of ``pool="batch"``, taken from the batch's own images; see :func:`input_names`); boxes and
+    labels are the plan's.
 
     Args:
         source: a source of :mod:`detaug.sources` (its ``decoded`` flag says which data it
@@ -124,6 +125,7 @@ def build_pipeline(
         device_id=dali_device_id,
         seed=seed,
         prefetch_queue_depth=prefetch_queue_depth,
+        enable_conditionals=transforms.mixup is not None,  # MixUp blends only where it applies
     )
     def detection_pipeline():
         # 1-2. The planned batch: images (encoded, or decoded arrays), partner images of mixing
@@ -131,8 +133,8 @@ def build_pipeline(
         #      sizes, blend ratio, photometric parameters; see Compose.param_slices), planned on
         #      the host (detaug.planning).
         data = fn.external_source(name="data", layout="HWC" if decoded_input else None)
-        partners = [fn.external_source(name=name, layout="HWC" if decoded_input else None)
-                    for name in input_names(transforms)[2:]]
+        fed = {k: fn.external_source(name=f"data_{k + 1}", layout="HWC" if decoded_input else None)
+               for k in range(transforms.num_partners) if k not in transforms.batch_slots}
         params = fn.external_source(name="params")
         layout_of = transforms.param_slices()
 
@@ -168,24 +170,42 @@ def build_pipeline(
                 fill_value=fill, interp_type=types.INTERP_LINEAR,
             )
 
-        # 3. Decode only what is needed. Mosaic: each tile's image, only the part its quadrant
-        #    shows of the window the first warp reads, placed on that quadrant (fill elsewhere);
-        #    the four quadrants, side by side, are the window.
+        def partner(k, own, roi):
+            """Partner slot ``k``'s image: decoded from its own input (region ``roi``), or, for a
+            slot with ``pool="batch"``, the batch-mate's whole image (``own``, decoded once) at the
+            batch position the plan gives."""
+            if k not in transforms.batch_slots:
+                return decode(fed[k], roi)
+            index = fn.cast(params[layout_of["batch_index"][k].start], dtype=types.INT32)
+            return fn.permute_batch(own, indices=index)
+
+        # 3. Decode only what is needed (all of each image where batch-mates share it). Mosaic:
+        #    each tile's image, only the part its quadrant shows of the window the first warp
+        #    reads, placed on that quadrant (fill elsewhere); the four quadrants, side by side,
+        #    are the window.
         if transforms.mosaic is not None:
             fill = transforms.mosaic.fill
-            quadrants = [warp(decode(src, roi), matrix, size, fill)
-                         for src, (roi, matrix, size) in zip([data] + partners[:3], layout_of["tiles"])]
+            tiles = layout_of["tiles"]
+            own = decode(data, tiles[0][0])
+            sources = [own] + [partner(k, own, tiles[k + 1][0]) for k in range(3)]
+            quadrants = [warp(src, matrix, size, fill) for src, (_, matrix, size) in zip(sources, tiles)]
             images = fn.cat(fn.cat(quadrants[0], quadrants[1], axis=1), fn.cat(quadrants[2], quadrants[3], axis=1), axis=0)
         else:
-            images = decode(data, layout_of["roi"])
+            own = images = decode(data, layout_of["roi"])
 
         def blend(images):
-            """MixUp: ``r * images + (1 - r) * partner``, the partner placed on the canvas."""
+            """MixUp: ``r * images + (1 - r) * partner``, the partner placed on the canvas, for the
+            samples it applies to (``r < 1``); DALI's conditional runs the warp and the blend on
+            those only (the partner is taken from the whole batch first: ``permute_batch``
+            indexes the whole batch)."""
             roi, matrix, size, ratio = layout_of["mixup"]
-            partner = warp(decode(partners[-1], roi), matrix, size, transforms.mixup.fill)
+            mate = partner(transforms.num_partners - 1, own, roi)
             r = params[ratio.start]
-            r = r.gpu() if on_gpu else r
-            return fn.cast(images * r + partner * (1.0 - r), dtype=types.UINT8)
+            if r < 1.0:
+                partner_image = warp(mate, matrix, size, transforms.mixup.fill)
+                weight = r.gpu() if on_gpu else r
+                images = fn.cast(images * weight + partner_image * (1.0 - weight), dtype=types.UINT8)
+            return images
 
         # 4. Geometry: one warp per segment (forward matrices, DALI pixel space); MixUp blends its
         #    partner in where it stands in the recipe.
@@ -219,23 +239,28 @@ def build_pipeline(
 
 def input_names(transforms: Compose) -> list[str]:
     """The external sources of :func:`build_pipeline`'s pipeline for ``transforms``, in feeding
-    order: ``"data"``, ``"params"``, then ``"data_1"`` ... ``"data_J"`` (``J =
-    transforms.num_partners``: ``Mosaic``'s tiles 1-3, then ``MixUp``'s partner)."""
-    return ["data", "params"] + [f"data_{k}" for k in range(1, transforms.num_partners + 1)]
+    order: ``"data"``, ``"params"``, then ``"data_k"`` for each partner slot ``k = 1 .. J``
+    (``J = transforms.num_partners``: ``Mosaic``'s tiles 1-3, then ``MixUp``'s partner) but
+    those of ``transforms.batch_slots``, whose images are the batch's own."""
+    return ["data", "params"] + [f"data_{k + 1}" for k in range(transforms.num_partners)
+                                 if k not in transforms.batch_slots]
 
 
 def feed_inputs(pipe: Any, data: list[np.ndarray], params: np.ndarray,
-                partners: list[list[np.ndarray]] | None = None) -> None:
+                partners: list[list[np.ndarray] | None] | None = None) -> None:
     """Feed one planned batch to a pipeline of :func:`build_pipeline` without scheduling its run:
     ``data``, ``params`` and, for a recipe with mixing transforms, ``partners``
-    (``PlannedBatch.partners``: per partner slot, one image per sample)."""
+    (``PlannedBatch.partners``: per partner slot, one image per sample, or ``None`` for a slot
+    whose images are batch-mates)."""
     pipe.feed_input("data", data)
     pipe.feed_input("params", params)
     for k, images in enumerate(partners or [], start=1):
-        pipe.feed_input(f"data_{k}", images)
+        if images is not None:
+            pipe.feed_input(f"data_{k}", images)
 
 
-def feed(pipe: Any, data: list[np.ndarray], params: np.ndarray, partners: list[list[np.ndarray]] | None = None) -> None:
+def feed(pipe: Any, data: list[np.ndarray], params: np.ndarray,
+         partners: list[list[np.ndarray] | None] | None = None) -> None:
     """Feed one planned batch to a pipeline of :func:`build_pipeline` and schedule its run
     (``partners``: see :func:`feed_inputs`; needed when the recipe has mixing transforms)."""
     feed_inputs(pipe, data, params, partners)

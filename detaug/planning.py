@@ -16,7 +16,8 @@ for the seed contract). :meth:`BatchPlanner.plan` computes it:
    from its key (:meth:`detaug.transforms.Compose.partner_draws`: dataset positions uniform over
    ``len(source)``), and reads and checks them as in 2.-3.; a partner that cannot be read is
    replaced by the next position (cyclically), recorded as skipped (``on_error="raise"``:
-   raised); partners that are not needed (``MixUp`` not applied) are 1x1 placeholders;
+   raised); partners that are not needed (``MixUp`` not applied) are 1x1 placeholders; with
+   ``pool="batch"`` a partner is a batch-mate (a batch position from the key), read already;
 5. :meth:`detaug.transforms.Compose.plan_batch` plans every sample from its key
    ``(seed, epoch, image_id)``: the decode region, warp matrices, photometric parameters and
    the exact output boxes;
@@ -144,8 +145,10 @@ class PlannedBatch:
             without fields.
         partners: per partner slot (``Compose.num_partners`` of them: ``Mosaic``'s tiles 1-3, then
             ``MixUp``'s partner), per sample, the image data of that partner (as ``data``; a 1x1
-            placeholder where not needed); empty without mixing transforms; ``None`` with
-            ``data`` ``None`` (:meth:`BatchPlanner.fill_data`).
+            placeholder where not needed), or ``None`` for a slot whose partners are batch-mates
+            (``pool="batch"``: the pipeline reuses the batch's images, their batch positions are
+            in ``params``); empty without mixing transforms; ``None`` with ``data`` ``None``
+            (:meth:`BatchPlanner.fill_data`).
         partner_positions: int64 ``[B, J]`` dataset positions of the partners (replacements
             included), -1 where not needed.
         skipped: ``{"image_id", "file", "reason"}`` of each image replaced in this batch.
@@ -163,7 +166,7 @@ class PlannedBatch:
     labels: list[np.ndarray]
     skipped: list[dict[str, Any]] = field(default_factory=list)
     repaired: list[dict[str, Any]] = field(default_factory=list)
-    partners: list[list[np.ndarray]] | None = field(default_factory=list)
+    partners: list[list[np.ndarray] | None] | None = field(default_factory=list)
     partner_positions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
     fields: list[dict[str, np.ndarray]] = field(default_factory=list)
 
@@ -245,7 +248,9 @@ class BatchPlanner:
         partners, partner_data, partner_positions = None, [], np.zeros((len(ids), 0), np.int64)
         partner_tables: list[list[_Rows]] = []
         if self.transforms.num_partners:
-            partners, partner_tables, partner_data, partner_positions = self._partners(keys, bad, skipped, repaired)
+            batch = (positions, data, shapes, boxes, tables)
+            partners, partner_tables, partner_data, partner_positions = self._partners(keys, batch, bad, skipped,
+                                                                                       repaired)
         rows, lookup = _row_labels(tables, partner_tables)
         if partners is not None:
             partners = Partners(partners.shapes, partners.boxes, rows[1:])
@@ -307,22 +312,31 @@ class BatchPlanner:
             return {}
         return {name: np.asarray(given[name]) for name in self.fields if name != AREA and name in given}
 
-    def _partners(self, keys: np.ndarray, bad: Mapping[int, str], skipped: list[dict[str, Any]],
-                  repaired: list[dict[str, Any]]) -> tuple[Partners, list[list[_Rows]], list[list[np.ndarray]], np.ndarray]:
+    def _partners(self, keys: np.ndarray, batch: tuple[list, ...], bad: Mapping[int, str],
+                  skipped: list[dict[str, Any]], repaired: list[dict[str, Any]]
+                  ) -> tuple[Partners, list[list[_Rows]], list[list[np.ndarray] | None], np.ndarray]:
         """Draw, read and check the partner images of a batch (step 4 of the module docstring):
         ``(Partners for plan_batch (their labels: the source's), their labels and fields per
-        slot and sample, their data per slot and sample, positions [B, J])``."""
+        slot and sample, their data per slot and sample (``None`` for a slot of
+        ``Compose.batch_slots``: the pipeline takes those from the batch), positions [B, J])``.
+        ``batch``: the batch's own ``(positions, data, shapes, boxes, tables)``, read already."""
         n = len(self.source)
         drawn, needed = self.transforms.partner_draws(keys, n)
         b, j = drawn.shape
+        from_batch = self.transforms.batch_slots
         positions = np.full((b, j), -1, dtype=np.int64)
         shapes = [[None] * b for _ in range(j)]
         boxes = [[None] * b for _ in range(j)]
         tables: list[list[Any]] = [[None] * b for _ in range(j)]
-        data: list[list[Any]] = [[None] * b for _ in range(j)]
+        data: list[list[Any] | None] = [None if k in from_batch else [None] * b for k in range(j)]
         loaded: dict[int, tuple] = {}  # a position drawn twice in a batch is read once
         for i in range(b):
             for k in range(j):
+                if k in from_batch:  # a batch-mate: read already, decoded once by the pipeline
+                    m = int(drawn[i, k])
+                    positions[i, k] = batch[0][m] if needed[i, k] else -1
+                    shapes[k][i], boxes[k][i], tables[k][i] = batch[2][m], batch[3][m], batch[4][m]
+                    continue
                 if not needed[i, k]:
                     data[k][i], shapes[k][i] = self.placeholder(), (1, 1)
                     boxes[k][i], tables[k][i] = np.zeros((0, 4), np.float32), _Rows(np.zeros(0, np.int64), {})
@@ -376,7 +390,9 @@ class BatchPlanner:
         if planned.data is None:
             planned.data = self.load_data(planned.positions)
         if planned.partners is None:
+            from_batch = self.transforms.batch_slots
             planned.partners = [
+                None if k in from_batch else
                 [self.source.load(int(p))[0] if p >= 0 else self.placeholder() for p in planned.partner_positions[:, k]]
                 for k in range(planned.partner_positions.shape[1])
             ]
@@ -464,7 +480,8 @@ def undecodable(planned: PlannedBatch) -> list[tuple[int, str]]:
 
     images = list(zip(planned.positions.tolist(), planned.data or []))
     for k, column in enumerate(planned.partners or []):
-        images += [(p, d) for p, d in zip(planned.partner_positions[:, k].tolist(), column) if p >= 0]
+        if column is not None:  # None: batch-mates (pool="batch"), checked as samples
+            images += [(p, d) for p, d in zip(planned.partner_positions[:, k].tolist(), column) if p >= 0]
     found, seen = [], set()
     for p, d in images:
         if d.ndim != 1 or p in seen:

@@ -203,13 +203,15 @@ class SampleRandom:
         out += low
         return out
 
-    def integers(self, high: int, tail: int | Sequence[int] = (), rows: np.ndarray | None = None) -> np.ndarray:
-        """Uniform int64 in ``[0, high)`` for ``1 <= high <= 2**32``, ``[R, *tail]``."""
-        high = int(high)
-        if not 1 <= high <= 2**32:
+    def integers(self, high: int | Sequence[int] | np.ndarray, tail: int | Sequence[int] = (),
+                 rows: np.ndarray | None = None) -> np.ndarray:
+        """Uniform int64 in ``[0, high)`` for ``1 <= high <= 2**32``, ``[R, *tail]``; ``high`` may
+        be an array broadcast against ``tail`` (a bound per column: the same draws as one bound)."""
+        bound = np.asarray(high, dtype=np.int64)
+        if bound.size == 0 or bound.min() < 1 or bound.max() > 2**32:
             raise ValueError(f"high must be between 1 and 2**32, got {high}")
         bits = self._bits(tail, rows)
         bits >>= np.uint64(32)
-        bits *= np.uint64(high)
+        bits *= bound.astype(np.uint64)
         bits >>= np.uint64(32)
         return bits.astype(np.int64)

@@ -41,19 +41,27 @@ __all__ = [
     "RecipeSpec",
     "YoloSpec",
     "detaug_recipe",
+    "peer_recipe",
     "source_images_per_sample",
 ]
 
 #: The recipes ``detaug bench --recipes`` knows, in the order they are reported.
-RECIPES: tuple[str, ...] = ("default", "yolo")
+RECIPES: tuple[str, ...] = ("default", "yolo", "yolo-batch")
 #: Output side of each recipe when ``--size`` is not given.
-DEFAULT_SIZES: dict[str, int] = {"default": 512, "yolo": 640}
+DEFAULT_SIZES: dict[str, int] = {"default": 512, "yolo": 640, "yolo-batch": 640}
 #: One line per recipe for the report (``{size}`` filled in).
 RECIPE_TITLES: dict[str, str] = {
     "default": "IoU crop, flip, affine, resize {size}, colour jitter, normalize",
     "yolo": "Mosaic, RandomPerspective, affine, resize {size} (letterbox of the square mosaic), flip, "
             "MixUp, HSV jitter",
+    "yolo-batch": "the YOLO recipe with pool='batch': partners are batch-mates, each image decoded once",
 }
+
+
+def peer_recipe(name: str) -> str:
+    """The recipe whose peers a recipe is compared with: ``"yolo-batch"`` is the YOLO recipe with
+    other partners (albumentations' Mosaic decodes its partners, as ``"yolo"`` does)."""
+    return "yolo" if name == "yolo-batch" else name
 
 
 @dataclass(frozen=True)
@@ -158,9 +166,10 @@ def detaug_recipe(name: str, size: int):
 
     if name == "default":
         return T.default_detection_recipe(size=size)
-    if name == "yolo":
+    if name in ("yolo", "yolo-batch"):
         spec = YoloSpec(size=size)
-        return T.yolo_recipe(size, mixup=spec.mixup, perspective=spec.perspective)
+        return T.yolo_recipe(size, mixup=spec.mixup, perspective=spec.perspective,
+                             pool="batch" if name == "yolo-batch" else "dataset")
     raise ValueError(f"unknown recipe {name!r}; choose from {', '.join(RECIPES)}")
 
 
@@ -170,7 +179,7 @@ def source_images_per_sample(name: str, *, mixup: bool = True) -> float:
     samples it blends (``YoloSpec.mixup`` of them: a partner that is not blended is not read),
     ``mixup=False`` for a pipeline without MixUp. detaug decodes only the visible part of each
     tile (ROI decoding); a peer decodes whole images: both count as one image here."""
-    if name == "default":
+    if name in ("default", "yolo-batch"):  # yolo-batch: partners are the batch's own images
         return 1.0
     if name == "yolo":
         spec = YoloSpec()

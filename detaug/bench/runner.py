@@ -79,7 +79,7 @@ from detaug.bench.harness import (
     measure,
 )
 from detaug.bench.peers import ALBUMENTATIONS_CROP_NOTE, ALBUMENTATIONS_MOSAIC_NOTE, PEERS_PIP
-from detaug.bench.recipe import DEFAULT_SIZES, RECIPE_TITLES, RECIPES, source_images_per_sample
+from detaug.bench.recipe import DEFAULT_SIZES, RECIPE_TITLES, RECIPES, peer_recipe, source_images_per_sample
 
 __all__ = [
     "CHECKS",
@@ -283,6 +283,13 @@ YOLO_VARIANTS: tuple[Variant, ...] = (
         counterpart="albumentations",
     ),
 )
+#: The YOLO recipe with ``pool="batch"`` (``--recipes yolo-batch``): partners are batch-mates, each
+#: photo decoded once; compared with the ``yolo`` recipe's albumentations Mosaic.
+YOLO_BATCH_VARIANTS: tuple[Variant, ...] = tuple(
+    replace(v, recipe="yolo-batch", note=v.note.replace("partners from it", "partners from the batch"),
+            cpu_note=v.cpu_note and v.cpu_note.replace("partners from it", "partners from the batch"))
+    for v in YOLO_VARIANTS if v.kind == "detaug"
+)
 VARIANT_NAMES = tuple(dict.fromkeys(v.name for v in (*VARIANTS, *YOLO_VARIANTS)))
 #: Peers first: their DataLoader workers fork before DALI starts threads in this process.
 PEER_ORDER = ("torchvision", "albumentations", "albumentations-mosaic", "torchvision-gpu")
@@ -435,10 +442,20 @@ YOLO_CHECKS: tuple[Check, ...] = (
 )
 
 
+#: The same targets for the YOLO recipe with partners from the batch (``--recipes yolo-batch``).
+YOLO_BATCH_CHECKS: tuple[Check, ...] = (
+    Check("YOLO recipe, pool='batch' / default recipe, detaug (COCO reader)", "detaug", "detaug", 0.5,
+          recipes=("yolo-batch", "default")),
+    Check("YOLO recipe, pool='batch': detaug (COCO reader) / albumentations Mosaic", "detaug",
+          "albumentations-mosaic", 20.0, recipes=("yolo-batch", "yolo")),
+)
+
+
 def checks_for(recipes: Sequence[str]) -> tuple[Check, ...]:
     """The checks of a run of ``recipes``: :data:`CHECKS` with the default recipe,
-    :data:`YOLO_CHECKS` with the YOLO one."""
-    return (*(CHECKS if "default" in recipes else ()), *(YOLO_CHECKS if "yolo" in recipes else ()))
+    :data:`YOLO_CHECKS` with the YOLO one, :data:`YOLO_BATCH_CHECKS` with ``yolo-batch``."""
+    return (*(CHECKS if "default" in recipes else ()), *(YOLO_CHECKS if "yolo" in recipes else ()),
+            *(YOLO_BATCH_CHECKS if "yolo-batch" in recipes else ()))
 
 
 @dataclass
@@ -564,6 +581,10 @@ class BenchReport:
                 f"partners; {source_images_per_sample('yolo', mixup=False):g} for albumentations, which has "
                 "no MixUp; detaug decodes only the visible part of each tile): compare it, not img/s, "
                 "with the decode limit (one image each).")
+        if "yolo-batch" in self.recipes:
+            lines.append("yolo-batch: the YOLO recipe with Mosaic(pool='batch') and MixUp(pool='batch'): "
+                         "partners are other samples of the batch, each photo decoded once (1 source image "
+                         "per sample); its peer is albumentations' Mosaic of the yolo recipe.")
         lines += _missing_peer_lines([r for run in self.runs for r in run.results])
         if gpu:
             lines.append(
@@ -584,7 +605,7 @@ class BenchReport:
         default recipe; on a GPU the GPU memory."""
         gpu = self.settings.device == "gpu"
         several = len(self.recipes) > 1
-        yolo = "yolo" in self.recipes
+        yolo = any(r.startswith("yolo") for r in self.recipes)
         columns = ["variant", *(["recipe"] if several else []), "img/s",
                    *(["src img/s", "src vs decode", "vs default"] if yolo else []),
                    "vs decode", "vs best CPU", "per core", "images", "s", *(["GPU MiB"] if gpu else []), "note"]
@@ -923,7 +944,7 @@ def _variant(name: str, recipe: str = "default") -> Variant:
 def _all_variants() -> tuple[Variant, ...]:
     """Every variant in report order: the default recipe's (the decode limit first), then the YOLO
     recipe's."""
-    return (*VARIANTS, *YOLO_VARIANTS)
+    return (*VARIANTS, *YOLO_VARIANTS, *YOLO_BATCH_VARIANTS)
 
 
 def _recipes(recipes: Sequence[str] | None) -> tuple[str, ...]:
@@ -1131,7 +1152,7 @@ def _fill_ratios(results: list[VariantResult]) -> None:
         ips = r.images_per_second
         if ips is None:
             continue
-        best_peer = _best_cpu_peer(results, r.recipe or "default")
+        best_peer = _best_cpu_peer(results, peer_recipe(r.recipe or "default"))
         r.vs_raw_dali = ips / raw if raw and r.recipe in ("default", None) else None
         r.vs_decode = ips / limit if limit else None
         r.sources_vs_decode = r.source_images_per_second / limit if limit else None
@@ -1155,7 +1176,7 @@ def _evaluate(check: Check, report: BenchReport) -> CheckResult:
     if top is None or top.measurement is None:
         return CheckResult(check, None, _why_missing(check.numerator, top, top_recipe), batch)
     if check.denominator == "cpu-peer":
-        bottom = _best_cpu_peer(report.results, top_recipe)
+        bottom = _best_cpu_peer(report.results, peer_recipe(top_recipe))
         if bottom is None:
             return CheckResult(check, None, "no CPU peer measured", batch)
         return CheckResult(check, top.images_per_second / bottom, batch_size=batch)

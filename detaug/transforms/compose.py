@@ -169,6 +169,19 @@ class Compose:
         return sum(t.partners for t in (self.mosaic, self.mixup) if t is not None)
 
     @property
+    def slot_pools(self) -> tuple[str, ...]:
+        """Per partner slot (``Mosaic``'s tiles 1-3, then ``MixUp``'s partner), where its image
+        comes from: ``"dataset"`` or ``"batch"`` (the transform's ``pool``; see
+        :mod:`detaug.transforms.mixing`)."""
+        return tuple(t.pool for t in (self.mosaic, self.mixup) if t is not None for _ in range(t.partners))
+
+    @property
+    def batch_slots(self) -> tuple[int, ...]:
+        """The partner slots whose images are other samples of the batch (``pool="batch"``): the
+        pipeline takes them from the batch's decoded images instead of decoding them."""
+        return tuple(k for k, pool in enumerate(self.slot_pools) if pool == "batch")
+
+    @property
     def num_images(self) -> int:
         """Images per sample fed to the pipeline: its own and :attr:`num_partners`."""
         return 1 + self.num_partners
@@ -179,6 +192,8 @@ class Compose:
         def stops(part: Any) -> list[int]:
             if isinstance(part, slice):
                 return [part.stop]
+            if isinstance(part, dict):
+                part = list(part.values())
             return [stop for item in (part or ()) for stop in stops(item)]
 
         return max(stops(list(self.param_slices().values())))
@@ -187,7 +202,8 @@ class Compose:
         """Where each parameter sits in a sample's parameter vector: ``{"roi": slice,
         "tiles": [(roi, matrix, size), ...] (Mosaic's 4 tiles; empty without), "warps": [(matrix
         slice, size slice), ...], "mixup": (roi, matrix, size, ratio) or None, "photometric":
-        [slice, ...]}``. A warp's matrix is ``[2, 3]`` (6 floats), or ``[3, 3]`` (9 floats) for a
+        [slice, ...], "batch_index": {slot: slice}}`` (``batch_index``: for each partner slot of
+        :attr:`batch_slots`, the batch position of its image, last in the vector). A warp's matrix is ``[2, 3]`` (6 floats), or ``[3, 3]`` (9 floats) for a
         projective segment (:attr:`segment_projective`); tile and partner matrices are ``[2, 3]``.
         Recipes without mixing or projective transforms keep the layout ``roi, warps, photometric``."""
         start = 4
@@ -201,18 +217,21 @@ class Compose:
         warps = [(take(9 if projective else 6), take(2)) for projective in self.segment_projective]
         mixup = (take(4), take(6), take(2), take(1)) if self.mixup is not None else None
         photometric = [take(len(t.param_names)) for t in self.photometric]
-        return {"roi": slice(0, 4), "tiles": tiles, "warps": warps, "mixup": mixup, "photometric": photometric}
+        batch_index = {k: take(1) for k in self.batch_slots}
+        return {"roi": slice(0, 4), "tiles": tiles, "warps": warps, "mixup": mixup, "photometric": photometric,
+                "batch_index": batch_index}
 
-    def _partner_block(self, rand: SampleRandom, dataset_size: int | None) -> tuple[np.ndarray | None, np.ndarray]:
-        """The partner draws at the start of each sample's stream: ``(positions [B, J] or None
-        when ``dataset_size`` is None, needed [B, J] bool)``; the counter ends at ``J + 1``
-        with ``MixUp``, ``J`` without."""
+    def _partner_block(self, rand: SampleRandom, dataset_size: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """The partner draws at the start of each sample's stream: ``(positions [B, J], needed
+        [B, J] bool)``: a dataset position per slot (``-1`` when ``dataset_size`` is None), or
+        for :attr:`batch_slots` a batch position (uniform over the ``B`` samples of ``rand``);
+        the counter ends at ``J + 1`` with ``MixUp``, ``J`` without."""
         j, n = self.num_partners, rand.batch_size
+        highs = np.array([n if pool == "batch" else (dataset_size or 1) for pool in self.slot_pools], np.int64)
+        positions = rand.integers(highs, j) if j else np.zeros((n, 0), np.int64)
         if dataset_size is None:
-            rand.advance_to(j)
-            positions = None
-        else:
-            positions = rand.integers(dataset_size, j) if j else np.zeros((n, 0), np.int64)
+            dataset = np.array([pool == "dataset" for pool in self.slot_pools], dtype=bool)
+            positions[:, dataset] = -1
         needed = np.ones((n, j), dtype=bool)
         if self.mixup is not None:
             needed[:, -1] = self.mixup.draw_apply(rand)
@@ -222,14 +241,15 @@ class Compose:
         """The partners of a batch (see :mod:`detaug.transforms.mixing` for the rule).
 
         Args:
-            keys: int64 ``[B, 3]`` sample keys.
+            keys: int64 ``[B, 3]`` sample keys, the batch's in its order.
             dataset_size: ``len(source)``: partners are uniform over its positions.
 
         Returns:
             ``(positions int64 [B, J], needed bool [B, J])`` for the :attr:`num_partners` slots
-            (``Mosaic``'s tiles 1-3, then ``MixUp``'s partner); a slot that is not needed
-            (``MixUp`` not applied to the sample) takes no image (:meth:`plan_batch` gets a
-            1x1 placeholder there).
+            (``Mosaic``'s tiles 1-3, then ``MixUp``'s partner): dataset positions, or for
+            :attr:`batch_slots` positions in the batch (``0 .. B - 1``); a dataset slot that is
+            not needed (``MixUp`` not applied to the sample) takes no image (:meth:`plan_batch`
+            gets a 1x1 placeholder there).
         """
         if dataset_size < 1:
             raise ValueError(f"a recipe with mixing transforms needs a dataset with images, got {dataset_size}")
@@ -255,7 +275,8 @@ class Compose:
                 :func:`detaug.seeds.sample_keys` (or a list of ``B`` such rows). Sample ``k``'s
                 outputs are a pure function of ``keys[k]``, ``shapes[k]``, ``boxes[k]`` and
                 ``labels[k]`` (and its partners'): planning it alone or in any batch gives the
-                same arrays.
+                same arrays, except for the partner slots of :attr:`batch_slots`, which are
+                positions in this batch.
             partners: the partner images (required when :attr:`num_partners` > 0), in the slots
                 of :meth:`partner_draws`.
 
@@ -296,8 +317,9 @@ class Compose:
         flat_boxes = np.concatenate(box_arrays) if box_arrays else np.zeros((0, 4))
         flat_labels = np.concatenate(label_arrays) if label_arrays else np.zeros(0, np.int32)
         rand = SampleRandom(keys)
+        batch_index = np.zeros((n, 0), np.int64)
         if j:
-            _, needed = self._partner_block(rand, None)
+            batch_index, needed = self._partner_block(rand, None)
             box_layer = np.concatenate(layer_ids) if layer_ids else np.zeros(0, np.int64)
             state = PlanState(rand=rand, source_hw=hw, boxes_src=flat_boxes, sample=box_layer // k_img,
                               layer_hw=hw_all.reshape(-1, 2), layer_owner=np.repeat(np.arange(n), k_img), box_layer=box_layer)
@@ -330,6 +352,7 @@ class Compose:
             mix = self._plan_mixup(state, needed[:, -1], hw_all[:, -1], k_img)
 
         columns = []
+        whole = bool(self.batch_slots)  # the batch's images are decoded whole, to be shared
         if self.mosaic is not None:
             first = segment_out[0] if segment_out and self.blend_at > 0 else None
             window = _mosaic_window(mosaic_hw, centre, first)
@@ -337,10 +360,13 @@ class Compose:
                 segment_out[0] = (first[0] @ translation_matrix(window[:, 0], window[:, 1]), first[1])
             columns.append(np.zeros((n, 4)))  # the sample's own image is tile 0
             for k in range(4):
-                columns += _tile_columns(hw_all[:, k], tile_maps[:, k], tile_rects[:, k], window)
+                columns += _tile_columns(hw_all[:, k], tile_maps[:, k], tile_rects[:, k], window,
+                                         whole=whole if k == 0 else k - 1 in self.batch_slots)
         else:
             first = segment_out[0] if segment_out else None
-            if first is not None and self.segment_projective[0]:
+            if whole:
+                roi = _whole_image(hw)
+            elif first is not None and self.segment_projective[0]:
                 roi = _region_roi(hw, first[0], first[1])
             else:
                 roi = self._decode_roi(hw, first)
@@ -353,6 +379,7 @@ class Compose:
             columns += mix
         photometric = [_plan_photometric(t, state) for t in self.photometric]
         columns += [np.stack(p, axis=1) for p in photometric if len(p)]
+        columns += [batch_index[:, k:k + 1] for k in self.batch_slots]
         params = np.concatenate(columns, axis=1).astype(np.float32)
 
         result = state.boxes()
@@ -378,14 +405,15 @@ class Compose:
         layers = np.arange(n) * k_img + k_img - 1
         rects = np.stack([np.zeros(n), np.zeros(n), canvas[:, 1], canvas[:, 0]], axis=1)
         state.place_layers(layers, m, rects, alive=apply)
-        roi = _aligned_roi(partner_hw, m, rects)
+        whole = self.mixup.pool == "batch"  # type: ignore[union-attr]
+        roi = _whole_image(partner_hw) if whole else _aligned_roi(partner_hw, m, rects)
         return [roi, (m @ translation_matrix(roi[:, 0], roi[:, 1]))[:, :2, :].reshape(n, 6), canvas, ratio[:, None]]
 
     @staticmethod
     def _decode_roi(hw: np.ndarray, first: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
         """``[B, 4]`` (x, y, w, h) whole-pixel region of the source the first warp reads."""
         n = len(hw)
-        full = np.stack([np.zeros(n), np.zeros(n), hw[:, 1], hw[:, 0]], -1)
+        full = _whole_image(hw)
         if first is None:
             return full
         m, canvas = first
@@ -586,13 +614,21 @@ def _mosaic_window(canvas_hw: np.ndarray, centre: np.ndarray, first: tuple[np.nd
     return np.concatenate([lo, hi], axis=1)
 
 
-def _tile_columns(hw: np.ndarray, m: np.ndarray, quadrant: np.ndarray, window: np.ndarray) -> list[np.ndarray]:
-    """Parameter columns of one Mosaic tile: the decode ROI ``[B, 4]`` of its image (``hw``), the
-    matrix ``[B, 6]`` from that ROI to its quadrant's part of the window, and that part's size
-    ``[B, 2]`` (h, w; at least one pixel each)."""
+def _whole_image(hw: np.ndarray) -> np.ndarray:
+    """``[B, 4]`` (x, y, w, h): the whole of images ``hw`` ``[B, 2]`` as a decode region."""
+    n = len(hw)
+    return np.stack([np.zeros(n), np.zeros(n), hw[:, 1], hw[:, 0]], -1)
+
+
+def _tile_columns(hw: np.ndarray, m: np.ndarray, quadrant: np.ndarray, window: np.ndarray,
+                  whole: bool = False) -> list[np.ndarray]:
+    """Parameter columns of one Mosaic tile: the decode ROI ``[B, 4]`` of its image (``hw``; the
+    whole image when ``whole``: a batch's image shared by ``pool="batch"``), the matrix ``[B, 6]``
+    from that ROI to its quadrant's part of the window, and that part's size ``[B, 2]`` (h, w; at
+    least one pixel each)."""
     n = len(hw)
     rect = np.concatenate([np.maximum(quadrant[:, :2], window[:, :2]), np.minimum(quadrant[:, 2:], window[:, 2:])], 1)
-    roi = _aligned_roi(hw, m, rect)
+    roi = _whole_image(hw) if whole else _aligned_roi(hw, m, rect)
     local = translation_matrix(-rect[:, 0], -rect[:, 1]) @ m @ translation_matrix(roi[:, 0], roi[:, 1])
     size = np.stack([rect[:, 3] - rect[:, 1], rect[:, 2] - rect[:, 0]], 1)
     return [roi, local[:, :2, :].reshape(n, 6), size]

@@ -15,6 +15,21 @@ like its parameters, depend on nothing but its key and the dataset: the same for
 batch size, order, shard, worker count, random access (Keras ``seq[i]``) or device. A partner
 may be the sample itself, or appear twice (as in ultralytics, which draws with replacement).
 
+**Partners from the batch (``pool="batch"``, opt-in).** The rule above decodes every partner
+image: a YOLO sample costs 4 decodes (4.1 with ``MixUp(p=0.1)``), so its output rate is about a
+quarter of the decode limit. With ``pool="batch"`` a slot's partner is instead another sample of
+the same batch (drawn from the same stream position, uniform over the batch's positions
+``0 .. B - 1``, the sample itself included), and the pipeline decodes each image of the batch
+once, in full, and reuses it for the tiles and the blend of its batch-mates (DALI's
+``permute_batch``): one decode per sample, as ultralytics reuses the images of its buffer of
+recently loaded ones. The price is the seed contract's independence from the batch: a sample's
+partners then depend on its batch-mates, which are a pure function of ``(seed, epoch, rank,
+batch index)`` (so epochs, resume, DDP ranks and a Keras ``seq[i]`` stay exact and repeatable),
+but not of ``(seed, epoch, image_id)`` alone: another batch size, another shard layout or an
+eager one-sample call (where the sample is its own partner) gives other partners. A skipped
+image is replaced in the batch (by the sample rule) before partners are drawn, so partners are
+always images that decoded. ``pool`` is set per transform; ``Mosaic`` and ``MixUp`` may differ.
+
 Restrictions (checked by ``Compose``, :class:`~detaug.errors.RecipeError` otherwise):
 ``Mosaic`` is the first transform of its recipe (its tiles are whole source images, as in
 YOLO); ``MixUp`` follows transforms that fix the canvas size (``Mosaic``, ``Resize((h, w))``,
@@ -33,9 +48,14 @@ from detaug.seeds import SampleRandom
 from detaug.transforms.base import Param, Transform, register
 from detaug.transforms.schema import REQUIRED
 
-__all__ = ["MixingTransform", "Mosaic", "MixUp", "yolo_recipe"]
+__all__ = ["POOLS", "MixingTransform", "Mosaic", "MixUp", "yolo_recipe"]
 
 _FILL = Param("fill", "number", 114, "grey level (0-255) where no image is", low=0, high=255)
+#: where partner images come from (the module docstring): "dataset" (the seed contract's rule) or "batch"
+POOLS = ("dataset", "batch")
+_POOL = Param("pool", "choice", "dataset", "where partners come from: 'dataset' (drawn over the dataset by the "
+              "sample's key, each decoded) or 'batch' (other samples of the batch, decoded once; see "
+              "docs/mixing.md)", choices=POOLS)
 
 
 class MixingTransform(Transform):
@@ -75,6 +95,7 @@ class Mosaic(MixingTransform):
         Param("size", "size", REQUIRED, "output (height, width) of the YOLO recipe; the mosaic canvas is twice that"),
         Param("center", "range", (0.5, 1.5), "range of the centre, as a multiple of (width, height)", low=0, high=2),
         _FILL,
+        _POOL,
     )
     partners = 3
 
@@ -135,6 +156,7 @@ class MixUp(MixingTransform):
         Param("alpha", "number", 32.0, "the blend ratio is drawn from Beta(alpha, alpha)", low=1e-3, high=1e4),
         Param("scale", "range", (1.0, 1.0), "factor range on the partner's letterbox size", low=1e-3),
         _FILL,
+        _POOL,
     )
     partners = 1
 
@@ -202,7 +224,8 @@ def _betacf(a: float, b: float, x: np.ndarray, iterations: int = 300) -> np.ndar
     return h
 
 
-def yolo_recipe(size: int | tuple[int, int] = 640, mixup: float = 0.1, perspective: float = 0.1):
+def yolo_recipe(size: int | tuple[int, int] = 640, mixup: float = 0.1, perspective: float = 0.1,
+                pool: str = "dataset"):
     """The YOLO training recipe (ultralytics' defaults) as a :class:`~detaug.transforms.Compose`.
 
     ``Mosaic(size)`` (ultralytics ``mosaic=1.0``), ``RandomPerspective(perspective, p=0.5)`` on
@@ -212,7 +235,9 @@ def yolo_recipe(size: int | tuple[int, int] = 640, mixup: float = 0.1, perspecti
     ``2 w``), the letterbox to ``size`` is this plain resize. Then ``RandomHorizontalFlip(0.5)``
     (``fliplr``), ``MixUp(p=mixup)`` (ultralytics' default is 0; YOLOv5/8 large models use
     0.1-0.15) and the HSV jitter ``hsv_h=0.015, hsv_s=0.7, hsv_v=0.4`` as ``ColorJitter`` (hue
-    as a fraction of the circle, saturation and value as gain ranges ``1 -/+ v``).
+    as a fraction of the circle, saturation and value as gain ranges ``1 -/+ v``). ``pool``:
+    where ``Mosaic``'s and ``MixUp``'s partners come from (the module docstring; ``"batch"``
+    decodes one image per sample instead of 4.1).
     """
     from detaug.transforms.affine import RandomAffine
     from detaug.transforms.color import ColorJitter
@@ -223,13 +248,13 @@ def yolo_recipe(size: int | tuple[int, int] = 640, mixup: float = 0.1, perspecti
 
     hw = (size, size) if isinstance(size, int) else tuple(size)
     transforms: list[Transform] = [
-        Mosaic(hw, fill=114),
+        Mosaic(hw, fill=114, pool=pool),
         RandomPerspective(distortion_scale=perspective, p=0.5, fill=114),
         RandomAffine(translate=(0.1, 0.1), scale=(1.0, 3.0), fill=114),
         Resize(hw),
         RandomHorizontalFlip(p=0.5),
     ]
     if mixup > 0:
-        transforms.append(MixUp(p=mixup, alpha=32.0, fill=114))
+        transforms.append(MixUp(p=mixup, alpha=32.0, fill=114, pool=pool))
     transforms.append(ColorJitter(brightness=0.4, saturation=0.7, hue=0.015))
     return Compose(transforms, min_size=2.0, min_visibility=0.1)

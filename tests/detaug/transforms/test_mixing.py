@@ -13,7 +13,7 @@ from PIL import Image
 
 import detaug.transforms as T
 from detaug.errors import RecipeError
-from detaug.pipeline import build_pipeline, feed
+from detaug.pipeline import build_pipeline, feed, input_names
 from detaug.planning import BatchPlanner, EpochSpec
 from detaug.seeds import sample_keys
 from detaug.sources import Sample, SampleListSource
@@ -70,6 +70,30 @@ def run(source, recipe: Compose, batch_size: int, *, seed: int = 0, epoch: int =
     return out
 
 
+def apart(masks: list[np.ndarray]) -> list[np.ndarray]:
+    """Each colour's mask without the lines drawn between two other colours: where two objects
+    meet, bilinear blending draws a thin line of in-between colours, which can read as a third
+    palette colour (the mean of red and yellow is orange). The pixels within 2 pixels of two
+    other colours are set aside, then those of them within 2 pixels of the box of what is left
+    are taken back (an object's rim where it touches two others)."""
+    def grown(m: np.ndarray) -> np.ndarray:
+        p = np.pad(m, 2)
+        return np.logical_or.reduce([p[2 + dy:2 + dy + m.shape[0], 2 + dx:2 + dx + m.shape[1]]
+                                     for dy in range(-2, 3) for dx in range(-2, 3)])
+
+    near = np.stack([grown(m) for m in masks]).astype(np.int32)
+    total = near.sum(axis=0)
+    out = []
+    for k, m in enumerate(masks):
+        body = mask_box(m & (total - near[k] < 2))
+        region = np.zeros_like(m)
+        if body is not None:
+            x0, y0, x1, y1 = (int(v) for v in body)
+            region[max(y0 - 2, 0):y1 + 2, max(x0 - 2, 0):x1 + 2] = True
+        out.append(m & region)
+    return out
+
+
 def mosaic_ious(results, objects) -> tuple[list[float], list[str], int]:
     """IoU of every output box with its object's visible pixels, problems (an object with
     visible pixels but no box, a box without pixels), and how many boxes are cut (smaller than
@@ -79,7 +103,7 @@ def mosaic_ious(results, objects) -> tuple[list[float], list[str], int]:
         for i, image in enumerate(images):
             tiles = [int(planned.positions[i])] + planned.partner_positions[i, :3].tolist()
             shown = sorted(set(tiles))
-            masks = object_masks(image, [objects[p][1] for p in shown])
+            masks = apart(object_masks(image, [objects[p][1] for p in shown]))
             by_label = {int(lab): box for lab, box in zip(planned.labels[i], planned.boxes[i])}
             for p, mask in zip(shown, masks):
                 if tiles.count(p) > 1:
@@ -92,16 +116,30 @@ def mosaic_ious(results, objects) -> tuple[list[float], list[str], int]:
                 if tight is None:
                     problems.append(f"sample {i}: box {box} of image {p} but no visible pixels")
                     continue
-                ious.append(iou(box, tight))
+                ious.append((iou(box, tight), _matches(box, tight)))
                 full = objects[p][0]
                 cut += bool((box[2:] - box[:2]).min() < 0.9 * (full[2:] - full[:2]).min() * 96 / 160)
     return ious, problems, cut
 
 
-def assert_iou_targets(ious: list[float]) -> None:
-    a = np.asarray(ious)
+def _matches(box: np.ndarray, tight: np.ndarray, tolerance: float = 1.5) -> bool:
+    """A box matches its object's visible pixels (``tight``, xyxy) with IoU >= 0.85, or, as in
+    :func:`tests.detaug.consistency.check_boxes_match_pixels`, with every edge within
+    ``tolerance`` pixels, or, for a sliver thinner than ``2 * tolerance`` (which cannot reach that
+    IoU on a pixel grid), with the visible pixels inside the box."""
+    if iou(box, tight) >= 0.85 or np.abs(box - tight).max() <= tolerance:
+        return True
+    sliver = min(box[2] - box[0], box[3] - box[1]) < 2 * tolerance
+    return bool(sliver and (tight[:2] >= box[:2] - tolerance).all() and (tight[2:] <= box[2:] + tolerance).all())
+
+
+def assert_iou_targets(ious: list[tuple[float, bool]]) -> None:
+    """The pixel-box targets on ``(IoU, matches)`` per box (:func:`_matches`): 98% match, median
+    IoU >= 0.95."""
+    a = np.array([i for i, _ in ious])
+    match = np.array([m for _, m in ious], dtype=bool)
     assert len(a) >= 20, f"too few boxes checked ({len(a)})"
-    assert np.mean(a >= 0.85) >= 0.98, f"IoU >= 0.85 for only {np.mean(a >= 0.85):.3f}; lowest {np.sort(a)[:5]}"
+    assert np.mean(match) >= 0.98, f"boxes matching their pixels: only {np.mean(match):.3f}; IoUs {np.sort(a[~match])}"
     assert np.median(a) >= 0.95, f"median IoU {np.median(a):.3f}"
 
 
@@ -128,10 +166,20 @@ MOSAIC_RECIPES = {
 }
 
 
+def with_pool(transforms: list, pool: str) -> list:
+    """``transforms`` with every mixing transform's ``pool`` set to ``pool``."""
+    def fields(t):
+        return {k: v for k, v in t.to_dict().items() if k != "name"}
+
+    return [type(t)(**{**fields(t), "pool": pool}) if t.kind == "mixing" else t for t in transforms]
+
+
+@pytest.mark.parametrize("pool", ["dataset", "batch"])
 @pytest.mark.parametrize("name", sorted(MOSAIC_RECIPES))
-def test_mosaic_boxes_match_object_pixels(name):
+def test_mosaic_boxes_match_object_pixels(name, pool):
     samples, objects = one_object_images()
-    results = run(SampleListSource(samples), Compose(MOSAIC_RECIPES[name], min_size=1.0), 6)
+    recipe = Compose(with_pool(MOSAIC_RECIPES[name], pool), min_size=1.0)
+    results = run(SampleListSource(samples), recipe, 6)
     ious, problems, cut = mosaic_ious(results, objects)
     assert not problems, "\n".join(problems)
     assert_iou_targets(ious)
@@ -202,13 +250,14 @@ def test_min_visibility_applies_after_composition():
 # -- MixUp -----------------------------------------------------------------------------------------
 
 
-def test_mixup_keeps_both_boxes_and_blends_with_the_drawn_ratio():
+@pytest.mark.parametrize("pool", ["dataset", "batch"])
+def test_mixup_keeps_both_boxes_and_blends_with_the_drawn_ratio(pool):
     """out = r * sample + (1 - r) * partner: the sample's canvas is rendered without MixUp, the
     partner's recovered from the output with the planned ratio; each set of boxes matches its
     own objects' pixels, and the recovered background is the grey it should be."""
     samples, scenes = scene_samples(8, seed=4, size=(120, 90))
     source = SampleListSource(samples)
-    mixed = Compose([T.Resize((72, 96)), T.MixUp(p=1.0, alpha=4.0, scale=(0.7, 1.3), fill=FILL)])
+    mixed = Compose([T.Resize((72, 96)), T.MixUp(p=1.0, alpha=4.0, scale=(0.7, 1.3), fill=FILL, pool=pool)])
     plain = Compose([T.Resize((72, 96))])
     ratio_at = mixed.param_slices()["mixup"][3].start
     problems, ratios, checked = [], [], 0
@@ -249,6 +298,23 @@ def test_mixup_not_applied_leaves_the_sample_as_it_is():
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("pool", ["dataset", "batch"])
+def test_mixup_blends_only_the_samples_it_applies_to(pool):
+    """In a batch where MixUp applies to some samples (the pipeline blends those only, in a DALI
+    conditional), the others are exactly the recipe without MixUp."""
+    samples, _ = scene_samples(12, seed=4, size=(120, 90))
+    source = SampleListSource(samples)
+    mixed = Compose([T.Resize((72, 96)), T.MixUp(p=0.5, alpha=4.0, fill=FILL, pool=pool)])
+    at = mixed.param_slices()["mixup"][3].start
+    applied = []
+    for (pm, im), (_, ip) in zip(run(source, mixed, 12, seed=1), run(source, Compose([T.Resize((72, 96))]), 12, seed=1)):
+        for i in range(len(im)):
+            blended = bool(pm.params[i][at] < 1.0)
+            applied.append(blended)
+            assert np.array_equal(im[i], ip[i]) != blended
+    assert 0 < sum(applied) < len(applied)
+
+
 # -- the partner rule and the seed contract ----------------------------------------------------------
 
 
@@ -279,6 +345,64 @@ def test_partners_and_plans_do_not_depend_on_batch_or_order():
     assert any(not np.array_equal(later[k][0], reference[k][0]) for k in reference)
     drawn = np.concatenate([v[0][:3] for v in reference.values()])
     assert len(set(drawn.tolist())) >= 6  # uniform over the dataset, not the batch
+
+
+def test_batch_pool_takes_partners_from_the_batch_decoded_once():
+    """pool="batch": every partner is a batch-mate (its dataset position is in the batch, its
+    batch position in the plan), drawn by the sample's key over the batch, nothing is fed for
+    those slots, and the draws are those of the dataset rule scaled to the batch."""
+    samples, _ = one_object_images()
+    source = SampleListSource(samples)
+    recipe = T.yolo_recipe(64, mixup=0.5, pool="batch")
+    assert recipe.batch_slots == (0, 1, 2, 3)
+    assert input_names(recipe) == ["data", "params"]
+    where = recipe.param_slices()["batch_index"]
+    planner = BatchPlanner(source, recipe, EpochSpec(n=len(source), batch_size=5, seed=3, shuffle=True))
+    for step in range(len(planner.spec)):
+        planned = planner.plan(1, step)
+        b = len(planned.positions)
+        assert planned.partners == [None] * 4
+        index = np.stack([planned.params[:, where[k].start] for k in range(4)], 1).astype(np.int64)
+        assert ((index >= 0) & (index < b)).all()
+        shown = planned.partner_positions >= 0
+        np.testing.assert_array_equal(planned.partner_positions[shown], planned.positions[index][shown])
+        assert shown[:, :3].all() and not shown[:, 3].all()  # Mosaic always, MixUp where applied
+        drawn, _ = recipe.partner_draws(sample_keys(3, 1, planned.image_ids), len(source))
+        np.testing.assert_array_equal(drawn, index)
+        dataset_rule = T.yolo_recipe(64, mixup=0.5).partner_draws(sample_keys(3, 1, planned.image_ids), 2**32)[0]
+        np.testing.assert_array_equal(index, dataset_rule * b >> 32)  # one stream, scaled to the batch
+    again = BatchPlanner(source, recipe, EpochSpec(n=len(source), batch_size=5, seed=3, shuffle=True)).plan(1, 2)
+    np.testing.assert_array_equal(again.params, planner.plan(1, 2).params)  # a pure function of the batch
+
+
+def test_batch_pool_images_equal_the_dataset_pool_fed_the_same_partners():
+    """The pixels of pool="batch" (each image decoded once, tiles taken from the batch) equal
+    those of the dataset rule when it is handed the same partners: a recipe whose partners are
+    drawn over a one-image-per-sample batch of the same images."""
+    samples, _ = one_object_images(seed=2, decoded=True)
+    source = SampleListSource(samples)
+    batch = Compose([T.Mosaic((48, 48), fill=FILL, pool="batch"), T.Resize((40, 40))])
+    (planned, images), = run(source, batch, 6, steps=[0])
+    plain = Compose([T.Mosaic((48, 48), fill=FILL), T.Resize((40, 40))])
+    for i in range(6):
+        tiles = [int(planned.positions[i])] + planned.partner_positions[i, :3].tolist()
+        made = [samples[p] for p in tiles]
+        one = SampleListSource([Sample(made[0].image, made[0].boxes, made[0].labels, image_id=made[0].image_id)])
+        # the dataset rule with these partners: plan by hand, feeding the same tiles
+        from detaug.transforms.compose import Partners
+        shapes = [np.array(s.image.shape) for s in made]
+        keys = sample_keys(0, 0, [made[0].image_id])
+        params, boxes, _ = plain.plan_batch([shapes[0]], [made[0].boxes], [made[0].labels], keys,
+                                            Partners([[sh] for sh in shapes[1:]], [[s.boxes] for s in made[1:]],
+                                                     [[s.labels] for s in made[1:]]))
+        np.testing.assert_allclose(boxes[0], planned.boxes[i], atol=1e-4)
+        pipe = build_pipeline(one, plain, batch_size=1, device=DEVICE, num_threads=1, layout="HWC",
+                              prefetch_queue_depth=1)
+        pipe.build()
+        feed(pipe, [made[0].image], np.stack(params), [[s.image] for s in made[1:]])
+        out = pipe.outputs()[0]
+        out = np.array((out.as_cpu() if hasattr(out, "as_cpu") else out)[0])
+        assert np.abs(out.astype(int) - images[i]).max() <= 1
 
 
 def test_bad_partner_is_replaced_by_the_next_position_and_counted():
