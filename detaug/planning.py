@@ -248,7 +248,7 @@ class BatchPlanner:
         partners, partner_data, partner_positions = None, [], np.zeros((len(ids), 0), np.int64)
         partner_tables: list[list[_Rows]] = []
         if self.transforms.num_partners:
-            batch = (positions, data, shapes, boxes, tables)
+            batch = (positions, shapes, boxes, tables)
             partners, partner_tables, partner_data, partner_positions = self._partners(keys, batch, bad, skipped,
                                                                                        repaired)
         rows, lookup = _row_labels(tables, partner_tables)
@@ -319,11 +319,12 @@ class BatchPlanner:
         ``(Partners for plan_batch (their labels: the source's), their labels and fields per
         slot and sample, their data per slot and sample (``None`` for a slot of
         ``Compose.batch_slots``: the pipeline takes those from the batch), positions [B, J])``.
-        ``batch``: the batch's own ``(positions, data, shapes, boxes, tables)``, read already."""
+        ``batch``: the batch's own ``(positions, shapes, boxes, tables)``, read already."""
         n = len(self.source)
         drawn, needed = self.transforms.partner_draws(keys, n)
         b, j = drawn.shape
         from_batch = self.transforms.batch_slots
+        mate_positions, mate_shapes, mate_boxes, mate_tables = batch
         positions = np.full((b, j), -1, dtype=np.int64)
         shapes = [[None] * b for _ in range(j)]
         boxes = [[None] * b for _ in range(j)]
@@ -334,8 +335,8 @@ class BatchPlanner:
             for k in range(j):
                 if k in from_batch:  # a batch-mate: read already, decoded once by the pipeline
                     m = int(drawn[i, k])
-                    positions[i, k] = batch[0][m] if needed[i, k] else -1
-                    shapes[k][i], boxes[k][i], tables[k][i] = batch[2][m], batch[3][m], batch[4][m]
+                    positions[i, k] = mate_positions[m] if needed[i, k] else -1
+                    shapes[k][i], boxes[k][i], tables[k][i] = mate_shapes[m], mate_boxes[m], mate_tables[m]
                     continue
                 if not needed[i, k]:
                     data[k][i], shapes[k][i] = self.placeholder(), (1, 1)

@@ -19,6 +19,7 @@ from detaug.seeds import sample_keys
 from detaug.sources import Sample, SampleListSource
 from detaug.synthetic import BACKGROUND, PALETTE
 from detaug.transforms import Compose
+from detaug.transforms.compose import Partners
 from tests.detaug.consistency import check_boxes_match_pixels, iou, mask_box, object_masks, scene_samples
 
 DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")
@@ -387,9 +388,8 @@ def test_batch_pool_images_equal_the_dataset_pool_fed_the_same_partners():
     for i in range(6):
         tiles = [int(planned.positions[i])] + planned.partner_positions[i, :3].tolist()
         made = [samples[p] for p in tiles]
-        one = SampleListSource([Sample(made[0].image, made[0].boxes, made[0].labels, image_id=made[0].image_id)])
+        one = SampleListSource([made[0]])
         # the dataset rule with these partners: plan by hand, feeding the same tiles
-        from detaug.transforms.compose import Partners
         shapes = [np.array(s.image.shape) for s in made]
         keys = sample_keys(0, 0, [made[0].image_id])
         params, boxes, _ = plain.plan_batch([shapes[0]], [made[0].boxes], [made[0].labels], keys,
