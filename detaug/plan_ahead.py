@@ -5,15 +5,20 @@ they work from a script without a main guard, from ``python -c`` and from Jupyte
 with their parent), each with a copy of one :class:`~detaug.planning.BatchPlanner`, and
 returns :class:`~detaug.planning.PlannedBatch` futures for ``(epoch, step)``: with the image
 bytes the worker read, or without them (``keep_data=False``: the caller reads them, which spares
-the copies through the result pipe and the memory of plans held long before they are used).
+the memory of plans held long before they are used). The image bytes come back through shared
+memory (:mod:`detaug.shared_arrays`), not the result pipe: the futures hold plans whose ``data``
+and ``partners`` are read-only views of it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import secrets
 import warnings
 import weakref
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
 from typing import Any
 
 from detaug.planning import (
@@ -23,6 +28,7 @@ from detaug.planning import (
     plan_job,
     planner_payload,
 )
+from detaug.shared_arrays import SharedArrays, file_prefix, share, sweep
 from detaug.workers import start_pool, stop_pool
 
 __all__ = ["PlanPool"]
@@ -45,6 +51,7 @@ class PlanPool:
     def __init__(self, planner: BatchPlanner, workers: int) -> None:
         self.planner, self.workers = planner, int(workers)
         self.disabled = False
+        self.prefix = file_prefix(secrets.token_hex(4) + "_")  # this pool's shared-memory files
         self._pool: Any = None
         self._finalizer: weakref.finalize | None = None
 
@@ -62,7 +69,7 @@ class PlanPool:
         except ValueError as err:  # the recipe or source refers to __main__ with no script to import
             self.give_up(str(err))
             return False
-        self._finalizer = weakref.finalize(self, stop_pool, self._pool, False)
+        self._finalizer = weakref.finalize(self, _stop, self._pool, self.prefix)
         return True
 
     def submit(self, epoch: int, step: int, bad: Mapping[int, str] | None = None, *, keep_data: bool = True) -> Future | None:
@@ -72,7 +79,9 @@ class PlanPool:
         if not self.start():
             return None
         try:
-            return self._pool.submit(plan_job if keep_data else plan_job_without_data, epoch, step, bad)
+            if not keep_data:
+                return self._pool.submit(plan_job_without_data, epoch, step, bad)
+            return _Unpacked(self._pool.submit(plan_job_shared, epoch, step, bad, self.prefix))
         except RuntimeError as err:  # BrokenProcessPool is a RuntimeError too
             self.give_up(f"the planning workers stopped ({err})")
             return None
@@ -88,7 +97,15 @@ class PlanPool:
         for them to end unless ``wait=False``; a later :meth:`submit` starts new ones."""
         if self._finalizer is not None and self._finalizer.detach() is not None:
             stop_pool(self._pool, wait)
+            if wait:
+                sweep(self.prefix)
         self._pool = self._finalizer = None
+
+
+def _stop(pool: Any, prefix: str) -> None:
+    """The finalizer of a pool collected or alive at exit: stop it, remove its files."""
+    stop_pool(pool, False)
+    sweep(prefix)
 
 
 def plan_job_without_data(epoch: int, step: int, bad: Mapping[int, str] | None = None) -> PlannedBatch:
@@ -96,3 +113,69 @@ def plan_job_without_data(epoch: int, step: int, bad: Mapping[int, str] | None =
     planned = plan_job(epoch, step, bad)
     planned.data = None
     return planned
+
+
+@dataclass
+class _Packed:
+    """A plan whose image arrays (``data``, then each partner slot's, ``B`` each) are in
+    ``shared``; ``slots[k]``: whether partner slot ``k`` had arrays (not ``None``)."""
+
+    planned: PlannedBatch
+    shared: SharedArrays
+    slots: list[bool]
+
+    def unpack(self) -> PlannedBatch:
+        arrays = self.shared.open()
+        b = len(arrays) // (1 + sum(self.slots))
+        self.planned.data, rest = arrays[:b], arrays[b:]
+        self.planned.partners = []
+        for had in self.slots:
+            self.planned.partners.append(rest[:b] if had else None)
+            rest = rest[b:] if had else rest
+        return self.planned
+
+
+def plan_job_shared(epoch: int, step: int, bad: Mapping[int, str] | None, prefix: str) -> PlannedBatch | _Packed:
+    """In a planning worker: :func:`~detaug.planning.plan_job` with its image arrays written to
+    shared memory (files named ``prefix`` ...); the plan as it is where that cannot be done."""
+    planned = plan_job(epoch, step, bad)
+    partners = planned.partners or []
+    arrays = list(planned.data or []) + [a for images in partners if images is not None for a in images]
+    shared = share(arrays, prefix) if planned.data is not None and arrays else None
+    if shared is None:
+        return planned
+    slots = [images is not None for images in partners]
+    planned.data, planned.partners = None, (None if planned.partners is None else [])
+    return _Packed(planned, shared, slots)
+
+
+class _Unpacked(Future):
+    """The future of a plan job whose result, once there, is unpacked from shared memory (in
+    the pool's result thread, so that results nobody takes are unpacked too and their files
+    removed). Cancelling it cancels the job where it has not started."""
+
+    def __init__(self, job: Future) -> None:
+        super().__init__()
+        self._job = job
+        job.add_done_callback(self._transfer)
+
+    def cancel(self) -> bool:
+        self._job.cancel()
+        return super().cancel()
+
+    def _transfer(self, job: Future) -> None:
+        if job.cancelled():
+            super().cancel()
+            return
+        error = job.exception()
+        try:
+            if error is not None:
+                self.set_exception(error)
+                return
+            result = job.result()
+            self.set_result(result.unpack() if isinstance(result, _Packed) else result)
+        except InvalidStateError:  # cancelled meanwhile: nobody wants it (unpacked, so its file is gone)
+            pass
+        except OSError as err:  # the mapping failed: the caller stops using workers, saying why
+            with contextlib.suppress(InvalidStateError):
+                self.set_exception(RuntimeError(f"a planned batch could not be read from shared memory ({err})"))
