@@ -132,10 +132,12 @@ def build_pipeline(
         #      transforms, and each sample's parameter vector (decode ROIs, warp matrices and
         #      sizes, blend ratio, photometric parameters; see Compose.param_slices), planned on
         #      the host (detaug.planning).
-        data = fn.external_source(name="data", layout="HWC" if decoded_input else None)
-        fed = {k: fn.external_source(name=f"data_{k + 1}", layout="HWC" if decoded_input else None)
+        #    Fed without a copy (no_copy): the fed arrays stay alive until the batch's outputs
+        #    are taken (feed_inputs says so).
+        data = fn.external_source(name="data", layout="HWC" if decoded_input else None, no_copy=True)
+        fed = {k: fn.external_source(name=f"data_{k + 1}", layout="HWC" if decoded_input else None, no_copy=True)
                for k in range(transforms.num_partners) if k not in transforms.batch_slots}
-        params = fn.external_source(name="params")
+        params = fn.external_source(name="params", no_copy=True)
         layout_of = transforms.param_slices()
 
         def decode(encoded, roi):
@@ -251,7 +253,10 @@ def feed_inputs(pipe: Any, data: list[np.ndarray], params: np.ndarray,
     """Feed one planned batch to a pipeline of :func:`build_pipeline` without scheduling its run:
     ``data``, ``params`` and, for a recipe with mixing transforms, ``partners``
     (``PlannedBatch.partners``: per partner slot, one image per sample, or ``None`` for a slot
-    whose images are batch-mates)."""
+    whose images are batch-mates).
+
+    DALI reads the arrays where they are (no copy): they must stay alive and unchanged until
+    the batch's outputs are taken (callers keep the ``PlannedBatch`` until then)."""
     pipe.feed_input("data", data)
     pipe.feed_input("params", params)
     for k, images in enumerate(partners or [], start=1):
