@@ -391,18 +391,17 @@ class DetectionLoader:
         batch = dali_images_to_torch(images, self.device)
         if self._stacked != isinstance(batch, torch.Tensor):  # one batch type, whatever its size
             batch = torch.stack(batch) if self._stacked else list(batch)
-        counts = [len(lab) for lab in planned.labels]  # category ids -> class indices, the whole batch at once
+        # The whole batch at once (category ids -> class indices too): one tensor per kind, split
+        # into per-sample views.
+        counts = [len(lab) for lab in planned.labels]
         labels = torch.from_numpy(self.label_mapping.map(np.concatenate(planned.labels).reshape(-1))).split(counts)
-        targets = [
-            {"boxes": torch.from_numpy(np.asarray(b, dtype=np.float32).reshape(-1, 4)),
-             "labels": lab,
-             "image_id": int(i)}
-            for b, lab, i in zip(planned.boxes, labels, planned.image_ids)
-        ]
-        if self.fields:
-            for target, fields in zip(targets, planned.fields):
-                for name, values in fields.items():
-                    target[name] = torch.from_numpy(np.ascontiguousarray(values))
+        boxes = torch.from_numpy(np.concatenate([np.asarray(b, dtype=np.float32).reshape(-1, 4) for b in planned.boxes])).split(counts)
+        targets = [{"boxes": b, "labels": lab, "image_id": int(i)} for b, lab, i in zip(boxes, labels, planned.image_ids)]
+        if self.fields and planned.fields:
+            for name in planned.fields[0]:
+                values = torch.from_numpy(np.concatenate([np.asarray(f[name]) for f in planned.fields])).split(counts)
+                for target, value in zip(targets, values):
+                    target[name] = value
         if self.targets == "tv_tensors":
             batch, targets = _as_tv_tensors(batch, targets)
         return batch, targets
