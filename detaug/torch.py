@@ -10,6 +10,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from detaug.decoding import default_num_threads
 from detaug.errors import DataWarning, ImageError
 from detaug.labels import LabelMap
 from detaug.plan_ahead import PlanPool
@@ -59,7 +60,9 @@ class DetectionLoader:
         shard_id, num_shards: this rank and the number of ranks; default to the source's, then
             to ``torch.distributed`` / torchrun's ``RANK``, ``WORLD_SIZE``.
         num_workers: processes that read and plan batches ahead of DALI (``None``: 0 on the CPU,
-            where DALI needs the cores, else up to 8); 0 plans in the calling process.
+            where DALI needs the cores, else as many as DALI threads: the CPUs this process may
+            use divided by the ranks on the host, 1 to 16,
+            :func:`detaug.decoding.default_num_threads`); 0 plans in the calling process.
         on_error: an image that cannot be read or decoded (missing, empty, truncated, a format
             DALI cannot decode, absurdly large): ``"skip"`` replaces it by the next readable
             sample of the rank's epoch order, warns once per image (:class:`~detaug.DataWarning`)
@@ -176,7 +179,7 @@ class DetectionLoader:
         self.fields = self.planner.fields  # the names each target carries, in order
         self.on_error = on_error
         if num_workers is None:
-            num_workers = 0 if self.device_id is None else min(8, os.cpu_count() or 1)
+            num_workers = 0 if self.device_id is None else default_num_threads()
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
             raise ValueError(f"num_workers must be an integer >= 0 or None, got {num_workers!r}")
         self.num_workers = int(num_workers)
