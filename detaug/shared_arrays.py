@@ -14,7 +14,9 @@ Where ``/dev/shm`` is missing, not writable or full, :func:`share` returns ``Non
 arrays go through the pipe as before: the same batches, only slower. Files are named
 ``detaug_batch_<parent pid>_<pool>_...``; :func:`sweep` removes those a stopped pool left
 behind (a result being written when its worker was stopped); at exit, a process removes those
-of all its pools.
+of all its pools. Each file is registered with multiprocessing's resource tracker from its
+creation until the parent unlinks it, so that a run killed outright (SIGKILL, SIGTERM) leaves
+none either: the tracker removes them when the run's processes are gone.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import mmap
+import multiprocessing.resource_tracker as resource_tracker
 import os
 import secrets
 import threading
@@ -55,6 +58,7 @@ class SharedArrays:
     offsets: list[int]
     shapes: list[tuple[int, ...]]
     dtypes: list[str]
+    tracked: bool = False
     _arrays: list[np.ndarray] | None = None
 
     def __getstate__(self) -> dict:
@@ -74,8 +78,7 @@ class SharedArrays:
                     mapped = mmap.mmap(fd, self.size, flags=flags, prot=mmap.PROT_READ)
                 finally:
                     os.close(fd)
-                    with contextlib.suppress(OSError):
-                        os.unlink(self.path)
+                    _remove(self.path, self.tracked)
                 self._arrays = [
                     np.frombuffer(mapped, dtype=np.dtype(dtype), count=int(np.prod(shape, dtype=np.int64)), offset=offset).reshape(shape)
                     for offset, shape, dtype in zip(self.offsets, self.shapes, self.dtypes)
@@ -109,6 +112,7 @@ def share(arrays: list[np.ndarray], prefix: str) -> SharedArrays | None:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except OSError:
         return None
+    tracked = _track(path)
     try:
         try:
             if hasattr(os, "posix_fallocate"):  # a full /dev/shm fails here, not later with SIGBUS
@@ -117,10 +121,32 @@ def share(arrays: list[np.ndarray], prefix: str) -> SharedArrays | None:
         finally:
             os.close(fd)
     except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        _remove(path, tracked)
         return None
-    return SharedArrays(path, end, offsets, [a.shape for a in arrays], [a.dtype.str for a in arrays])
+    return SharedArrays(path, end, offsets, [a.shape for a in arrays], [a.dtype.str for a in arrays], tracked)
+
+
+def _track(path: str) -> bool:
+    """Register ``path`` with the resource tracker (POSIX shared memory names are the file
+    names under /dev/shm); ``False`` where that cannot be done."""
+    try:
+        resource_tracker.register("/" + os.path.basename(path), "shared_memory")
+    except Exception:  # noqa: BLE001 - no tracker here: the sweeps still remove leftovers
+        return False
+    return True
+
+
+def _remove(path: str, tracked: bool) -> bool:
+    """Unlink ``path`` and, if it was registered, unregister it; whether it was there."""
+    try:
+        os.unlink(path)
+        removed = True
+    except OSError:
+        removed = False
+    if tracked:
+        with contextlib.suppress(Exception):
+            resource_tracker.unregister("/" + os.path.basename(path), "shared_memory")
+    return removed
 
 
 def _write_all(fd: int, buffers: list[memoryview | bytes]) -> None:
@@ -142,10 +168,8 @@ def sweep(prefix: str) -> int:
     removed = 0
     with contextlib.suppress(OSError):
         for name in os.listdir(SHM_DIR):
-            if name.startswith(prefix):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(SHM_DIR, name))
-                    removed += 1
+            if name.startswith(prefix):  # written by this process's workers, each registered
+                removed += _remove(os.path.join(SHM_DIR, name), True)
     return removed
 
 

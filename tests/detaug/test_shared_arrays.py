@@ -72,3 +72,4 @@ def test_sweep_removes_the_files_of_one_prefix_only(shm_dir):
     assert sweep(file_prefix("a_")) == 3
     assert not any(os.path.exists(h.path) for h in mine)
     assert os.path.exists(other.path)
+    assert sweep(file_prefix("b_")) == 1
