@@ -127,11 +127,9 @@ class _Packed:
     def unpack(self) -> PlannedBatch:
         arrays = self.shared.open()
         b = len(arrays) // (1 + sum(self.slots))
-        self.planned.data, rest = arrays[:b], arrays[b:]
-        self.planned.partners = []
-        for had in self.slots:
-            self.planned.partners.append(rest[:b] if had else None)
-            rest = rest[b:] if had else rest
+        chunks = (arrays[k:k + b] for k in range(b, len(arrays), b))
+        self.planned.data = arrays[:b]
+        self.planned.partners = [next(chunks) if had else None for had in self.slots]
         return self.planned
 
 
@@ -144,9 +142,8 @@ def plan_job_shared(epoch: int, step: int, bad: Mapping[int, str] | None, prefix
     shared = share(arrays, prefix) if planned.data is not None and arrays else None
     if shared is None:
         return planned
-    slots = [images is not None for images in partners]
-    planned.data, planned.partners = None, (None if planned.partners is None else [])
-    return _Packed(planned, shared, slots)
+    planned.data = planned.partners = None  # back from the shared file on unpacking
+    return _Packed(planned, shared, [images is not None for images in partners])
 
 
 class _Unpacked(Future):

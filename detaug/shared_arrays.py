@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from detaug.workers import SHARED_MEMORY_PREFIX
+
 __all__ = ["SHM_DIR", "SharedArrays", "file_prefix", "share", "sweep"]
 
 SHM_DIR = "/dev/shm"
@@ -45,7 +47,7 @@ _LOCK = threading.Lock()  # opening is idempotent: a done-callback and the calle
 def file_prefix(owner: str = "") -> str:
     """The name prefix of the files written for this process and ``owner`` (a pool's token;
     empty: every pool of this process)."""
-    return f"detaug_batch_{os.getpid()}_{owner}"
+    return f"{SHARED_MEMORY_PREFIX}batch_{os.getpid()}_{owner}"
 
 
 @dataclass
