@@ -21,6 +21,8 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from detaug.planning import (
     BatchPlanner,
     PlannedBatch,
@@ -117,33 +119,80 @@ def plan_job_without_data(epoch: int, step: int, bad: Mapping[int, str] | None =
 
 @dataclass
 class _Packed:
-    """A plan whose image arrays (``data``, then each partner slot's, ``B`` each) are in
-    ``shared``; ``slots[k]``: whether partner slot ``k`` had arrays (not ``None``)."""
+    """A plan on its way from a worker, in few objects: its image arrays (``data``, then each
+    partner slot's, ``B`` each) in ``shared`` (``slots[k]``: whether partner slot ``k`` had
+    arrays, not ``None``), and its per-sample box arrays (``boxes``, ``labels``, each field)
+    concatenated in ``joined`` (``counts[i]``: sample ``i``'s boxes). Unpickling and unpacking
+    then cost the parent a few objects a batch, not several hundred small arrays."""
 
     planned: PlannedBatch
-    shared: SharedArrays
+    shared: SharedArrays | None
     slots: list[bool]
+    counts: list[int] | None = None
+    joined: dict[str, np.ndarray] | None = None
 
     def unpack(self) -> PlannedBatch:
-        arrays = self.shared.open()
-        b = len(arrays) // (1 + sum(self.slots))
-        chunks = (arrays[k:k + b] for k in range(b, len(arrays), b))
-        self.planned.data = arrays[:b]
-        self.planned.partners = [next(chunks) if had else None for had in self.slots]
-        return self.planned
+        planned = self.planned
+        if self.shared is not None:
+            arrays = self.shared.open()
+            b = len(arrays) // (1 + sum(self.slots))
+            chunks = (arrays[k:k + b] for k in range(b, len(arrays), b))
+            planned.data = arrays[:b]
+            planned.partners = [next(chunks) if had else None for had in self.slots]
+        if self.joined is not None:
+            ends = np.cumsum(self.counts).tolist()
+            spans = list(zip([0] + ends[:-1], ends))
+            split = {name: [a[i:j] for i, j in spans] for name, a in self.joined.items()}
+            planned.boxes, planned.labels = split.pop("boxes"), split.pop("labels")
+            planned.fields = [dict(zip(split, values)) for values in zip(*split.values())] if split else planned.fields
+        return planned
+
+
+def _joined(arrays: list[Any]) -> np.ndarray | None:
+    """``arrays`` concatenated along their first axis, where slicing the result gives each back
+    as it was (all arrays of one dtype and trailing shape); else ``None``."""
+    if not arrays or not all(isinstance(a, np.ndarray) and a.ndim for a in arrays):
+        return None
+    first = arrays[0]
+    if any(a.dtype != first.dtype or a.shape[1:] != first.shape[1:] for a in arrays):
+        return None
+    return np.concatenate(arrays)
+
+
+def _pack_boxes(planned: PlannedBatch) -> tuple[list[int], dict[str, np.ndarray]] | None:
+    """The per-sample ``boxes``, ``labels`` and fields of ``planned`` joined (and the sample
+    counts), or ``None`` where they cannot be rebuilt exactly by slicing."""
+    counts = [len(labels) for labels in planned.labels]
+    names = list(planned.fields[0]) if planned.fields else []
+    if planned.fields and any(list(f) != names for f in planned.fields):
+        return None
+    columns = {"boxes": planned.boxes, "labels": planned.labels}
+    columns.update((name, [f[name] for f in planned.fields]) for name in names)
+    joined = {}
+    for name, arrays in columns.items():
+        if [len(a) for a in arrays] != counts or (flat := _joined(arrays)) is None:
+            return None
+        joined[name] = flat
+    return counts, joined
 
 
 def plan_job_shared(epoch: int, step: int, bad: Mapping[int, str] | None, prefix: str) -> PlannedBatch | _Packed:
-    """In a planning worker: :func:`~detaug.planning.plan_job` with its image arrays written to
-    shared memory (files named ``prefix`` ...); the plan as it is where that cannot be done."""
+    """In a planning worker: :func:`~detaug.planning.plan_job`, packed for the trip (:class:`_Packed`):
+    its image arrays written to shared memory (files named ``prefix`` ...), its box arrays
+    joined; each part as it is where that cannot be done."""
     planned = plan_job(epoch, step, bad)
     partners = planned.partners or []
     arrays = list(planned.data or []) + [a for images in partners if images is not None for a in images]
     shared = share(arrays, prefix) if planned.data is not None and arrays else None
-    if shared is None:
-        return planned
-    planned.data = planned.partners = None  # back from the shared file on unpacking
-    return _Packed(planned, shared, [images is not None for images in partners])
+    if shared is not None:
+        planned.data = planned.partners = None  # back from the shared file on unpacking
+    packed = _Packed(planned, shared, [images is not None for images in partners])
+    if (boxes := _pack_boxes(planned)) is not None:
+        packed.counts, packed.joined = boxes
+        planned.boxes = planned.labels = []  # back from ``joined`` on unpacking
+        if planned.fields and planned.fields[0]:
+            planned.fields = []
+    return packed
 
 
 class _Unpacked(Future):
@@ -176,3 +225,4 @@ class _Unpacked(Future):
         except OSError as err:  # the mapping failed: the caller stops using workers, saying why
             with contextlib.suppress(InvalidStateError):
                 self.set_exception(RuntimeError(f"a planned batch could not be read from shared memory ({err})"))
+

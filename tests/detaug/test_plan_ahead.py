@@ -3,16 +3,18 @@ bytes travel through shared memory and leave nothing behind."""
 
 from __future__ import annotations
 
+import copy
 import os
+import pickle
 from concurrent.futures import wait
 
 import numpy as np
 import pytest
 
 import detaug.transforms as T
-from detaug.plan_ahead import PlanPool
-from detaug.planning import BatchPlanner, EpochSpec
-from detaug.shared_arrays import SHM_DIR
+from detaug.plan_ahead import PlanPool, _pack_boxes, _Packed, plan_job_shared
+from detaug.planning import BatchPlanner, EpochSpec, init_plan_worker, planner_payload
+from detaug.shared_arrays import SHM_DIR, file_prefix
 from detaug.sources import SampleListSource
 from tests.detaug.consistency import scene_samples
 
@@ -21,12 +23,35 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason=f"no {SHM_DIR
 
 @pytest.fixture(scope="module")
 def source():
-    return SampleListSource(scene_samples(12, size=(96, 80), max_objects=3, min_size=12)[0])
+    """Scenes whose boxes carry two fields: an int64 track id and a float32 ``[N, 2]`` point."""
+    samples = scene_samples(12, size=(96, 80), max_objects=3, min_size=12)[0]
+    for k, sample in enumerate(samples):
+        if k % 4 == 0:  # some images without objects
+            sample.boxes, sample.labels = np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
+        n = len(sample.labels)
+        sample.fields = {"track": np.arange(n) + 10 * k, "point": np.full((n, 2), k, np.float32)}
+    return SampleListSource(samples)
 
 
 def _planner(source, recipe):
     spec = EpochSpec(n=len(source), batch_size=4, shard_id=0, num_shards=1, shuffle=True, drop_last=False, seed=5, groups=None)
     return BatchPlanner(source, recipe, spec)
+
+
+def _same_arrays(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a, b)
+
+
+def _same_box_arrays(got, want):
+    """Boxes, labels and fields per sample, dtypes and shapes included."""
+    assert len(got.boxes) == len(got.labels) == len(got.fields) == len(want.boxes) == len(want.fields)
+    for a, b in zip(got.boxes + got.labels, want.boxes + want.labels):
+        _same_arrays(a, b)
+    for mine, theirs in zip(got.fields, want.fields):
+        assert list(mine) == list(theirs)
+        for name in mine:
+            _same_arrays(mine[name], theirs[name])
 
 
 def _same_images(a, b):
@@ -54,8 +79,7 @@ def test_worker_plans_equal_local_plans_with_images_from_shared_memory(source, p
             for mine, theirs in zip(got.partners, want.partners):
                 _same_images(mine, theirs)
             np.testing.assert_array_equal(got.params, want.params)
-            for a, b in zip(got.boxes, want.boxes):
-                np.testing.assert_array_equal(a, b)
+            _same_box_arrays(got, want)
     finally:
         plans.close()
     assert not [n for n in os.listdir(SHM_DIR) if n.startswith(plans.prefix)]
@@ -74,3 +98,25 @@ def test_plans_nobody_takes_leave_no_files(source):
     futures = [plans.submit(1, step % 3) for step in range(8)]
     plans.close()  # jobs still queued or running
     assert not [n for n in os.listdir(SHM_DIR) if n.startswith(plans.prefix)]
+
+
+def test_box_arrays_travel_joined_and_come_back_as_they_were(source):
+    """A worker joins each kind of per-sample box array into one (a few objects to unpickle, not
+    hundreds); slicing gives back every sample's array, empty ones and trailing shapes included.
+    Arrays that slicing could not give back (dtypes differing between samples) travel as they are."""
+    planner = _planner(source, T.Compose([T.RandomAffine(degrees=10), T.Resize((32, 32))]))
+    step = next(s for s in range(3) if any(len(b) == 0 for b in planner.plan(0, s).boxes))
+    want = planner.plan(0, step)
+    assert any(len(b) for b in want.boxes)
+    init_plan_worker(planner_payload(planner))
+    packed = pickle.loads(pickle.dumps(plan_job_shared(0, step, None, file_prefix("test_"))))
+    assert isinstance(packed, _Packed) and set(packed.joined) == {"boxes", "labels", "track", "point"}
+    assert packed.planned.boxes == packed.planned.labels == packed.planned.fields == []
+    got = packed.unpack()
+    _same_box_arrays(got, want)
+    _same_images(got.data, want.data)
+
+    mixed = copy.deepcopy(want)
+    mixed.fields[0]["track"] = mixed.fields[0]["track"].astype(np.int32)
+    assert _pack_boxes(mixed) is None
+
