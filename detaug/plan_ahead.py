@@ -99,8 +99,8 @@ class PlanPool:
         for them to end unless ``wait=False``; a later :meth:`submit` starts new ones."""
         if self._finalizer is not None and self._finalizer.detach() is not None:
             stop_pool(self._pool, wait)
-            if wait:
-                sweep(self.prefix)
+        if wait:  # also what workers stopped earlier (a pool given up) left
+            sweep(self.prefix)
         self._pool = self._finalizer = None
 
 

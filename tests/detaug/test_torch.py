@@ -164,6 +164,65 @@ def test_parallel_workers_give_the_same_batches(samples):
             assert a["image_id"] == b["image_id"] and torch.equal(a["boxes"], b["boxes"])
 
 
+def _batches(loader, count=None):
+    """``(image_ids, images, boxes)`` of the next ``count`` batches (all of an epoch: None)."""
+    out = []
+    for images, targets in loader:
+        out.append(([t["image_id"] for t in targets], images, [t["boxes"] for t in targets]))
+        if count is not None and len(out) == count:
+            break
+    return out
+
+
+def _same_batches(a, b):
+    assert len(a) == len(b)
+    for (ids, images, boxes), (ids2, images2, boxes2) in zip(a, b):
+        assert ids == ids2 and torch.equal(images, images2)
+        assert all(torch.equal(x, y) for x, y in zip(boxes, boxes2))
+
+
+def test_workers_left_early_resumed_and_killed_give_the_inline_batches(samples):
+    """Planning workers change nothing but speed: an epoch left early, resumed from its state,
+    leaves no plan behind and yields what planning here yields; when a worker dies, the loader
+    says so and plans the rest itself, with the same batches."""
+    import os
+    import signal
+    import time
+
+    from detaug.shared_arrays import SHM_DIR
+
+    recipe = T.Compose([T.RandomIoUCrop(), T.RandomHorizontalFlip(), T.Resize((48, 64))])
+    source = SampleListSource(samples)
+    inline = DetectionLoader(source, recipe, 1, device="cpu", shuffle=True, seed=3, num_workers=0)
+    want = _batches(inline) + _batches(inline)  # epochs 0 and 1
+    loader = DetectionLoader(source, recipe, 1, device="cpu", shuffle=True, seed=3, num_workers=2)
+    got = _batches(loader, 3)
+    state = loader.state_dict()
+    loader.set_epoch(0)  # ends the iteration in progress, keeping its position
+
+    def files(pool, wait=5.0):
+        """The pool's plan files once those being planned have come in (each goes as it comes)."""
+        deadline = time.monotonic() + wait
+        while (left := [n for n in os.listdir(SHM_DIR) if n.startswith(pool.prefix)]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return left
+
+    assert not files(loader._pool)  # the plans made ahead are gone
+    resumed = DetectionLoader(source, recipe, 1, device="cpu", shuffle=True, seed=3, num_workers=2)
+    resumed.load_state_dict(state)
+    got += _batches(resumed)
+    loader.close()
+    epoch = iter(resumed)  # epoch 1 (10 batches): a worker dies after the first, its plans 2 ahead at most
+    batches = [next(epoch)]
+    os.kill(next(iter(resumed._pool._pool._processes)), signal.SIGKILL)
+    with pytest.warns(RuntimeWarning, match="planning workers stopped"):
+        batches += list(epoch)
+    got += [([t["image_id"] for t in targets], images, [t["boxes"] for t in targets]) for images, targets in batches]
+    _same_batches(got, want)
+    resumed.close()
+    assert not files(resumed._pool, wait=0)
+
+
 def test_a_missing_coco_image_is_skipped_or_raised_by_name(tmp_path):
     write_coco_dataset(tmp_path, num_images=6, size=(64, 48), max_objects=2, progress=False)
     missing = sorted((tmp_path / "images").iterdir())[2]
