@@ -275,17 +275,33 @@ class DetectionLoader:
         next_step = start
         if self._broken:
             self.pipeline, self._broken = self._build(), False
+
+        def top_up() -> None:
+            """Submit plans up to ``ahead`` and feed the pipeline up to its depth."""
+            nonlocal next_step
+            while next_step < steps and len(pending) + len(inflight) < ahead:
+                future = self._pool.submit(epoch, next_step, dict(self._bad)) if self._pool is not None else None
+                pending.append((next_step, future))
+                next_step += 1
+            batches = []
+            try:
+                while pending and len(inflight) + len(batches) < self._depth:
+                    batches.append(self._result(epoch, *pending[0]))  # left pending if it raises
+                    pending.popleft()
+            finally:
+                self._feed(batches, inflight)
+
         try:
             for step in range(start, steps):
-                while next_step < steps and len(pending) + len(inflight) < ahead:
-                    future = self._pool.submit(epoch, next_step, dict(self._bad)) if self._pool is not None else None
-                    pending.append((next_step, future))
-                    next_step += 1
-                batches = []
-                while pending and len(inflight) + len(batches) < self._depth:
-                    batches.append(self._result(epoch, *pending.popleft()))
-                self._feed(batches, inflight)
+                top_up()
                 images, planned = self._outputs(inflight)
+                # The next batch goes in before this one is converted and yielded, so that the
+                # pipeline always holds ``prefetch_queue_depth`` batches, also while the caller
+                # trains on this one (DALI keeps these outputs until the next ``outputs()``).
+                try:
+                    top_up()
+                except ImageError:  # raised again by the next top_up, once this batch is yielded
+                    pass
                 self._record(planned)
                 self._step = step + 1
                 yield self._to_torch(images, planned)
