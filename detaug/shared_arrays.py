@@ -116,11 +116,13 @@ def share(arrays: list[np.ndarray], prefix: str) -> SharedArrays | None:
     if end == 0:
         return None
     path = os.path.join(SHM_DIR, f"{prefix}{secrets.token_hex(6)}")
+    tracked = _track(path)  # before the file exists: a process killed in between leaves none
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except OSError:
+        if tracked:
+            _untrack(path)
         return None
-    tracked = _track(path)
     try:
         try:
             if hasattr(os, "posix_fallocate"):  # a full /dev/shm fails here, not later with SIGBUS
@@ -144,6 +146,11 @@ def _track(path: str) -> bool:
     return True
 
 
+def _untrack(path: str) -> None:
+    with contextlib.suppress(Exception):
+        resource_tracker.unregister("/" + os.path.basename(path), "shared_memory")
+
+
 def _remove(path: str, tracked: bool) -> bool:
     """Unlink ``path`` and, if it was registered, unregister it; whether it was there."""
     try:
@@ -152,8 +159,7 @@ def _remove(path: str, tracked: bool) -> bool:
     except OSError:
         removed = False
     if tracked:
-        with contextlib.suppress(Exception):
-            resource_tracker.unregister("/" + os.path.basename(path), "shared_memory")
+        _untrack(path)
     return removed
 
 

@@ -73,3 +73,20 @@ def test_sweep_removes_the_files_of_one_prefix_only(shm_dir):
     assert not any(os.path.exists(h.path) for h in mine)
     assert os.path.exists(other.path)
     assert sweep(file_prefix("b_")) == 1
+
+
+def test_a_file_is_registered_for_cleanup_before_it_exists(shm_dir, monkeypatch):
+    """A worker killed between creating its file and registering it would leave the file for
+    good: the registration comes first (and is withdrawn when the file cannot be made)."""
+    registered = []
+    real_track = shared._track
+
+    def track(path):
+        registered.append((path, os.path.exists(path)))
+        return real_track(path)
+
+    monkeypatch.setattr(shared, "_track", track)
+    result = share([np.arange(10, dtype=np.uint8)], file_prefix("order_"))
+    assert registered and registered[0] == (result.path, False)
+    result.open()
+    assert not os.path.exists(result.path)
