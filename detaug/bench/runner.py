@@ -513,6 +513,7 @@ class BenchReport:
     scaling: dict | None = None
     recipes: tuple[str, ...] = ("default",)
     sizes: dict[str, int] = field(default_factory=dict)
+    rounds: int = 1
 
     def result(self, name: str, recipe: str = "default") -> VariantResult | None:
         """The row of variant ``name`` in ``recipe`` (the decode limit, shared, in any)."""
@@ -566,6 +567,9 @@ class BenchReport:
                 f"timed: {self.images_per_variant} per variant after {self.warmup} warm-up batches"
                 + ("" if gpu or self.images_requested else " (a short CPU run; --images N for a longer one)")
             )
+        if self.rounds > 1:
+            lines.append(f"rounds: {self.rounds}, the variants taking turns; each row but the peers' is its "
+                         "median round (every round's img/s in the JSON)")
         for run in self.runs:
             lines += ["", f"batch {run.settings.batch_size}:"] if len(self.runs) > 1 else [""]
             lines += run._table()
@@ -668,6 +672,7 @@ class BenchReport:
                 "seed": s.seed,
                 "images_requested": self.images_requested,
                 "warmup": self.warmup,
+                "rounds": self.rounds,
                 "cpus": available_cpus(),
                 "decoder_defaults": _decoder_defaults(s.device),
             },
@@ -808,6 +813,7 @@ def run_bench(
     images: int | None = None,
     peer_images: int | None = None,
     warmup: int | None = None,
+    rounds: int = 1,
     scaling: bool = False,
     megapixels: Sequence[float] | None = None,
     scaling_batch_sizes: Sequence[int] | None = None,
@@ -843,6 +849,12 @@ def run_bench(
         peer_images: images timed per peer (CPU DataLoaders, torchvision on the GPU) instead of
             ``images``: the peers are 20 to 300 times slower, so fewer of their images time as well.
         warmup: warm-up batches (the DataLoader peers take at least one wave, ``workers``).
+        rounds: every variant but the peers is timed this many times, the variants taking turns
+            (all of them once per round, at every batch size); each row is the round with the
+            median img/s (the lower of the middle two for an even count), and lists every
+            round's img/s (``rounds`` in the JSON row). Machines whose pace drifts (shared hosts)
+            then give ratios that a single slow or fast moment does not decide. The decode
+            limit sweeps its settings in the first round and times the best one in the others.
         scaling: add the megapixel rows (``megapixels``, default 0.3, 1, 4, 12) and batch rows
             (``scaling_batch_sizes``, default 8, 32, 128, 256) for :data:`SCALING_VARIANTS`.
         log: progress messages (default: stderr).
@@ -875,6 +887,8 @@ def run_bench(
     warmup = defaults.warmup if warmup is None else warmup
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
         raise ValueError(f"--warmup should be an int >= 1, got {warmup!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"--rounds should be an int >= 1, got {rounds!r}")
     num_images = defaults.num_images if num_images is None else num_images
     megapixels = tuple(DEFAULT_MEGAPIXELS if megapixels is None else megapixels)
     scaling_sizes = tuple(DEFAULT_SCALING_BATCHES if scaling_batch_sizes is None else scaling_batch_sizes)
@@ -891,21 +905,29 @@ def run_bench(
         runner = _Runner(dataset, defaults, images, warmup, log, peer_images)
         if any(v.kind in ("cpu-peer", "gpu-peer") for v in planned):
             _warn_about_shared_memory(replace(base, batch_size=max(sizes), size=max(recipe_sizes.values())), log)
-        results: dict[int, dict[tuple[str | None, str], VariantResult]] = {b: {} for b in sizes}
-        for phase in ([v for v in planned if v.name in PEER_ORDER], [v for v in planned if v.name not in PEER_ORDER]):
-            for b in sizes:
-                for variant in phase:
-                    settings = replace(base, batch_size=b, recipe=variant.recipe or "default",
-                                       size=recipe_sizes[variant.recipe or "default"])
-                    result = runner.run(variant, settings)
-                    result.size = settings.size if variant.recipe is not None else None
-                    results[b][(variant.recipe, variant.name)] = result
+        trials: dict[int, dict[tuple[str | None, str], list[VariantResult]]] = {b: {} for b in sizes}
+        peers = [v for v in planned if v.name in PEER_ORDER]
+        others = [v for v in planned if v.name not in PEER_ORDER]
+        for phase, times in ((peers, 1), (others, rounds)):
+            for round_ in range(times):
+                if times > 1:
+                    log(f"round {round_ + 1} of {times}")
+                for b in sizes:
+                    for variant in phase:
+                        settings = replace(base, batch_size=b, recipe=variant.recipe or "default",
+                                           size=recipe_sizes[variant.recipe or "default"])
+                        earlier = trials[b].setdefault((variant.recipe, variant.name), [])
+                        result = runner.run(variant, settings, decode_configs=_best_decode_config(earlier))
+                        result.size = settings.size if variant.recipe is not None else None
+                        earlier.append(result)
+        results = {b: {key: _median_round(runs) for key, runs in by_key.items()} for b, by_key in trials.items()}
         reports = []
         environment = _environment(device)
         for b in sizes:
             ordered = [results[b][(v.recipe, v.name)] for v in _all_variants() if (v.recipe, v.name) in results[b]]
             _fill_ratios(ordered)
             report = BenchReport(
+                rounds=rounds,
                 settings=replace(base, batch_size=b),
                 dataset=dataset,
                 environment=environment,
@@ -1139,6 +1161,32 @@ def _run_decode(
     best.extra = {"settings": {**best_config.to_dict(), "device": "mixed" if settings.device == "gpu" else "cpu"},
                   "sweep": sweep}
     return best
+
+
+def _best_decode_config(earlier: list[VariantResult]) -> list | None:
+    """The decode setting a later round times: the best of the first round's sweep (``None``:
+    sweep, in the first round or where it found none)."""
+    from detaug.bench.decode import DecodeConfig
+
+    chosen = earlier[0].extra.get("settings") if earlier else None
+    if not chosen:
+        return None
+    return [DecodeConfig(num_threads=chosen["num_threads"], window=chosen["window"],
+                         hw_decoder_load=chosen.get("hw_decoder_load"))]
+
+
+def _median_round(runs: list[VariantResult]) -> VariantResult:
+    """The row of a variant timed ``len(runs)`` times: the round with the median img/s (the lower
+    middle one of an even count), with every round's img/s in ``extra["rounds"]``; a decode row
+    keeps the first round's ``settings`` and ``sweep``. One round: that row, as it is."""
+    if len(runs) == 1:
+        return runs[0]
+    timed = sorted((r for r in runs if r.measurement is not None), key=lambda r: r.images_per_second)
+    if not timed:
+        return runs[0]
+    row = timed[(len(timed) - 1) // 2]
+    row.extra = {**runs[0].extra, "rounds": [r.images_per_second if r.measurement is not None else None for r in runs]}
+    return row
 
 
 def _fill_ratios(results: list[VariantResult]) -> None:
@@ -1379,6 +1427,13 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
         help=f"warm-up batches (default {gpu.warmup} on a GPU, {cpu.warmup} on the CPU; DataLoaders: "
         "at least one per worker)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        help="time every variant but the peers N times, taking turns, and report each one's median round "
+        "(default 1; 3 on machines whose pace drifts)",
+    )
     parser.add_argument("--scaling", action="store_true",
                         help="add img/s rows at several megapixels and batch sizes (decode limit and detaug)")
     parser.add_argument("--megapixels", type=_float_list, metavar="MP1,MP2",
@@ -1480,6 +1535,7 @@ def main(argv: Sequence[str] | None = None, *, debug: bool = False) -> int:
                 images=args.images,
                 peer_images=args.peer_images,
                 warmup=args.warmup,
+                rounds=args.rounds,
                 scaling=args.scaling,
                 megapixels=args.megapixels,
                 scaling_batch_sizes=args.scaling_batch_sizes,

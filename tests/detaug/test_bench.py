@@ -748,3 +748,28 @@ def test_peer_images_time_the_peers_only(dataset):
     assert runner.count(_variant("albumentations-mosaic", "yolo")) == 8
     assert runner.count(_variant("torchvision-gpu", "default")) == 8
     assert runner.count(_variant("detaug", "default")) == 64 == runner.count(_variant("decode", "default"))
+
+
+def test_rounds_take_turns_and_each_row_is_its_median_round(dataset):
+    """--rounds N: every variant but the peers timed N times; the row is the median round, every
+    round's img/s listed; the decode limit sweeps in the first round only and times its best
+    setting again in the others."""
+    logged = []
+    report = run_bench(data=dataset.root, device="cpu", only=["decode", "detaug", "raw-dali"], images=8,
+                       batch_size=BATCH, workers=0, threads=2, warmup=1, rounds=3, log=logged.append)
+    order = [m.split(",")[0].removeprefix("running ") for m in logged if m.startswith("running ")]
+    assert len(order) == 9 and order[:3] == order[3:6] == order[6:]  # the variants take turns
+    assert sum(m.startswith("round ") for m in logged) == 3
+    row = report.to_dict()
+    assert row["settings"]["rounds"] == 3
+    decode = row["decode"]
+    assert len(decode["sweep"]) == 4 and decode["settings"]["num_threads"] in (1, 2)  # round 1's sweep
+    for r in row["results"]:
+        assert len(r["rounds"]) == 3 and all(v > 0 for v in r["rounds"])
+        assert r["img_per_s"] == pytest.approx(sorted(r["rounds"])[1])
+    best = {(c["settings"]["num_threads"], c["settings"]["window"]) for c in decode["sweep"]
+            if c["img_per_s"] == max(e["img_per_s"] for e in decode["sweep"])}
+    assert (decode["settings"]["num_threads"], decode["settings"]["window"]) in best
+    assert "rounds: 3" in report.format()
+    with pytest.raises(ValueError, match="--rounds"):
+        run_bench(data=dataset.root, device="cpu", only=["detaug"], rounds=0, log=lambda m: None)
