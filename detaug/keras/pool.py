@@ -13,8 +13,10 @@ batch's images leave it as one copy (:meth:`~PipelinePool.collect`), since DALI 
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -53,7 +55,7 @@ class PipelinePool:
         self.idle: list[Any] = [build()]  # fail here, not in the first seq[i]
         self.prefetched: dict[tuple[int, int], tuple[Any, PlannedBatch]] = {}  # (epoch, index) -> (pipeline, batch fed)
         self.count = 1  # built or being built, in any of the three states
-        self._streams = threading.local()  # a CUDA stream per calling thread, for the copies
+        self._streams = CopyStreams(lambda: _cuda_stream(device_id))  # for the copies, reused across epochs
 
     # -- idle and running ---------------------------------------------------------------------------
 
@@ -200,11 +202,47 @@ def hand_over(images: Any, backend: str | None) -> Any:
                      f"supported: {', '.join(DLPACK_BACKENDS)}")
 
 
-def _gpu_float32(images: Any, device_id: int, streams: threading.local, *, on_host: bool) -> Any:
+class CopyStreams:
+    """CUDA streams for the copies of concurrent calls, made by ``make`` when every one made so
+    far is in use and reused afterwards: as many as calls ever ran at once, for the sequence's
+    lifetime.
+
+    A stream per calling thread would not do: Keras starts new threads every epoch, and PyTorch's
+    caching allocator keeps what a stream's tensors freed for that stream alone, so each epoch's
+    new streams reserved GPU memory anew: in ``fit`` at batch 64 of 512x512 images, PyTorch's
+    reserved memory grew from 1.5 to 13.4 GB over 6 epochs, against 1.9 to 5.6 GB with the
+    streams reused (H100, 2026-11-24)."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+        self.made = 0
+        self._free: deque[Any] = deque()
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[Any]:
+        """A stream nobody else uses until the block ends."""
+        try:
+            stream = self._free.pop()  # atomic: two threads never get the same stream
+        except IndexError:
+            stream = self.make()
+            self.made += 1
+        try:
+            yield stream
+        finally:
+            self._free.append(stream)
+
+
+def _cuda_stream(device_id: int | None) -> Any:
+    import torch
+
+    return torch.cuda.Stream(torch.device("cuda", device_id))
+
+
+def _gpu_float32(images: Any, device_id: int, streams: CopyStreams, *, on_host: bool) -> Any:
     """A dense DALI GPU ``TensorList`` copied as float32 ``[B, H, W, 3]``: a NumPy array on the
     host (``on_host``), else a ``torch`` tensor on its GPU, ready to use on the default stream.
 
-    Each calling thread copies on a CUDA stream of its own, so one thread's ~200 MB host copy
+    Concurrent calls copy on streams of their own (``streams``), so one call's ~200 MB host copy
     (64 float images of 512x512) does not hold up another's device copy. The host copy goes
     into page-locked memory, several times faster than a pageable one."""
     import torch
@@ -212,15 +250,13 @@ def _gpu_float32(images: Any, device_id: int, streams: threading.local, *, on_ho
     from detaug.torch import dali_images_to_torch
 
     device = torch.device("cuda", device_id)
-    stream = getattr(streams, "stream", None)
-    if stream is None:
-        stream = streams.stream = torch.cuda.Stream(device)
-    with torch.cuda.stream(stream):
-        on_gpu = dali_images_to_torch(images, device).float()  # uint8 (float32 after Normalize: no second copy)
-        if on_host:
-            host = torch.empty(on_gpu.shape, dtype=torch.float32, pin_memory=True)
-            host.copy_(on_gpu, non_blocking=True)
-    stream.synchronize()  # complete when returned
+    with streams.use() as stream:
+        with torch.cuda.stream(stream):
+            on_gpu = dali_images_to_torch(images, device).float()  # uint8 (float32 after Normalize: no second copy)
+            if on_host:
+                host = torch.empty(on_gpu.shape, dtype=torch.float32, pin_memory=True)
+                host.copy_(on_gpu, non_blocking=True)
+        stream.synchronize()  # complete when returned
     if on_host:
         return host.numpy()
     on_gpu.record_stream(torch.cuda.default_stream(device))  # not reused while the caller's work runs

@@ -722,3 +722,29 @@ def test_images_on_device_equal_the_host_arrays(source):
         assert isinstance(b, torch.Tensor) and b.is_cuda and b.dtype == torch.float32
         np.testing.assert_array_equal(a, b.cpu().numpy())
         np.testing.assert_array_equal(a_targets["boxes"], b_targets["boxes"])
+
+
+def test_copy_streams_are_as_many_as_concurrent_calls_across_epochs_of_new_threads():
+    """Keras starts new threads every epoch; the GPU copies' streams are reused across them (a
+    stream per thread made new streams, hence new cached memory, every epoch)."""
+    import threading
+
+    from detaug.keras.pool import CopyStreams
+
+    streams = CopyStreams(object)
+    for _epoch in range(5):
+        barrier = threading.Barrier(4)
+        held = []
+
+        def call():
+            with streams.use() as stream:
+                held.append(stream)
+                barrier.wait(timeout=10)  # all four hold a stream at once
+
+        threads = [threading.Thread(target=call) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len({id(s) for s in held}) == 4  # no two calls at once share one
+    assert streams.made == 4
