@@ -176,7 +176,7 @@ def _pack_boxes(planned: PlannedBatch) -> tuple[list[int], dict[str, np.ndarray]
     return counts, joined
 
 
-def plan_job_shared(epoch: int, step: int, bad: Mapping[int, str] | None, prefix: str) -> PlannedBatch | _Packed:
+def plan_job_shared(epoch: int, step: int, bad: Mapping[int, str] | None, prefix: str) -> _Packed:
     """In a planning worker: :func:`~detaug.planning.plan_job`, packed for the trip (:class:`_Packed`):
     its image arrays written to shared memory (files named ``prefix`` ...), its box arrays
     joined; each part as it is where that cannot be done."""
@@ -225,4 +225,3 @@ class _Unpacked(Future):
         except OSError as err:  # the mapping failed: the caller stops using workers, saying why
             with contextlib.suppress(InvalidStateError):
                 self.set_exception(RuntimeError(f"a planned batch could not be read from shared memory ({err})"))
-
