@@ -217,6 +217,7 @@ class CopyStreams:
         self.make = make
         self.made = 0
         self._free: deque[Any] = deque()
+        self._making = threading.Lock()
 
     @contextlib.contextmanager
     def use(self) -> Iterator[Any]:
@@ -224,8 +225,9 @@ class CopyStreams:
         try:
             stream = self._free.pop()  # atomic: two threads never get the same stream
         except IndexError:
-            stream = self.make()
-            self.made += 1
+            with self._making:
+                stream = self.make()
+                self.made += 1
         try:
             yield stream
         finally:
