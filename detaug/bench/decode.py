@@ -60,6 +60,12 @@ class DecodeConfig:
     def to_dict(self) -> dict:
         return {"hw_decoder_load": self.hw_decoder_load, "num_threads": self.num_threads, "window": self.window}
 
+    @classmethod
+    def from_dict(cls, settings: dict) -> DecodeConfig:
+        """The setting :meth:`to_dict` wrote (other keys, such as a report's ``device``, ignored)."""
+        return cls(num_threads=settings["num_threads"], window=settings["window"],
+                   hw_decoder_load=settings.get("hw_decoder_load"))
+
     def label(self) -> str:
         parts = [] if self.hw_decoder_load is None else [f"hw_decoder_load {self.hw_decoder_load:g}"]
         parts += [f"{self.num_threads} thread" + ("" if self.num_threads == 1 else "s"),

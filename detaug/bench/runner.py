@@ -1169,10 +1169,7 @@ def _best_decode_config(earlier: list[VariantResult]) -> list | None:
     from detaug.bench.decode import DecodeConfig
 
     chosen = earlier[0].extra.get("settings") if earlier else None
-    if not chosen:
-        return None
-    return [DecodeConfig(num_threads=chosen["num_threads"], window=chosen["window"],
-                         hw_decoder_load=chosen.get("hw_decoder_load"))]
+    return [DecodeConfig.from_dict(chosen)] if chosen else None
 
 
 def _median_round(runs: list[VariantResult]) -> VariantResult:
