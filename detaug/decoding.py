@@ -14,6 +14,11 @@ One source of truth for two defaults that the loaders and ``detaug bench`` share
 * :func:`default_num_threads`: DALI CPU threads for one process: the CPUs it may use
   (:func:`available_cpus`) divided by the ranks sharing the host (``LOCAL_WORLD_SIZE``, as
   ``torchrun`` sets it), at least 1 and at most 16.
+* :func:`default_planning_workers` and :func:`threads_beside`: where a rank plans its batches in
+  worker processes, its CPUs are split between them and DALI instead: half of them plan, DALI's
+  threads get the rest, divided among the rank's pipelines. Giving both all the CPUs made them
+  compete: on a 16-core H100 host the loader ran 10,800-11,500 img/s with 16 DALI threads beside
+  16 planning workers and 12,400-14,400 with 8 beside 8 (docs/benchmarks.md).
 
 Nothing here needs a GPU: the GPU's name is looked up only when :func:`decoder_options` is
 asked for GPU options without a ``device_name``, and the rule itself is the pure function
@@ -35,9 +40,12 @@ __all__ = [
     "available_cpus",
     "decoder_options",
     "default_num_threads",
+    "default_planning_workers",
     "has_hardware_jpeg_decoder",
     "hw_decoder_load_for",
     "local_ranks",
+    "rank_cpus",
+    "threads_beside",
     "threads_for",
 ]
 
@@ -163,6 +171,29 @@ def default_num_threads(ranks_per_host: int | None = None) -> int:
     (:func:`available_cpus`) and the ranks on this host (``ranks_per_host``; ``None``: the
     ``LOCAL_WORLD_SIZE`` environment variable, 1 when unset or not a positive integer)."""
     return threads_for(available_cpus(), local_ranks() if ranks_per_host is None else max(1, ranks_per_host))
+
+
+def rank_cpus(ranks_per_host: int | None = None) -> int:
+    """The CPUs of one of the ranks on this host: :func:`available_cpus` divided by
+    ``ranks_per_host`` (``None``: :func:`local_ranks`), at least 1."""
+    return max(1, available_cpus() // (local_ranks() if ranks_per_host is None else max(1, ranks_per_host)))
+
+
+def default_planning_workers(ranks_per_host: int | None = None) -> int:
+    """Planning worker processes of a rank that plans in workers (the loaders on a GPU): half
+    its CPUs (:func:`rank_cpus`), at least 1, at most :data:`MAX_THREADS` (8 on a 16-core host,
+    1 on a 2-core machine, 16 on 64 cores); DALI's threads get the rest (:func:`threads_beside`)."""
+    return max(1, min(MAX_THREADS, rank_cpus(ranks_per_host) // 2))
+
+
+def threads_beside(planning_workers: int, pipelines: int = 1, ranks_per_host: int | None = None) -> int:
+    """DALI CPU threads of each of a rank's ``pipelines`` DALI pipelines beside its
+    ``planning_workers`` processes: the rank's CPUs (:func:`rank_cpus`) less the workers, divided
+    by the pipelines, at least 1, at most :data:`MAX_THREADS`. Without workers, one pipeline
+    gets :func:`default_num_threads` (16 cores: 8 threads beside 8 workers, 2 in each of 4
+    pipelines beside 8 workers, 16 beside none)."""
+    left = max(1, rank_cpus(ranks_per_host) - max(0, int(planning_workers)))
+    return max(1, min(MAX_THREADS, left // max(1, int(pipelines))))
 
 
 def local_ranks() -> int:

@@ -17,7 +17,9 @@ from detaug.decoding import (
     decoder_options,
     default_num_threads,
     has_hardware_jpeg_decoder,
+    default_planning_workers,
     hw_decoder_load_for,
+    threads_beside,
     threads_for,
 )
 
@@ -92,3 +94,18 @@ def test_default_threads_follow_the_affinity_and_local_world_size(monkeypatch):
     assert default_num_threads(ranks_per_host=1) == min(16, cpus)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "not a number")
     assert default_num_threads() == min(16, cpus)
+
+
+@pytest.mark.parametrize(
+    "cpus, ranks, workers, threads, each_of_4",
+    [(16, 1, 8, 8, 2), (64, 1, 16, 16, 12), (32, 2, 8, 8, 2), (16, 8, 1, 1, 1), (2, 1, 1, 1, 1), (1, 1, 1, 1, 1),
+     (12, 1, 6, 6, 1)],
+)
+def test_planning_workers_get_half_a_ranks_cpus_and_dalis_threads_the_rest(monkeypatch, cpus, ranks, workers, threads, each_of_4):
+    monkeypatch.setattr(decoding, "available_cpus", lambda: cpus)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
+    assert default_planning_workers() == workers
+    assert threads_beside(workers) == threads
+    assert threads_beside(workers, pipelines=4) == each_of_4
+    assert threads_beside(0) == default_num_threads()  # no workers: DALI has the rank's CPUs
+    assert threads_beside(3, ranks_per_host=1) == max(1, min(16, cpus - 3))
