@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from detaug.decoding import default_num_threads
+from detaug.decoding import default_planning_workers, threads_beside
 from detaug.errors import DataWarning, ImageError
 from detaug.labels import LabelMap
 from detaug.plan_ahead import PlanPool
@@ -50,8 +50,10 @@ class DetectionLoader:
             ``shuffle`` flag (a ``CocoSource`` has one), else ``False``.
         drop_last: every rank drops evenly: ``floor(n / W)`` samples per rank and epoch, and the
             last, smaller batch is dropped (see :mod:`detaug.epochs`).
-        num_threads: DALI CPU threads; ``None``: the CPUs this process may use divided by the
-            ranks on the host (``LOCAL_WORLD_SIZE``), 1 to 16. JPEGs go to the GPU's hardware
+        num_threads: DALI CPU threads; ``None``: the CPUs of this rank (those this process may
+            use divided by the ranks on the host, ``LOCAL_WORLD_SIZE``) that ``num_workers``
+            leaves, 1 to 16 (:func:`detaug.decoding.threads_beside`: 8 beside 8 workers on 16
+            cores; all 16 with ``num_workers=0``). JPEGs go to the GPU's hardware
             decoder where it has one (``DETAUG_HW_DECODER_LOAD`` sets the share; see
             :mod:`detaug.decoding`).
         seed: seeds the orders and the augmentations: a sample's augmentation is a pure function
@@ -60,9 +62,9 @@ class DetectionLoader:
         shard_id, num_shards: this rank and the number of ranks; default to the source's, then
             to ``torch.distributed`` / torchrun's ``RANK``, ``WORLD_SIZE``.
         num_workers: processes that read and plan batches ahead of DALI (``None``: 0 on the CPU,
-            where DALI needs the cores, else as many as DALI threads: the CPUs this process may
-            use divided by the ranks on the host, 1 to 16,
-            :func:`detaug.decoding.default_num_threads`); 0 plans in the calling process.
+            where DALI needs the cores, else half the CPUs of this rank: the CPUs this process
+            may use divided by the ranks on the host, halved, 1 to 16,
+            :func:`detaug.decoding.default_planning_workers`); 0 plans in the calling process.
         on_error: an image that cannot be read or decoded (missing, empty, truncated, a format
             DALI cannot decode, absurdly large): ``"skip"`` replaces it by the next readable
             sample of the rank's epoch order, warns once per image (:class:`~detaug.DataWarning`)
@@ -179,11 +181,13 @@ class DetectionLoader:
         self.fields = self.planner.fields  # the names each target carries, in order
         self.on_error = on_error
         if num_workers is None:
-            num_workers = 0 if self.device_id is None else default_num_threads()
+            num_workers = 0 if self.device_id is None else default_planning_workers()
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
             raise ValueError(f"num_workers must be an integer >= 0 or None, got {num_workers!r}")
         self.num_workers = int(num_workers)
         self._pool = PlanPool(self.planner, self.num_workers) if self.num_workers else None
+        if num_threads is None:  # the rank's CPUs the planning workers leave
+            num_threads = threads_beside(self.num_workers)
         self._pipeline_args = dict(batch_size=self.batch_size, device=device, device_id=self.device_id,
                                    num_threads=num_threads, seed=self.seed, prefetch_queue_depth=prefetch_queue_depth)
         self._depth = max(1, int(prefetch_queue_depth))

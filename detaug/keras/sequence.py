@@ -45,7 +45,6 @@ first asked for.
 from __future__ import annotations
 
 import operator
-import os
 import threading
 import warnings
 from collections.abc import Iterator
@@ -54,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from detaug.decoding import default_planning_workers, threads_beside
 from detaug.epochs import check_shard
 from detaug.errors import DataWarning
 from detaug.keras.flavor import keras_backend, keras_base, keras_module
@@ -122,14 +122,18 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             counted in ``boxes_truncated`` / ``samples_truncated`` either way.
         drop_last: leave out the last, smaller batch of an epoch.
         device_id: the GPU (``None``: 0).
-        num_threads: DALI CPU threads; ``None``: the CPUs this process may use divided by the
-            ranks on the host (``LOCAL_WORLD_SIZE``), 1 to 16.
+        num_threads: DALI CPU threads of each pipeline; ``None``: the CPUs of this rank (those
+            this process may use divided by the ranks on the host, ``LOCAL_WORLD_SIZE``) that
+            ``plan_workers`` leaves, divided by ``workers`` (the pipelines), 1 to 16
+            (:func:`detaug.decoding.threads_beside`: 2 each for 4 pipelines beside 8 planning
+            workers on 16 cores).
         shard_id, num_shards: serve one shard of every epoch (the rules of
             :mod:`detaug.epochs`, as the PyTorch loader's: equal shards, padded).
         prefetch: prepare batch ``i + 1`` while batch ``i`` is used, when access is sequential.
         plan_workers: processes that plan the batches of the current and the next epoch ahead of
             the ``seq[i]`` calls (read the image headers, run ``Compose.plan_batch``); ``None``: 0 with
-            ``device="cpu"`` (DALI needs the cores), else ``min(8, os.cpu_count())``; 0 plans
+            ``device="cpu"`` (DALI needs the cores), else half the CPUs of this rank, 1 to 16
+            (:func:`detaug.decoding.default_planning_workers`); 0 plans
             each batch in the calling thread when it is asked for. Started (``spawn``) by
             :meth:`start_workers` or the first ``seq[i]`` (batches are planned in the calling
             thread until they are up, a few seconds when the main script imports Keras);
@@ -281,13 +285,15 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self.seed = int(seed)
         self.device = device
         self.device_id = resolve_device(device, device_id)
-        self.num_threads = None if num_threads is None else int(num_threads)
+        self.num_threads = None if num_threads is None else int(num_threads)  # None: see below
         self.overflow = overflow
         self.drop_last = bool(drop_last)
         self.prefetch = bool(prefetch)
         if plan_workers is None:
-            plan_workers = 0 if self.device_id is None else min(8, os.cpu_count() or 1)
+            plan_workers = 0 if self.device_id is None else default_planning_workers()
         self.plan_workers = int(plan_workers)
+        if self.num_threads is None:  # the rank's CPUs the planning workers leave, shared by the pipelines
+            self.num_threads = threads_beside(self.plan_workers, pipelines=int(workers))
         self.shard_id, self.num_shards = shard_id, num_shards
         self.spec = EpochSpec(n=len(source), batch_size=self.batch_size, shard_id=shard_id, num_shards=num_shards,
                               shuffle=self.shuffle, drop_last=self.drop_last, seed=self.seed,

@@ -710,6 +710,19 @@ def test_images_on_device_needs_a_gpu(source):
     assert not DetectionSequence(source, recipe(), batch_size=2, device="cpu", num_threads=1).images_on_device
 
 
+def test_each_pipeline_gets_its_share_of_the_cpus_the_planning_workers_leave(source, monkeypatch):
+    from detaug import decoding
+
+    monkeypatch.setattr(decoding, "available_cpus", lambda: 12)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    seq = DetectionSequence(source, recipe(), batch_size=2, device="cpu", workers=3, plan_workers=3)
+    assert seq.num_threads == 3  # (12 - 3) // 3
+    assert seq[0][0].shape[0] == 2
+    assert DetectionSequence(source, recipe(), batch_size=2, device="cpu").num_threads == 12  # no workers, 1 pipeline
+    assert DetectionSequence(source, recipe(), batch_size=2, device="cpu", num_threads=5).num_threads == 5
+    seq.close()
+
+
 @pytest.mark.skipif(DEVICE != "gpu", reason="needs DETAUG_TEST_DEVICE=gpu and a GPU")
 def test_images_on_device_equal_the_host_arrays(source):
     import torch

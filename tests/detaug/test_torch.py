@@ -47,6 +47,19 @@ def test_every_sample_once_per_epoch_and_reshuffled(samples):
     assert first != second  # a new permutation each epoch
 
 
+def test_dalis_threads_are_the_cpus_the_planning_workers_leave(samples, monkeypatch):
+    from detaug import decoding
+
+    monkeypatch.setattr(decoding, "available_cpus", lambda: 6)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    source = SampleListSource(samples)
+    assert DetectionLoader(source, RECIPE, 4, device="cpu").pipeline.num_threads == 6  # no workers on the CPU
+    loader = DetectionLoader(source, RECIPE, 4, device="cpu", num_workers=2)
+    assert loader.pipeline.num_threads == 4
+    assert DetectionLoader(source, RECIPE, 4, device="cpu", num_workers=2, num_threads=3).pipeline.num_threads == 3
+    loader.close()
+
+
 def test_drop_last(samples):
     loader = DetectionLoader(SampleListSource(samples), RECIPE, 4, device="cpu", drop_last=True)
     assert len(loader) == 2
