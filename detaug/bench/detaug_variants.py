@@ -4,8 +4,9 @@ Both run the recipe of ``settings.recipe`` (:func:`detaug.bench.recipe.detaug_re
 detection recipe, or ``detaug.transforms.yolo_recipe`` for ``"yolo"``) at ``settings.size`` on a
 shuffled ``CocoSource`` (the ``detaug-list`` variant: a ``SampleListSource`` of the same files,
 boxes and labels; the YOLO recipe's Mosaic and MixUp partners come from the same source). Every other
-setting is the adapters' default for the device (planning workers, Sequence threads, where the
-images go), so the rows measure what a user gets.
+setting is the adapters' default for the device (planning workers, DALI threads, Sequence
+threads, where the images go; ``--threads`` sets the DALI threads), so the rows measure what a
+user gets.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: 
         recipe,
         batch_size=settings.batch_size,
         device=settings.device,
-        num_threads=settings.threads,
+        num_threads=settings.adapter_threads,  # None: the loader's default
         seed=settings.seed,
         shuffle=True,
     )
@@ -136,7 +137,7 @@ def iter_sequence(dataset: BenchDataset, settings: BenchSettings, *, mode: str =
         "device": settings.device,
         "shuffle": True,
         "seed": settings.seed,
-        "num_threads": settings.threads,
+        "num_threads": settings.adapter_threads,  # None: the sequence's default
     }
     if mode == "serial":
         kwargs["workers"] = 1

@@ -31,6 +31,7 @@ __all__ = [
     "available_cpus",
     "count_images",
     "cuda_available",
+    "adapter_cpu_use",
     "default_threads",
     "default_workers",
     "measure",
@@ -63,6 +64,22 @@ def default_threads(cpus: int | None = None) -> int:
     return decoding.threads_for(cpus, decoding.local_ranks())
 
 
+def adapter_cpu_use(variant: str, settings: BenchSettings) -> tuple[int, int, int]:
+    """``(DALI threads per pipeline, pipelines, planning workers)`` of detaug variant ``variant``
+    (``detaug``, ``detaug-list``, ``detaug-cpu``, ``sequence``, ``sequence-numpy``,
+    ``sequence-serial``) with ``settings``: the adapters' defaults (planning workers on a GPU,
+    :func:`detaug.decoding.default_planning_workers`; the rest of the CPUs for DALI,
+    :func:`detaug.decoding.threads_beside`; the Sequence's 4 pipelines on a GPU), the threads
+    ``settings.adapter_threads`` where given."""
+    from detaug import decoding
+
+    on_gpu = settings.device == "gpu" and variant != "detaug-cpu"
+    workers = decoding.default_planning_workers() if on_gpu else 0
+    pipelines = 4 if on_gpu and variant in ("sequence", "sequence-numpy") else 1
+    threads = settings.adapter_threads or decoding.threads_beside(workers, pipelines)
+    return threads, pipelines, workers
+
+
 def default_workers(cpus: int | None = None) -> int:
     """DataLoader workers of the CPU peers for ``cpus`` CPUs (default :func:`available_cpus`):
     one per CPU (each pinned to one OpenCV / OpenMP thread), at least 1."""
@@ -77,7 +94,9 @@ class BenchSettings:
         device: ``"gpu"`` (images end on CUDA) or ``"cpu"``.
         batch_size: images per batch.
         workers: DataLoader worker processes of the CPU peers (default :func:`default_workers`).
-        threads: DALI CPU threads of the DALI-based variants (default :func:`default_threads`).
+        threads: DALI CPU threads of the decode limit and raw DALI (default :func:`default_threads`).
+        adapter_threads: DALI CPU threads of detaug's adapters (``--threads``); ``None``: their own
+            default, the CPUs their planning workers leave (:func:`adapter_cpu_use`).
         size: output side in pixels.
         seed: seed of every random draw and shuffle.
         recipe: the benchmarked recipe, ``"default"`` or ``"yolo"`` (:data:`detaug.bench.recipe.RECIPES`).
@@ -87,6 +106,7 @@ class BenchSettings:
     batch_size: int = 64
     workers: int = field(default_factory=default_workers)
     threads: int = field(default_factory=default_threads)
+    adapter_threads: int | None = None
     size: int = 512
     seed: int = 0
     recipe: str = "default"
@@ -102,6 +122,8 @@ class BenchSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} should be an int >= {low}, got {value!r}")
+        if self.adapter_threads is not None and (not isinstance(self.adapter_threads, int) or self.adapter_threads < 1):
+            raise ValueError(f"adapter_threads should be None or an int >= 1, got {self.adapter_threads!r}")
 
     @property
     def torch_device(self) -> str:

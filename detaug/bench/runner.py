@@ -72,6 +72,7 @@ from detaug.bench.harness import (
     BenchSettings,
     Measurement,
     VariantUnavailable,
+    adapter_cpu_use,
     available_cpus,
     cuda_available,
     default_threads,
@@ -875,6 +876,7 @@ def run_bench(
         batch_size=sizes[0],
         workers=default_workers() if workers is None else workers,
         threads=default_threads() if threads is None else threads,
+        adapter_threads=threads,
         size=recipe_sizes["default"],
         seed=seed,
     )
@@ -1033,7 +1035,13 @@ def _cores(variant: Variant, settings: BenchSettings, threads: int | None = None
     process with none), or its DALI threads; at most the CPUs available."""
     if not variant.on_cpu(settings.device):
         return None
-    used = max(settings.workers, 1) if variant.kind == "cpu-peer" else (threads or settings.threads)
+    if variant.kind == "cpu-peer":
+        used = max(settings.workers, 1)
+    elif variant.kind == "detaug" and not threads:
+        per_pipeline, pipelines, _ = adapter_cpu_use(variant.name, settings)
+        used = per_pipeline * pipelines
+    else:
+        used = threads or settings.threads
     return max(1, min(used, available_cpus()))
 
 
@@ -1056,6 +1064,10 @@ def _describe(variant: Variant, settings: BenchSettings) -> str:
     except ValueError as exc:
         options = {"error": str(exc)}
     decoder = ", ".join(f"{k}={v}" for k, v in options.items()) or "DALI's CPU decoder"
+    if variant.kind == "detaug":
+        per_pipeline, pipelines, workers = adapter_cpu_use(variant.name, settings)
+        threads = f"{per_pipeline} DALI threads" + (f" in each of {pipelines} pipelines" if pipelines > 1 else "")
+        return f"{threads} beside {workers} planning workers; decoder {decoder}"
     return f"{settings.threads} DALI threads; decoder {decoder}"
 
 
