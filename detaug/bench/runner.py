@@ -553,12 +553,13 @@ class BenchReport:
             title = "recipes " + "; ".join(
                 f"{name} ({RECIPE_TITLES[name].format(size=self.size_of(name))})" for name in self.recipes)
             size_text = "size " + ", ".join(f"{self.size_of(name)} ({name})" for name in self.recipes)
+        adapters = "" if s.adapter_threads else " (detaug rows: the adapters' own split, the JSON rows' description)"
         lines = [
             f"detaug bench: {title}",
             f"GPU: {env['gpu']} | CPUs: {env['cpus']} | "
             + " | ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
             (
-                f"device {s.device} | batch {sizes} | DALI threads {s.threads} | "
+                f"device {s.device} | batch {sizes} | DALI threads {s.threads}{adapters} | "
                 f"DataLoader workers {s.workers} | {size_text} | seed {s.seed}"
             ),
             f"dataset: {self.dataset.describe()}",
