@@ -1269,8 +1269,7 @@ def _run_scaling(
     from detaug.bench.decode import DecodeConfig
 
     decode = report.decode()
-    best = [DecodeConfig(**{k: v for k, v in decode["settings"].items() if k != "device"})] if (
-        decode and decode.get("settings")) else None
+    best = [DecodeConfig.from_dict(decode["settings"])] if decode and decode.get("settings") else None
     defaults = runner.defaults
     count = runner.images if runner.images is not None else defaults.scaling_images
 
