@@ -28,10 +28,10 @@ __all__ = [
     "Measurement",
     "ResourceSampler",
     "VariantUnavailable",
+    "adapter_cpu_use",
     "available_cpus",
     "count_images",
     "cuda_available",
-    "adapter_cpu_use",
     "default_threads",
     "default_workers",
     "measure",
@@ -69,13 +69,15 @@ def adapter_cpu_use(variant: str, settings: BenchSettings) -> tuple[int, int, in
     (``detaug``, ``detaug-list``, ``detaug-cpu``, ``sequence``, ``sequence-numpy``,
     ``sequence-serial``) with ``settings``: the adapters' defaults (planning workers on a GPU,
     :func:`detaug.decoding.default_planning_workers`; the rest of the CPUs for DALI,
-    :func:`detaug.decoding.threads_beside`; the Sequence's 4 pipelines on a GPU), the threads
+    :func:`detaug.decoding.threads_beside`; the Sequence's pipelines,
+    :func:`detaug.keras.pool.default_pipelines`), the threads
     ``settings.adapter_threads`` where given."""
     from detaug import decoding
+    from detaug.keras.pool import default_pipelines
 
     on_gpu = settings.device == "gpu" and variant != "detaug-cpu"
     workers = decoding.default_planning_workers() if on_gpu else 0
-    pipelines = 4 if on_gpu and variant in ("sequence", "sequence-numpy") else 1
+    pipelines = default_pipelines(settings.device) if variant in ("sequence", "sequence-numpy") else 1
     threads = settings.adapter_threads or decoding.threads_beside(workers, pipelines)
     return threads, pipelines, workers
 

@@ -24,7 +24,14 @@ import numpy as np
 from detaug.pipeline import feed
 from detaug.planning import DecodeFailure, PlannedBatch
 
-__all__ = ["PipelinePool"]
+__all__ = ["PipelinePool", "default_pipelines"]
+
+
+def default_pipelines(device: str) -> int:
+    """The DALI pipelines a sequence runs at once (Keras' ``workers``) when ``workers=None``:
+    4 with ``device="gpu"`` (random access as fast as an iterator), 1 with ``"cpu"`` (DALI's CPU
+    threads already use the cores)."""
+    return 1 if device == "cpu" else 4
 
 
 class PipelinePool:

@@ -57,7 +57,7 @@ from detaug.decoding import default_planning_workers, threads_beside
 from detaug.epochs import check_shard
 from detaug.errors import DataWarning
 from detaug.keras.flavor import keras_backend, keras_base, keras_module
-from detaug.keras.pool import DLPACK_BACKENDS, PipelinePool
+from detaug.keras.pool import DLPACK_BACKENDS, PipelinePool, default_pipelines
 from detaug.keras.prefetch import PlanAhead
 from detaug.keras.targets import (
     OVERFLOW_POLICIES,
@@ -224,7 +224,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         # 1. Arguments.
         device = pick_device(device)
         if workers is None:
-            workers = 1 if device == "cpu" else 4
+            workers = default_pipelines(device)
         if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1 or None, got {workers!r}")
         if getattr(_Base, "__name__", "") == "PyDataset":
@@ -285,15 +285,14 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self.seed = int(seed)
         self.device = device
         self.device_id = resolve_device(device, device_id)
-        self.num_threads = None if num_threads is None else int(num_threads)  # None: see below
         self.overflow = overflow
         self.drop_last = bool(drop_last)
         self.prefetch = bool(prefetch)
         if plan_workers is None:
             plan_workers = 0 if self.device_id is None else default_planning_workers()
         self.plan_workers = int(plan_workers)
-        if self.num_threads is None:  # the rank's CPUs the planning workers leave, shared by the pipelines
-            self.num_threads = threads_beside(self.plan_workers, pipelines=int(workers))
+        # None: the rank's CPUs the planning workers leave, shared by the pipelines
+        self.num_threads = threads_beside(self.plan_workers, pipelines=int(workers)) if num_threads is None else int(num_threads)
         self.shard_id, self.num_shards = shard_id, num_shards
         self.spec = EpochSpec(n=len(source), batch_size=self.batch_size, shard_id=shard_id, num_shards=num_shards,
                               shuffle=self.shuffle, drop_last=self.drop_last, seed=self.seed,
