@@ -16,7 +16,7 @@ One source of truth for two defaults that the loaders and ``detaug bench`` share
   ``torchrun`` sets it), at least 1 and at most 16.
 * :func:`default_planning_workers` and :func:`threads_beside`: where a rank plans its batches in
   worker processes, its CPUs are split between them and DALI instead: half of them plan, DALI's
-  threads get the rest, divided among the rank's pipelines. Giving both all the CPUs made them
+  threads get the rest. Giving both all the CPUs made them
   compete: on a 16-core H100 host the loader ran 10,800-11,500 img/s with 16 DALI threads beside
   16 planning workers and 12,400-14,400 with 8 beside 8 (docs/benchmarks.md).
 
@@ -186,14 +186,13 @@ def default_planning_workers(ranks_per_host: int | None = None) -> int:
     return max(1, min(MAX_THREADS, rank_cpus(ranks_per_host) // 2))
 
 
-def threads_beside(planning_workers: int, pipelines: int = 1, ranks_per_host: int | None = None) -> int:
-    """DALI CPU threads of each of a rank's ``pipelines`` DALI pipelines beside its
-    ``planning_workers`` processes: the rank's CPUs (:func:`rank_cpus`) less the workers, divided
-    by the pipelines, at least 1, at most :data:`MAX_THREADS`. Without workers, one pipeline
-    gets :func:`default_num_threads` (16 cores: 8 threads beside 8 workers, 2 in each of 4
-    pipelines beside 8 workers, 16 beside none)."""
+def threads_beside(planning_workers: int, ranks_per_host: int | None = None) -> int:
+    """DALI CPU threads of a rank's pipeline beside its ``planning_workers`` processes: the
+    rank's CPUs (:func:`rank_cpus`) less the workers, at least 1, at most :data:`MAX_THREADS`.
+    Without workers, :func:`default_num_threads` (16 cores: 8 threads beside 8 workers, 16
+    beside none)."""
     left = max(1, rank_cpus(ranks_per_host) - max(0, int(planning_workers)))
-    return max(1, min(MAX_THREADS, left // max(1, int(pipelines))))
+    return max(1, min(MAX_THREADS, left))
 
 
 def local_ranks() -> int:

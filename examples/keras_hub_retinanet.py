@@ -100,7 +100,10 @@ def targets_match_annotations(seq, gt, size: int) -> bool:
     """Check the first batch of a plain-resize sequence against the COCO file: its labels, mapped
     back with ``to_category_ids``, are the annotations' category ids, and its boxes, read as
     :data:`BOX_FORMAT` and scaled back, their boxes (to 0.01 pixel)."""
+    import keras
+
     _, targets = seq[0]
+    targets = {name: keras.ops.convert_to_numpy(value) for name, value in targets.items()}  # GPU tensors by default on a GPU
     for k, position in enumerate(seq.batch_indices(0)):
         sample = seq.source.samples[int(position)]
         info = gt.imgs[sample.image_id]

@@ -64,22 +64,17 @@ def default_threads(cpus: int | None = None) -> int:
     return decoding.threads_for(cpus, decoding.local_ranks())
 
 
-def adapter_cpu_use(variant: str, settings: BenchSettings) -> tuple[int, int, int]:
-    """``(DALI threads per pipeline, pipelines, planning workers)`` of detaug variant ``variant``
-    (``detaug``, ``detaug-list``, ``detaug-cpu``, ``sequence``, ``sequence-numpy``,
-    ``sequence-serial``) with ``settings``: the adapters' defaults (planning workers on a GPU,
+def adapter_cpu_use(variant: str, settings: BenchSettings) -> tuple[int, int]:
+    """``(DALI threads, planning workers)`` of detaug variant ``variant`` (``detaug``,
+    ``detaug-list``, ``detaug-cpu``, ``sequence``, ``sequence-numpy``, ``sequence-serial``; each
+    runs one pipeline) with ``settings``: the adapters' defaults (planning workers on a GPU,
     :func:`detaug.decoding.default_planning_workers`; the rest of the CPUs for DALI,
-    :func:`detaug.decoding.threads_beside`; the Sequence's pipelines,
-    :func:`detaug.keras.pool.default_pipelines`), the threads
-    ``settings.adapter_threads`` where given."""
+    :func:`detaug.decoding.threads_beside`), the threads ``settings.adapter_threads`` where given."""
     from detaug import decoding
-    from detaug.keras.pool import default_pipelines
 
     on_gpu = settings.device == "gpu" and variant != "detaug-cpu"
     workers = decoding.default_planning_workers() if on_gpu else 0
-    pipelines = default_pipelines(settings.device) if variant in ("sequence", "sequence-numpy") else 1
-    threads = settings.adapter_threads or decoding.threads_beside(workers, pipelines)
-    return threads, pipelines, workers
+    return settings.adapter_threads or decoding.threads_beside(workers), workers
 
 
 def default_workers(cpus: int | None = None) -> int:

@@ -1039,8 +1039,7 @@ def _cores(variant: Variant, settings: BenchSettings, threads: int | None = None
     if variant.kind == "cpu-peer":
         used = max(settings.workers, 1)
     elif variant.kind == "detaug" and not threads:
-        per_pipeline, pipelines, _ = adapter_cpu_use(variant.name, settings)
-        used = per_pipeline * pipelines
+        used, _ = adapter_cpu_use(variant.name, settings)
     else:
         used = threads or settings.threads
     return max(1, min(used, available_cpus()))
@@ -1066,9 +1065,8 @@ def _describe(variant: Variant, settings: BenchSettings) -> str:
         options = {"error": str(exc)}
     decoder = ", ".join(f"{k}={v}" for k, v in options.items()) or "DALI's CPU decoder"
     if variant.kind == "detaug":
-        per_pipeline, pipelines, workers = adapter_cpu_use(variant.name, settings)
-        threads = f"{per_pipeline} DALI threads" + (f" in each of {pipelines} pipelines" if pipelines > 1 else "")
-        return f"{threads} beside {workers} planning workers; decoder {decoder}"
+        threads, workers = adapter_cpu_use(variant.name, settings)
+        return f"{threads} DALI threads beside {workers} planning workers; decoder {decoder}"
     return f"{settings.threads} DALI threads; decoder {decoder}"
 
 

@@ -7,8 +7,8 @@ The package, one job a module:
   ``seq[i]``, errors), the only module that imports Keras;
 * :mod:`detaug.keras.prefetch`: the plan-ahead, worker processes planning the batches of the
   current and the next epoch before they are asked for;
-* :mod:`detaug.keras.pool`: the DALI pipelines (Keras' ``workers``), one batch each, and the
-  batch prefetched for a sequential reader;
+* :mod:`detaug.keras.pool`: the DALI pipeline that Keras' ``workers`` share, two batches at
+  once, and the batch prefetched for a sequential reader;
 * :mod:`detaug.keras.targets`: Keras box formats and the padded targets;
 * :mod:`detaug.keras.flavor`: which Keras (Keras 3, or legacy ``tf_keras``), read from the
   environment when this package is first imported;

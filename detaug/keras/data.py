@@ -103,9 +103,9 @@ class GrainBatchSource:
     ``seq.set_epoch(first_epoch + g // len(seq))`` (:meth:`DetectionSequence.batch`; the
     sequence's epoch is not moved). Grain's own shuffling (of whole batches), sharding and
     checkpointing then act on that index space; the records are batches already, so do not
-    batch them again. The source holds DALI pipelines, which cannot be pickled: read it in the
+    batch them again. The source holds a DALI pipeline, which cannot be pickled: read it in the
     main process (Grain's ``worker_count=0``; its ``ReadOptions(num_threads=...)`` threads may
-    call it at once, up to the sequence's ``workers`` pipelines run side by side).
+    call it at once, their batches sharing the pipeline).
 
     Args:
         seq: a :class:`~detaug.keras.DetectionSequence`.

@@ -1,14 +1,27 @@
-"""The DALI pipelines of one sequence: Keras' ``workers``, one batch each, and their prefetches.
+"""The DALI pipeline of one sequence: Keras' worker threads' batches, in turn, ``depth`` at once.
 
-A :class:`PipelinePool` holds up to ``size`` pipelines, each *idle*, *running* a ``seq[i]``
-call's batch, or *holding a prefetched batch* (fed and scheduled for a call expected next). A
-call :meth:`~PipelinePool.acquire` s an idle pipeline, builds a new one (fewer than ``size``),
-or takes one whose prefetched batch nobody asked for (dropped, counted in ``wasted``), else
-waits for one to be released. Pipelines share the sequence's lock (a ``threading.Condition``):
-the methods that say so expect the caller to hold it.
+Keras calls ``seq[i]`` from ``workers`` threads at once (``fit(shuffle=True)`` asks for the
+batches in a random order, up to ``max_queue_size`` ahead). A :class:`PipelineQueue` runs their
+batches through one DALI pipeline in the order they come, ``depth`` of them at once (DALI's
+``prefetch_queue_depth``), as the PyTorch loader runs its epoch:
 
-Memory: each pipeline holds its own buffers for one batch (``prefetch_queue_depth=1``); a
-batch's images leave it as one copy (:meth:`~PipelinePool.collect`), since DALI reuses them.
+* a call :meth:`~PipelineQueue.submit` s its planned batch (a :class:`Ticket`) and waits for it
+  (:meth:`~PipelineQueue.result`);
+* whichever waiting call finds the pipeline free *drives* it: it feeds waiting batches up to the
+  depth, takes the oldest batch's outputs, feeds again (so that DALI works on the next batches
+  meanwhile), and copies the images out into that batch's ticket (DALI reuses its buffers); a
+  call whose batch is done returns, the others drive in turn.
+
+So the pipeline holds ``depth`` batches whenever calls wait, and the sequence holds one
+pipeline's GPU memory, not one pipeline per Keras thread. A ticket may also be submitted for a
+call expected next (the sequence's sequential prefetch) and held under its key ``(epoch,
+index)`` (:meth:`~PipelineQueue.hold`) until that call :meth:`~PipelineQueue.take` s it; one
+that nobody asks for is dropped (counted in ``wasted``).
+
+When DALI fails on a batch (an image whose header was fine), that batch's ticket gets the
+:class:`~detaug.planning.DecodeFailure` (its caller plans the batch again without the culprit)
+and the pipeline is replaced, DALI's being unusable after an error: the other batches in flight
+are fed again to the new one. The queue shares the sequence's lock (a ``threading.Condition``).
 """
 
 from __future__ import annotations
@@ -17,108 +30,270 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from detaug.pipeline import feed
+from detaug.pipeline import feed, feed_inputs
 from detaug.planning import DecodeFailure, PlannedBatch
 
-__all__ = ["PipelinePool", "default_pipelines"]
+__all__ = ["PIPELINE_DEPTH", "PipelineQueue", "Ticket", "default_keras_workers"]
+
+PIPELINE_DEPTH = 2
+"""Batches a sequence's pipeline works on at once (its ``prefetch_queue_depth``), as the loader's default."""
 
 
-def default_pipelines(device: str) -> int:
-    """The DALI pipelines a sequence runs at once (Keras' ``workers``) when ``workers=None``:
-    4 with ``device="gpu"`` (random access as fast as an iterator), 1 with ``"cpu"`` (DALI's CPU
-    threads already use the cores)."""
+def default_keras_workers(device: str) -> int:
+    """Keras' worker threads of a sequence (``workers``) when ``workers=None``: 4 with
+    ``device="gpu"`` (calls waiting together keep the pipeline full in random access), 1 with
+    ``"cpu"`` (DALI's CPU threads already use the cores)."""
     return 1 if device == "cpu" else 4
 
 
-class PipelinePool:
-    """Up to ``size`` DALI pipelines made by ``build()``; one is built now (errors show here).
+@dataclass(eq=False)
+class Ticket:
+    """One batch submitted to a :class:`PipelineQueue`: its plan, then its images or its error.
+
+    ``wanted`` is ``False`` for a batch whose images nobody will take (a filler that completes a
+    fresh pipeline's first run, a prefetch dropped): they are not copied out."""
+
+    planned: PlannedBatch
+    wanted: bool = True
+    done: bool = False
+    images: Any = None
+    error: BaseException | None = None
+
+
+class PipelineQueue:
+    """One DALI pipeline made by ``build()`` (built now: errors show here), fed by many threads.
 
     Args:
-        build: makes and builds one pipeline.
-        size: the most pipelines at once (>= 1).
-        lock: the owner's condition; guards the pipelines' states.
-        device_id: the GPU the pipelines run on, ``None`` for the CPU.
-        images_on_device: :meth:`collect` returns the images on the GPU in ``backend``'s tensor
+        build: makes and builds the pipeline (``prefetch_queue_depth=depth``); called again
+            after a failure, or after :meth:`close`.
+        depth: batches in the pipeline at once (>= 1).
+        lock: the owner's condition; guards the queue's state.
+        device_id: the GPU the pipeline runs on, ``None`` for the CPU.
+        images_on_device: :meth:`result` gives the images on the GPU in ``backend``'s tensor
             type (a CUDA ``torch`` tensor, a TensorFlow or JAX GPU array handed over by DLPack,
-            no copy), not a NumPy array.
+            no copy), not a NumPy array (:meth:`to_device` does the same for the targets).
         backend: Keras' backend (``"torch"``, ``"tensorflow"``, ``"jax"``).
 
     Attributes:
         wasted: prefetched batches dropped unused.
+        waiting, inflight: tickets submitted and not fed yet; fed and not collected (oldest first).
     """
 
     def __init__(
-        self, build: Callable[[], Any], size: int, lock: threading.Condition, *, device_id: int | None, images_on_device: bool,
-        backend: str | None = "torch",
+        self, build: Callable[[], Any], depth: int, lock: threading.Condition, *, device_id: int | None,
+        images_on_device: bool, backend: str | None = "torch",
     ) -> None:
-        self.build, self.size, self.lock = build, int(size), lock
+        self.build, self.depth, self.lock = build, max(1, int(depth)), lock
         self.device_id, self.images_on_device = device_id, bool(images_on_device)
         self.backend = backend
         self.wasted = 0
-        self.idle: list[Any] = [build()]  # fail here, not in the first seq[i]
-        self.prefetched: dict[tuple[int, int], tuple[Any, PlannedBatch]] = {}  # (epoch, index) -> (pipeline, batch fed)
-        self.count = 1  # built or being built, in any of the three states
+        self.pipe: Any = build()  # fail here, not in the first seq[i]
+        self.waiting: deque[Ticket] = deque()
+        self.inflight: deque[Ticket] = deque()
+        self.prefetched: dict[tuple[int, int], Ticket] = {}  # (epoch, index) -> its ticket
+        self._fresh = True  # the pipeline's first schedule_run runs ``depth`` batches (DALI's prefetch)
+        self._stale = False  # a run failed or a feed broke off: build anew, feed the batches in flight again
+        self._driving = False  # a thread is feeding or collecting
         self._streams = CopyStreams(lambda: _cuda_stream(device_id))  # for the copies, reused across epochs
 
-    # -- idle and running ---------------------------------------------------------------------------
+    # -- calls ----------------------------------------------------------------------------------------
 
-    def acquire(self) -> Any:
-        """An idle pipeline for the caller (takes the lock): a free one, a new one (fewer than
-        ``size``), or one whose prefetched batch nobody asked for; else wait for a release."""
+    def submit(self, planned: PlannedBatch) -> Ticket:
+        """Queue a planned batch (takes the lock); :meth:`result` waits for it."""
+        ticket = Ticket(planned)
         with self.lock:
+            self.waiting.append(ticket)
+        return ticket
+
+    def result(self, ticket: Ticket) -> Any:
+        """Wait for ``ticket``'s images, driving the pipeline whenever it is free: float32
+        ``[B, H, W, 3]``, a NumPy array or a device tensor (``images_on_device``). Raises the
+        batch's error: :class:`~detaug.planning.DecodeFailure` when DALI failed on it,
+        ``ValueError`` when its images differ in shape."""
+        try:
             while True:
-                if self.idle:
-                    return self.idle.pop()
-                if self.count < self.size:
-                    self.count += 1
-                    break
-                if self.prefetched:
-                    pipe, _ = self.prefetched.pop(next(iter(self.prefetched)))
-                    if self._reclaim(pipe):
-                        return pipe
-                    continue
-                self.lock.wait()
-        try:
-            return self.build()
-        except BaseException:
-            self.discard(None)
+                with self.lock:
+                    while self._driving and not ticket.done:
+                        self.lock.wait()
+                    if ticket.done:
+                        break
+                    self._driving = True
+                try:
+                    self._step()
+                finally:
+                    self._stop_driving()
+        except BaseException:  # the pipeline could not be built, Ctrl-C: nobody takes this batch
+            with self.lock:
+                self._abandon(ticket)
             raise
+        if ticket.error is not None:
+            raise ticket.error
+        return ticket.images
 
-    def release(self, pipe: Any) -> None:
-        """Hand back a pipeline whose batch was collected (takes the lock)."""
+    def feed_waiting(self) -> None:
+        """Feed the waiting batches now if the pipeline is free (else its driver feeds them
+        before it stops): a prefetch then runs while its caller is away."""
         with self.lock:
-            self.idle.append(pipe)
-            self.lock.notify()
+            if self._driving:
+                return
+            self._driving = True
+        try:
+            self._fill()
+        finally:
+            self._stop_driving()
 
-    def discard(self, pipe: Any) -> None:
-        """Forget a pipeline that failed (or was never built): the next caller builds a new one
-        (takes the lock)."""
+    # -- prefetched batches (the caller holds the lock) ---------------------------------------------
+
+    def hold(self, key: tuple[int, int], ticket: Ticket) -> None:
+        """Keep ``ticket`` for the call that asks for ``key`` ``(epoch, index)``. When one is held
+        for ``key`` already (two readers walking the same batches, as Keras' adapters do when they
+        peek at the first batches), ``ticket`` is dropped."""
+        if key in self.prefetched:
+            self._drop(ticket)
+            return
+        self.prefetched[key] = ticket
+
+    def take(self, key: tuple[int, int]) -> Ticket | None:
+        """The ticket held for ``key``, or ``None``."""
+        return self.prefetched.pop(key, None)
+
+    def drop_prefetched(self) -> None:
+        """Drop the prefetched batches (counted in ``wasted``): those not fed yet are not fed,
+        the images of those in flight are not copied."""
+        for ticket in self.prefetched.values():
+            self._drop(ticket)
+        self.prefetched = {}
+
+    def close(self) -> None:
+        """Drop the prefetched batches and the pipeline (its memory goes when collected); the
+        next :meth:`result` builds a new one. Call it when no call is in progress."""
         with self.lock:
-            self.count -= 1
-            self.lock.notify()
+            self.drop_prefetched()
+            if self._driving:
+                return
+            pipe, self.pipe = self.pipe, None
+            count = 0 if self._stale else len(self.inflight)
+            for ticket in [*self.waiting, *self.inflight]:
+                ticket.wanted = False
+            self.waiting.clear()
+            self.inflight.clear()
+            self._stale = False
+        for _ in range(count if pipe is not None else 0):  # runs scheduled: let them end before the pipeline goes
+            if not _drain(pipe):
+                break
+        del pipe
 
-    def schedule(self, pipe: Any, planned: PlannedBatch) -> None:
-        """Feed a batch's image data and parameter vectors and start ``pipe`` on it (returns at
-        once); a pipeline that could not be fed is discarded."""
-        try:
-            feed(pipe, planned.data, planned.params, planned.partners)
-        except BaseException:
-            self.discard(pipe)  # possibly half fed: start over with a fresh pipeline
-            raise
+    def _drop(self, ticket: Ticket) -> None:
+        self.wasted += 1
+        self._abandon(ticket)
 
-    def collect(self, pipe: Any, planned: PlannedBatch) -> Any:
-        """Wait for ``pipe``'s batch: its images as float32 ``[B, H, W, 3]``, a NumPy array or a
-        CUDA tensor (``images_on_device``), copied once (DALI reuses its buffers at the next run).
-        :class:`~detaug.planning.DecodeFailure` when DALI failed on the batch; ``ValueError``
-        when its images differ in shape."""
+    def _abandon(self, ticket: Ticket) -> None:
+        """Nobody takes ``ticket``'s images: not fed if it waits, not copied if in flight."""
+        ticket.wanted = False
+        if ticket in self.waiting:
+            self.waiting.remove(ticket)
+            ticket.done = True
+
+    # -- driving (one thread at a time: the one that set ``_driving``) -------------------------------
+
+    def _stop_driving(self) -> None:
+        """Stop driving, after feeding what came meanwhile (a prefetch submitted while this
+        thread collected would otherwise wait for the next call)."""
         try:
-            images = pipe.outputs()[0]
-        except (RuntimeError, IndexError) as err:  # DALI's message names the operator, not the samples
-            raise DecodeFailure(planned, err) from err
+            while True:
+                with self.lock:
+                    if not (self.waiting and self.pipe is not None and not self._stale
+                            and len(self.inflight) < self.depth):
+                        return
+                self._fill()
+        finally:
+            with self.lock:
+                self._driving = False
+                self.lock.notify_all()
+
+    def _step(self) -> None:
+        """Feed, collect the oldest batch in flight, feed again, copy its images out."""
+        self._fill()
+        with self.lock:
+            if self._stale or not self.inflight:
+                return
+            oldest = self.inflight[0]
+        try:
+            images = self.pipe.outputs()[0]
+        except (RuntimeError, IndexError) as err:  # IndexError: DALI's "critical error"
+            with self.lock:
+                self.inflight.popleft()
+                oldest.error, oldest.done = DecodeFailure(oldest.planned, err), True
+                self._stale = True  # DALI: "Current pipeline object is no longer valid"
+            return
+        with self.lock:
+            self.inflight.popleft()
+        self._fill()  # DALI runs the next batches while these images are copied (its buffers stay ours until the next outputs())
+        out, error = None, None
+        if oldest.wanted:
+            try:
+                out = self._copy(images)
+            except Exception as err:  # noqa: BLE001 - the batch's error, raised by its call
+                error = err
+        with self.lock:
+            oldest.images, oldest.error, oldest.done = out, error, True
+
+    def _fill(self) -> None:
+        """Feed waiting batches until ``depth`` are in flight (a fresh pipeline's first run takes
+        ``depth`` batches at once: fillers, the last batch again, complete it); a pipeline that
+        failed is replaced first, and its batches in flight go back to the front of the queue."""
+        if self._stale or self.pipe is None:
+            self._renew()
+        with self.lock:
+            room = self.depth - len(self.inflight)
+            batch = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+        if not batch:
+            return
+        fed: list[Ticket] = []
+        try:
+            if self._fresh:
+                fillers = [Ticket(batch[-1].planned, wanted=False) for _ in range(self.depth - len(batch))]
+                for ticket in batch + fillers:
+                    feed_inputs(self.pipe, ticket.planned.data, ticket.planned.params, ticket.planned.partners)
+                self.pipe.schedule_run()
+                self._fresh = False
+                fed = batch + fillers
+            else:
+                for ticket in batch:
+                    feed(self.pipe, ticket.planned.data, ticket.planned.params, ticket.planned.partners)
+                    fed.append(ticket)
+        except Exception as err:  # noqa: BLE001 - the batch's error, raised by its call
+            failed = batch[len(fed)] if len(fed) < len(batch) else batch[0]
+            with self.lock:
+                failed.error, failed.done = err, True
+                self.waiting.extendleft(reversed([t for t in batch if t is not failed and t not in fed]))
+                self.inflight.extend(t for t in fed if t is not failed)
+                self._stale = True  # possibly half fed
+            return
+        with self.lock:
+            self.inflight.extend(fed)
+
+    def _renew(self) -> None:
+        """A new pipeline; the wanted batches in flight are fed to it again first."""
+        with self.lock:
+            again = [t for t in self.inflight if t.wanted]
+            for ticket in self.inflight:
+                if not ticket.wanted:
+                    ticket.done = True
+            self.inflight.clear()
+            self.waiting.extendleft(reversed(again))
+            self.pipe = None
+        self.pipe = self.build()
+        self._fresh, self._stale = True, False
+
+    def _copy(self, images: Any) -> Any:
+        """A batch's images as float32 ``[B, H, W, 3]``, a NumPy array or a device tensor
+        (``images_on_device``), copied once (DALI reuses its buffers at the next run)."""
         if not images.is_dense_tensor():
             shapes = sorted({tuple(images[k].shape()) for k in range(len(images))})
             raise ValueError(
@@ -130,57 +305,30 @@ class PipelinePool:
         out = _gpu_float32(images, self.device_id, self._streams, on_host=not self.images_on_device)
         return hand_over(out, self.backend) if self.images_on_device else out
 
-    # -- prefetched batches (the caller holds the lock) ---------------------------------------------
+    def to_device(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        """``arrays`` (a batch's padded targets) as tensors of ``backend`` on the pipeline's GPU,
+        copied here, in the calling thread, on a stream of its own: else Keras' ``fit`` copies
+        them in its main thread, on the default stream, behind the model's queued work (3 ms a
+        batch of 64 with no model, H100, 2026-11-24)."""
+        import torch
 
-    def hold(self, key: tuple[int, int], pipe: Any, planned: PlannedBatch) -> None:
-        """Keep ``pipe``, scheduled on ``planned``, for the call that asks for ``key``
-        ``(epoch, index)`` (the caller holds the lock). When another call already holds ``key``
-        (two readers walking the same batches, as Keras' adapters do when they peek at the first
-        batch), ``pipe``'s batch is dropped and ``pipe`` goes back to the idle ones: replacing the
-        entry would lose a pipeline for good, and the pool would wait forever once all are lost."""
-        if key in self.prefetched:
-            if self._reclaim(pipe):
-                self.idle.append(pipe)
-            self.lock.notify()
-            return
-        self.prefetched[key] = (pipe, planned)
-        self.lock.notify()  # a caller waiting in acquire may take it over (else it sleeps on)
-
-    def take(self, key: tuple[int, int]) -> tuple[Any, PlannedBatch | None]:
-        """The pipeline holding ``key``'s batch and its plan, or ``(None, None)``."""
-        return self.prefetched.pop(key, (None, None))
-
-    def drop_prefetched(self) -> None:
-        """Wait for and drop the prefetched batches (counted in ``wasted``)."""
-        for pipe, _ in self.prefetched.values():
-            if self._reclaim(pipe):
-                self.idle.append(pipe)
-        self.prefetched = {}
-        self.lock.notify_all()
-
-    def close(self) -> None:
-        """Drop the prefetched batches and forget the idle pipelines (their memory goes when
-        collected); pipelines running a call's batch are kept by that call."""
-        self.drop_prefetched()
-        self.count -= len(self.idle)
-        self.idle = []
-
-    def _reclaim(self, pipe: Any) -> bool:
-        """Wait for and drop the unwanted prefetched batch of ``pipe`` (counted as wasted);
-        ``True`` when the pipeline is usable again, else it is forgotten."""
-        self.wasted += 1
-        if _drain(pipe):
-            return True
-        self.count -= 1
-        return False
+        device = torch.device("cuda", self.device_id)
+        with self._streams.use() as stream:
+            with torch.cuda.stream(stream):
+                out = {name: torch.from_numpy(a).to(device, non_blocking=True) for name, a in arrays.items()}
+            stream.synchronize()  # complete when returned (and the host arrays free to go)
+        default = torch.cuda.default_stream(device)
+        for tensor in out.values():
+            tensor.record_stream(default)  # not reused while the caller's work runs
+        return {name: hand_over(tensor, self.backend) for name, tensor in out.items()}
 
 
 def _drain(pipe: Any) -> bool:
-    """Wait for ``pipe``'s scheduled batch and drop it; ``False`` when the run failed (the
-    pipeline is then unusable)."""
+    """Wait for ``pipe``'s oldest scheduled batch and drop it; ``False`` when the run failed
+    (the pipeline is then unusable)."""
     try:
         pipe.outputs()
-    except Exception:  # noqa: BLE001 - a batch nobody asked for: it raises again if it is
+    except Exception:  # noqa: BLE001 - a batch nobody asked for
         return False
     return True
 

@@ -46,7 +46,7 @@ class PlanAhead:
     (:data:`PLAN_AHEAD_BATCHES`); each :meth:`take` tops them up. Moving to the next epoch keeps
     its plans; any other epoch change drops them all. A plan is used once: a batch taken again
     (or a plan not finished when taken) is planned by the caller. Holds no reference to the
-    sequence, so the pool's finalizer does not keep the sequence (and its DALI pipelines) alive.
+    sequence, so the pool's finalizer does not keep the sequence (and its DALI pipeline) alive.
     Not thread-safe: the sequence calls it under its lock.
     """
 

@@ -10,17 +10,17 @@ pipeline's external sources and runs it once. The same ``i`` in the same epoch t
 gives the same samples and the same augmentation; a new epoch gives a new order
 (``shuffle=True``) and new augmentations.
 
-Access pattern, concurrency and prefetching (the pipelines: :mod:`detaug.keras.pool`):
+Access pattern, concurrency and prefetching (the pipeline: :mod:`detaug.keras.pool`):
 
 1. ``seq[i]`` may be called from several threads at once (Keras' ``workers > 1``, which
-   ``fit(shuffle=True)`` drives in a random batch order): the sequence holds up to ``workers``
-   DALI pipelines and runs one batch in each, side by side, so random access keeps the GPU as
-   busy as an iterator does (batch ``i``'s result does not depend on the pipeline that ran it);
+   ``fit(shuffle=True)`` drives in a random batch order, up to ``max_queue_size`` ahead): the
+   sequence runs their batches through one DALI pipeline in the order they come, two at once
+   (``detaug.keras.pool.PIPELINE_DEPTH``), so random access keeps the GPU as busy as an iterator
+   does, in one pipeline's memory (batch ``i``'s result does not depend on what ran beside it);
 2. ``seq[i]`` right after ``seq[i - 1]`` (or ``seq[0]`` first in an epoch), with no other call in
-   progress, is *sequential*: once batch ``i`` is out of its pipeline, batch ``i + 1`` is fed and
-   scheduled there, and DALI prepares it while the caller trains on batch ``i``;
-3. a prefetched batch that is not asked for is dropped when its pipeline is needed for another
-   batch or the epoch changes (``prefetch_wasted`` counts them);
+   progress, is *sequential*: once batch ``i`` is out of the pipeline, batch ``i + 1`` is fed,
+   and DALI prepares it while the caller trains on batch ``i``;
+3. a prefetched batch that is not asked for next is dropped (``prefetch_wasted`` counts them);
 4. ``on_epoch_end()`` drops pending prefetches, moves to the next epoch and draws its order.
 
 Planning ahead (:mod:`detaug.keras.prefetch`): the samples and seeds of every batch of an epoch
@@ -57,7 +57,7 @@ from detaug.decoding import default_planning_workers, threads_beside
 from detaug.epochs import check_shard
 from detaug.errors import DataWarning
 from detaug.keras.flavor import keras_backend, keras_base, keras_module
-from detaug.keras.pool import DLPACK_BACKENDS, PipelinePool, default_pipelines
+from detaug.keras.pool import DLPACK_BACKENDS, PIPELINE_DEPTH, PipelineQueue, default_keras_workers
 from detaug.keras.prefetch import PlanAhead
 from detaug.keras.targets import (
     OVERFLOW_POLICIES,
@@ -122,11 +122,10 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             counted in ``boxes_truncated`` / ``samples_truncated`` either way.
         drop_last: leave out the last, smaller batch of an epoch.
         device_id: the GPU (``None``: 0).
-        num_threads: DALI CPU threads of each pipeline; ``None``: the CPUs of this rank (those
+        num_threads: DALI CPU threads of the pipeline; ``None``: the CPUs of this rank (those
             this process may use divided by the ranks on the host, ``LOCAL_WORLD_SIZE``) that
-            ``plan_workers`` leaves, divided by ``workers`` (the pipelines), 1 to 16
-            (:func:`detaug.decoding.threads_beside`: 2 each for 4 pipelines beside 8 planning
-            workers on 16 cores).
+            ``plan_workers`` leaves, 1 to 16 (:func:`detaug.decoding.threads_beside`: 8 beside
+            8 planning workers on 16 cores).
         shard_id, num_shards: serve one shard of every epoch (the rules of
             :mod:`detaug.epochs`, as the PyTorch loader's: equal shards, padded).
         prefetch: prepare batch ``i + 1`` while batch ``i`` is used, when access is sequential.
@@ -141,15 +140,19 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         images_on_device: return the images as a float32 ``[B, H, W, 3]`` tensor on the GPU of
             Keras' backend instead of a NumPy array: a ``torch`` CUDA tensor (torch backend), a
             TensorFlow or JAX GPU tensor handed over through DLPack (the same GPU memory, no host
-            copy). ``None``: on with ``device="gpu"`` when Keras runs on torch, TensorFlow or JAX
-            (each would otherwise copy each NumPy batch back to the GPU itself, ~100 ms for 64
-            float images of 512x512), else off.
+            copy); the targets too, copied in the calling thread (Keras' ``fit`` would copy them
+            in its main thread, behind the model's work). ``None``: on with ``device="gpu"`` when
+            Keras runs on torch, TensorFlow or JAX (each would otherwise copy each NumPy batch back
+            to the GPU itself, ~100 ms for 64 float images of 512x512), else off.
         workers: Keras' ``PyDataset`` argument: the threads that call ``seq[i]`` (Keras' ordered
-            enqueuer) and, here, the most DALI pipelines the sequence runs at once, one batch
-            each (each holds its own GPU buffers). ``None``: 4 with ``device="gpu"`` (random
-            access, which ``fit(shuffle=True)`` uses, is then as fast as an iterator, see
-            ``docs/keras.md``), 1 with ``device="cpu"`` (DALI's threads already use the cores).
-        max_queue_size: Keras' ``PyDataset`` argument: batches Keras requests ahead with ``workers > 1``.
+            enqueuer); their batches share the sequence's one pipeline, in turn. ``None``: 4
+            with ``device="gpu"`` (calls waiting together keep the pipeline full in the random
+            access of ``fit(shuffle=True)``, see ``docs/keras.md``), 1 with ``device="cpu"``
+            (DALI's threads already use the cores).
+        max_queue_size: Keras' ``PyDataset`` argument: batches Keras requests ahead with
+            ``workers > 1``, each held until ``fit`` takes it (on the GPU with
+            ``images_on_device``: 200 MB for 64 float images of 512x512). ``None``: ``workers``
+            (Keras' own default is 10), enough to keep the pipeline full.
         use_multiprocessing: must stay ``False``: a DALI pipeline cannot be forked or pickled.
         on_error: an image that cannot be read or decoded: ``"skip"`` replaces it by the next
             readable sample of the shard's epoch order (named in a :class:`~detaug.DataWarning`
@@ -172,6 +175,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
       of ``label_map`` (the source's category ids by default), each field ``[B, max_boxes, ...]``
       (float32 for float fields such as ``area``, int32 for the others, such as ``iscrowd``:
       :func:`~detaug.keras.targets.keras_field_dtype`); rows past a sample's boxes are ``-1``.
+      NumPy arrays, or with ``images_on_device`` GPU tensors of Keras' backend, as the images.
 
     Attributes:
         epoch: the current epoch (``on_epoch_end`` adds one; :meth:`set_epoch` sets it).
@@ -214,7 +218,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         plan_workers: int | None = None,
         images_on_device: bool | None = None,
         workers: int | None = None,
-        max_queue_size: int = 10,
+        max_queue_size: int | None = None,
         use_multiprocessing: bool = False,
         on_error: str = "skip",
         label_map: str | None = None,
@@ -224,9 +228,13 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         # 1. Arguments.
         device = pick_device(device)
         if workers is None:
-            workers = default_pipelines(device)
+            workers = default_keras_workers(device)
         if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1 or None, got {workers!r}")
+        if max_queue_size is None:
+            max_queue_size = int(workers)
+        if isinstance(max_queue_size, bool) or not isinstance(max_queue_size, (int, np.integer)) or max_queue_size < 1:
+            raise ValueError(f"max_queue_size must be an integer >= 1 or None, got {max_queue_size!r}")
         if getattr(_Base, "__name__", "") == "PyDataset":
             super().__init__(workers=int(workers), use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size)
         else:
@@ -291,8 +299,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         if plan_workers is None:
             plan_workers = 0 if self.device_id is None else default_planning_workers()
         self.plan_workers = int(plan_workers)
-        # None: the rank's CPUs the planning workers leave, shared by the pipelines
-        self.num_threads = threads_beside(self.plan_workers, pipelines=int(workers)) if num_threads is None else int(num_threads)
+        # None: the rank's CPUs the planning workers leave
+        self.num_threads = threads_beside(self.plan_workers) if num_threads is None else int(num_threads)
         self.shard_id, self.num_shards = shard_id, num_shards
         self.spec = EpochSpec(n=len(source), batch_size=self.batch_size, shard_id=shard_id, num_shards=num_shards,
                               shuffle=self.shuffle, drop_last=self.drop_last, seed=self.seed,
@@ -317,15 +325,15 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self.prefetch_hits = 0
         self.planned_ahead = 0
         self.planned_inline = 0
-        self._lock = threading.Condition()  # guards the counters, the epoch and the pipelines' states
+        self._lock = threading.Condition()  # guards the counters, the epoch and the pipeline queue
         self._planner = (
             PlanAhead(self.planner, self.plan_workers, num_batches=len(self)) if self.plan_workers and len(self) > 1 else None
         )
         self._last = -1  # last index asked for in this epoch
         self._calls = 0  # seq[i] calls in progress
         self.epoch = 0
-        self._pool = PipelinePool(self._build, self.workers, self._lock, device_id=self.device_id,
-                                  images_on_device=self.images_on_device, backend=keras_backend())
+        self._queue = PipelineQueue(self._build, PIPELINE_DEPTH, self._lock, device_id=self.device_id,
+                                    images_on_device=self.images_on_device, backend=keras_backend())
 
     # -- the classic Sequence protocol ------------------------------------------------------------
 
@@ -342,7 +350,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     @property
     def prefetch_wasted(self) -> int:
         """Prefetched batches dropped because nobody asked for them next."""
-        return self._pool.wasted
+        return self._queue.wasted
 
     def __len__(self) -> int:
         """Batches per epoch (the same on every shard)."""
@@ -358,7 +366,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         moving the sequence's epoch: the same batch ``seq[index]`` gives after
         ``set_epoch(epoch)``. Only calls in the current epoch count as sequential (prefetching)."""
         i = self._check_index(index)
-        pool = self._pool
+        queue = self._queue
         with self._lock:
             epoch = self.epoch if epoch is None else int(epoch)
             current = epoch == self.epoch
@@ -366,31 +374,25 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             if current:
                 self._last = i
             self._calls += 1
-            pipe, planned = pool.take((epoch, i))
-            if pipe is not None:
+            ticket = queue.take((epoch, i))
+            if ticket is not None:
                 self.prefetch_hits += 1
+            elif queue.prefetched:  # asked for another batch next: the prefetch is not wanted
+                queue.drop_prefetched()
         try:
-            if pipe is None:
-                planned = self._plan(i, epoch)
-                pipe = pool.acquire()
-                pool.schedule(pipe, planned)
+            if ticket is None:
+                ticket = queue.submit(self._plan(i, epoch))
             while True:
                 try:
-                    images = pool.collect(pipe, planned)
+                    images = queue.result(ticket)
                     break
                 except DecodeFailure as failure:  # DALI failed on an image whose header was fine
-                    pool.discard(pipe)  # DALI: "Current pipeline object is no longer valid"
-                    planned = self._without_undecodable(planned, failure)
-                    pipe = pool.acquire()
-                    pool.schedule(pipe, planned)
-                except BaseException:
-                    pool.discard(pipe)
-                    raise
-            handed_over = self.prefetch and sequential and i + 1 < len(self) and self._prefetch_next(pipe, i + 1, epoch)
-            if not handed_over:
-                pool.release(pipe)
-            self._record(planned)
-            return images, self._targets(i, epoch, planned, images)
+                    ticket = queue.submit(self._without_undecodable(ticket.planned, failure))
+            if self.prefetch and sequential and i + 1 < len(self):
+                self._prefetch_next(i + 1, epoch)
+            self._record(ticket.planned)
+            targets = self._targets(i, epoch, ticket.planned, images)
+            return images, queue.to_device(targets) if self.images_on_device else targets
         finally:
             with self._lock:
                 self._calls -= 1
@@ -407,7 +409,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     def set_epoch(self, epoch: int) -> None:
         """Jump to ``epoch`` (e.g. when resuming with ``fit(initial_epoch=...)``)."""
         with self._lock:
-            self._pool.drop_prefetched()
+            self._queue.drop_prefetched()
             if self._planner is not None:
                 self._planner.set_epoch(int(epoch))  # keeps the plans of the next epoch, cancels others
             self.epoch = int(epoch)
@@ -443,10 +445,10 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         return self.planner.positions(self.epoch, self._check_index(index)).copy()
 
     def close(self) -> None:
-        """Release the DALI pipelines (and their GPU memory) and stop the planning workers; a
+        """Release the DALI pipeline (and its GPU memory) and stop the planning workers; a
         later ``seq[i]`` builds and starts new ones. Call it when no ``seq[i]`` is in progress."""
         with self._lock:
-            self._pool.close()
+            self._queue.close()
             if self._planner is not None:
                 self._planner.close()
 
@@ -472,13 +474,13 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             f"device={self.device!r}, epoch={self.epoch})"
         )
 
-    # -- plans and pipelines ------------------------------------------------------------------------
+    # -- plans and the pipeline ----------------------------------------------------------------------
 
     def _build(self) -> Any:
         pipe = build_pipeline(
             self.source, self.transforms, batch_size=self.batch_size, device=self.device,
             device_id=self.device_id, num_threads=self.num_threads, seed=self.seed, layout="HWC",
-            prefetch_queue_depth=1,  # one batch fed per run: random access feeds as it goes
+            prefetch_queue_depth=PIPELINE_DEPTH,  # the batches of the calls waiting, in turn (detaug.keras.pool)
         )
         pipe.build()
         return pipe
@@ -540,24 +542,18 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         for message in messages:
             warnings.warn(message, DataWarning, stacklevel=3)
 
-    def _prefetch_next(self, pipe: Any, i: int, epoch: int) -> bool:
-        """Schedule batch ``i`` on ``pipe`` for the next call. ``True`` when ``pipe`` is no longer
-        the caller's: it holds batch ``i``, or feeding it failed and it was discarded. ``False``
-        when nothing was fed (the epoch changed, or planning failed): the caller releases it.
-        Errors are not this call's: batch ``i`` raises them when it is asked for."""
+    def _prefetch_next(self, i: int, epoch: int) -> None:
+        """Submit batch ``i`` for the next call and feed it now if the pipeline is free. Errors
+        are not this call's: batch ``i`` raises them when it is asked for."""
         try:
             planned = self._plan(i, epoch)
         except Exception:  # noqa: BLE001 - batch i's error, raised again when batch i is asked for
-            return False
+            return
         with self._lock:
             if epoch != self.epoch:
-                return False
-            try:
-                self._pool.schedule(pipe, planned)
-            except Exception:  # noqa: BLE001 - schedule discarded the pipeline; batch i raises it when asked for
-                return True
-            self._pool.hold((epoch, i), pipe, planned)
-            return True
+                return
+            self._queue.hold((epoch, i), self._queue.submit(planned))
+        self._queue.feed_waiting()
 
     # -- Keras targets ----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import os
 import struct
 import warnings
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -259,6 +260,21 @@ def test_a_decoder_failure_costs_only_the_culprit(tmp_path):
         images, targets = seq[0]
     assert len(images) == 3 and (targets["labels"][:, 0] == 1).all()
     assert [s["image_id"] for s in seq.skipped] == [99]
+    # Calls at once share the pipeline: the batch failing in it is planned again without the
+    # culprit, the batches in flight beside it are fed again to a new pipeline, and all come out whole.
+    seq = DetectionSequence(SampleListSource(samples), RECIPE, 3, max_boxes=2, device=DEVICE, plan_workers=0,
+                            shuffle=False, images_on_device=False)
+    together = DetectionSequence(SampleListSource(samples), RECIPE, 3, max_boxes=2, device=DEVICE, plan_workers=0,
+                                 shuffle=False, workers=4, prefetch=False, images_on_device=False)
+    order = [1, 0, 1, 0, 1]
+    with pytest.warns(DataWarning, match="broken.jpg"), ThreadPoolExecutor(4) as pool:
+        seq[0]
+        got = list(pool.map(together.__getitem__, order))
+    for i, (images, targets) in zip(order, got):
+        want_images, want_targets = seq[i]
+        np.testing.assert_array_equal(images, want_images)
+        np.testing.assert_array_equal(targets["boxes"], want_targets["boxes"])
+    assert {s["image_id"] for s in together.skipped} == {99}
 
 
 def test_a_decoder_failure_of_a_mosaic_partner_costs_only_the_culprit(tmp_path):

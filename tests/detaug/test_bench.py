@@ -777,7 +777,7 @@ def test_rounds_take_turns_and_each_row_is_its_median_round(dataset):
 
 def test_detaug_rows_run_the_adapters_thread_defaults_unless_threads_are_given(monkeypatch):
     """The detaug rows measure what a user gets: the adapters' split of the CPUs between DALI
-    and the planning workers (16 cores: 8 beside 8; the Sequence 2 in each of 4 pipelines), not
+    and the planning workers (16 cores: 8 beside 8, the Sequence's one pipeline too), not
     the decode limit's threads; ``--threads`` sets them all."""
     from detaug import decoding
     from detaug.bench.harness import adapter_cpu_use
@@ -785,14 +785,14 @@ def test_detaug_rows_run_the_adapters_thread_defaults_unless_threads_are_given(m
     monkeypatch.setattr(decoding, "available_cpus", lambda: 16)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     gpu = BenchSettings(device="gpu", threads=16, workers=16)
-    assert adapter_cpu_use("detaug", gpu) == (8, 1, 8)
-    assert adapter_cpu_use("sequence", gpu) == (2, 4, 8)
-    assert adapter_cpu_use("sequence-serial", gpu) == (8, 1, 8)
-    assert adapter_cpu_use("detaug-cpu", gpu) == (16, 1, 0)
-    assert adapter_cpu_use("detaug", BenchSettings(device="cpu", threads=16, workers=16)) == (16, 1, 0)
-    assert adapter_cpu_use("sequence", BenchSettings(device="gpu", threads=16, workers=16, adapter_threads=3)) == (3, 4, 8)
+    assert adapter_cpu_use("detaug", gpu) == (8, 8)
+    assert adapter_cpu_use("sequence", gpu) == (8, 8)
+    assert adapter_cpu_use("sequence-serial", gpu) == (8, 8)
+    assert adapter_cpu_use("detaug-cpu", gpu) == (16, 0)
+    assert adapter_cpu_use("detaug", BenchSettings(device="cpu", threads=16, workers=16)) == (16, 0)
+    assert adapter_cpu_use("sequence", BenchSettings(device="gpu", threads=16, workers=16, adapter_threads=3)) == (3, 8)
     described = runner._describe(runner._variant("sequence"), gpu)
-    assert described.startswith("2 DALI threads in each of 4 pipelines beside 8 planning workers; decoder ")
+    assert described.startswith("8 DALI threads beside 8 planning workers; decoder ")
     assert runner._describe(runner._variant("detaug"), gpu).startswith("8 DALI threads beside 8 planning workers")
     assert runner._cores(runner._variant("detaug-cpu"), gpu) == min(16, runner.available_cpus())
     with pytest.raises(ValueError, match="adapter_threads"):

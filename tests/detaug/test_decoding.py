@@ -97,15 +97,13 @@ def test_default_threads_follow_the_affinity_and_local_world_size(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "cpus, ranks, workers, threads, each_of_4",
-    [(16, 1, 8, 8, 2), (64, 1, 16, 16, 12), (32, 2, 8, 8, 2), (16, 8, 1, 1, 1), (2, 1, 1, 1, 1), (1, 1, 1, 1, 1),
-     (12, 1, 6, 6, 1)],
+    "cpus, ranks, workers, threads",
+    [(16, 1, 8, 8), (64, 1, 16, 16), (32, 2, 8, 8), (16, 8, 1, 1), (2, 1, 1, 1), (1, 1, 1, 1), (12, 1, 6, 6)],
 )
-def test_planning_workers_get_half_a_ranks_cpus_and_dalis_threads_the_rest(monkeypatch, cpus, ranks, workers, threads, each_of_4):
+def test_planning_workers_get_half_a_ranks_cpus_and_dalis_threads_the_rest(monkeypatch, cpus, ranks, workers, threads):
     monkeypatch.setattr(decoding, "available_cpus", lambda: cpus)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
     assert default_planning_workers() == workers
     assert threads_beside(workers) == threads
-    assert threads_beside(workers, pipelines=4) == each_of_4
     assert threads_beside(0) == default_num_threads()  # no workers: DALI has the rank's CPUs
     assert threads_beside(3, ranks_per_host=1) == max(1, min(16, cpus - 3))

@@ -154,82 +154,76 @@ class TestIndexing:
 
 
 class TestConcurrency:
-    """Up to ``workers`` pipelines run batches side by side; results never depend on which."""
+    """Concurrent calls share one pipeline, ``PIPELINE_DEPTH`` batches at once; results never
+    depend on what ran beside them."""
 
-    def test_a_busy_pipeline_makes_another_call_build_a_second_one(self, source, epoch0):
-        two = make_sequence(source, workers=2, prefetch=False)
-        held = two._pool.acquire()  # as a call in progress would hold it
-        assert two._pool.count == 1
-        assert_batches_equal(two[2], epoch0[2])
-        assert two._pool.count == 2
-        two._pool.release(held)
+    def test_calls_from_threads_share_one_pipeline(self, source, epoch0):
+        four = make_sequence(source, workers=4, prefetch=False)
+        pipe = four._queue.pipe
         with ThreadPoolExecutor(4) as pool:
-            batches = list(pool.map(two.__getitem__, [1, 0, 2, 1, 2, 0]))
-        for i, batch in zip([1, 0, 2, 1, 2, 0], batches):
+            batches = list(pool.map(four.__getitem__, [1, 0, 2, 1, 2, 0, 0, 2]))
+        for i, batch in zip([1, 0, 2, 1, 2, 0, 0, 2], batches):
             assert_batches_equal(batch, epoch0[i])
-        assert two._pool.count == 2  # never more than workers
+        assert four._queue.pipe is pipe and not four._queue.inflight and not four._queue.waiting
 
-    def test_with_one_worker_a_call_waits_for_the_pipeline(self, seq, epoch0):
-        assert seq.workers == 1 or DEVICE != "cpu"
+    def test_waiting_batches_run_depth_at_once_in_the_order_they_came(self, source, epoch0):
+        from detaug.keras.pool import PIPELINE_DEPTH
+
+        seq = make_sequence(source, workers=3, prefetch=False)
+        queue = seq._queue
+        tickets = [queue.submit(seq._plan(i, 0)) for i in (2, 0, 1)]
+        queue.feed_waiting()  # as a prefetch does: fed now, nobody collects yet
+        assert list(queue.inflight) == tickets[:PIPELINE_DEPTH] and list(queue.waiting) == tickets[PIPELINE_DEPTH:]
+        np.testing.assert_array_equal(queue.result(tickets[2]), epoch0[1][0])  # collects the older ones on the way
+        assert all(t.done for t in tickets) and not queue.inflight
+        for i, ticket in zip((2, 0), tickets):
+            np.testing.assert_array_equal(queue.result(ticket), epoch0[i][0])
+
+    def test_a_prefetch_nobody_asks_for_next_is_dropped(self, source, epoch0):
+        one = make_sequence(source, workers=1)
+        one[0], one[1]  # sequential: batch 2 is prefetched
+        assert list(one._queue.prefetched) == [(0, 2)]
+        assert_batches_equal(one[0], epoch0[0])  # not batch 2: the prefetch is dropped
+        assert (one.prefetch_wasted, one._queue.prefetched) == (1, {})
+        assert not one._queue.waiting and not any(t.wanted for t in one._queue.inflight)
+
+    def test_two_prefetches_of_one_batch_keep_one(self, source, epoch0):
+        """Two readers walking the same batches (Keras' adapters peek at the first batches with
+        one iterator, then train with another) both prefetch batch 2: one is kept, the other
+        dropped (never fed, or its images not copied)."""
+        two = make_sequence(source, workers=2)
+        two.set_epoch(0)
+        two._prefetch_next(2, 0)
+        two._prefetch_next(2, 0)
+        assert list(two._queue.prefetched) == [(0, 2)] and two.prefetch_wasted == 1
+        assert_batches_equal(two[2], epoch0[2])
+        assert two.prefetch_hits == 1 and not two._queue.waiting
+        assert not any(t.wanted for t in two._queue.inflight)  # at most the filler of the fresh pipeline's first run
+
+    def test_a_call_waits_while_another_drives_the_pipeline(self, seq, epoch0):
         seq.set_epoch(0)
-        # hold every pipeline: the idle ones, and those still allowed to be built
-        held = [seq._pool.acquire() for _ in range(len(seq._pool.idle) + seq.workers - seq._pool.count)]
+        with seq._lock:
+            seq._queue._driving = True  # as a call collecting a batch would
         try:
             with ThreadPoolExecutor(1) as pool:
                 waiting = pool.submit(seq.__getitem__, 1)
                 time.sleep(0.5)
-                assert not waiting.done()  # no pipeline free, none may be built
-                seq._pool.release(held.pop())
+                assert not waiting.done()
+                with seq._lock:
+                    seq._queue._driving = False
+                    seq._lock.notify_all()
                 assert_batches_equal(waiting.result(timeout=60), epoch0[1])
         finally:
-            for pipe in held:
-                seq._pool.release(pipe)
+            with seq._lock:
+                seq._queue._driving = False
+                seq._lock.notify_all()
 
-    def test_a_prefetch_nobody_asks_for_gives_its_pipeline_to_the_next_call(self, source, epoch0):
-        one = make_sequence(source, workers=1)
-        one[0], one[1]  # sequential: batch 2 is prefetched
-        assert list(one._pool.prefetched) == [(0, 2)] and one._pool.count == 1
-        assert_batches_equal(one[0], epoch0[0])  # takes the prefetching pipeline over
-        assert (one.prefetch_wasted, one._pool.count, one._pool.prefetched) == (1, 1, {})
-
-    def test_two_prefetches_of_one_batch_keep_both_pipelines(self, source, epoch0):
-        """Two readers walking the same batches (Keras' adapters peek at the first batches with
-        one iterator, then train with another) both prefetch batch 2: the second pipeline goes
-        back to the idle ones instead of replacing the first, which was then lost for good and
-        left the next calls waiting forever."""
-        two = make_sequence(source, workers=2)
-        two.set_epoch(0)
-        first, second = two._pool.acquire(), two._pool.acquire()
-        assert two._prefetch_next(first, 2, 0) and two._prefetch_next(second, 2, 0)
-        assert list(two._pool.prefetched) == [(0, 2)] and two._pool.prefetched[(0, 2)][0] is first
-        assert len(two._pool.idle) == 1 and two._pool.idle[0] is second and two._pool.count == 2
-        assert_batches_equal(two[2], epoch0[2])
-        with ThreadPoolExecutor(1) as pool:  # both pipelines free again: two calls at once do not wait
-            both = pool.submit(lambda: [two._pool.acquire(), two._pool.acquire()]).result(timeout=60)
-        for pipe in both:
-            two._pool.release(pipe)
-
-    def test_a_waiting_call_takes_over_a_pipeline_handed_to_a_prefetch(self, source, epoch0):
-        """A call waiting for the only pipeline wakes when its holder hands it to a prefetch
-        nobody asked for, and takes it over (it slept on before: waiting calls then piled up)."""
-        one = make_sequence(source, workers=1)
-        one.set_epoch(0)
-        pipe = one._pool.acquire()  # the only pipeline, busy
-        with ThreadPoolExecutor(1) as pool:
-            call = pool.submit(lambda: one[0])
-            deadline = time.monotonic() + 30
-            while not one._lock._waiters and time.monotonic() < deadline:  # the call waits in acquire
-                time.sleep(0.01)
-            assert one._lock._waiters and not call.done()
-            assert one._prefetch_next(pipe, 2, 0)
-            try:
-                batch = call.result(timeout=30)
-            finally:  # on failure, wake the call so that the test ends
-                with one._lock:
-                    one._lock.notify_all()
-        assert_batches_equal(batch, epoch0[0])
-        # batch 2's prefetch was dropped; the call then prefetched batch 1 (sequential from 0)
-        assert (one.prefetch_wasted, one._pool.count, list(one._pool.prefetched)) == (1, 1, [(0, 1)])
+    def test_max_queue_size_defaults_to_workers(self, source):
+        assert make_sequence(source, workers=3).max_queue_size == 3
+        assert make_sequence(source, workers=3, max_queue_size=7).max_queue_size == 7
+        for bad in (0, 1.5, True):
+            with pytest.raises(ValueError, match="max_queue_size must be an integer >= 1 or None"):
+                make_sequence(source, max_queue_size=bad)
 
     def test_workers_must_be_a_positive_integer(self, source):
         for bad in (0, -1, 1.5, True):
@@ -335,12 +329,11 @@ class TestPrefetch:
         seq.set_epoch(0)
         hits, wasted = seq.prefetch_hits, seq.prefetch_wasted
         assert_batches_equal(seq[0], epoch0[0])  # looks sequential: batch 1 is prefetched ...
-        assert_batches_equal(seq[2], epoch0[2])  # ... and dropped when its pipeline is the only one
+        assert_batches_equal(seq[2], epoch0[2])  # ... and dropped: another batch is asked for next
         assert_batches_equal(seq[1], epoch0[1])
-        one = seq.workers == 1  # else batch 2 runs in a second pipeline and batch 1 is still there
-        assert (seq.prefetch_hits - hits, seq.prefetch_wasted - wasted) == ((0, 1) if one else (1, 0))
+        assert (seq.prefetch_hits - hits, seq.prefetch_wasted - wasted) == (0, 1)
         seq.on_epoch_end()  # nothing pending: nothing wasted
-        assert seq.prefetch_wasted - wasted == (1 if one else 0)
+        assert seq.prefetch_wasted - wasted == 1
         seq.set_epoch(0)
 
 
@@ -710,15 +703,15 @@ def test_images_on_device_needs_a_gpu(source):
     assert not DetectionSequence(source, recipe(), batch_size=2, device="cpu", num_threads=1).images_on_device
 
 
-def test_each_pipeline_gets_its_share_of_the_cpus_the_planning_workers_leave(source, monkeypatch):
+def test_the_pipeline_gets_the_cpus_the_planning_workers_leave(source, monkeypatch):
     from detaug import decoding
 
     monkeypatch.setattr(decoding, "available_cpus", lambda: 12)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     seq = DetectionSequence(source, recipe(), batch_size=2, device="cpu", workers=3, plan_workers=3)
-    assert seq.num_threads == 3  # (12 - 3) // 3
+    assert seq.num_threads == 9  # 12 - 3, whatever Keras' workers: they share one pipeline
     assert seq[0][0].shape[0] == 2
-    assert DetectionSequence(source, recipe(), batch_size=2, device="cpu").num_threads == 12  # no workers, 1 pipeline
+    assert DetectionSequence(source, recipe(), batch_size=2, device="cpu").num_threads == 12  # no workers
     assert DetectionSequence(source, recipe(), batch_size=2, device="cpu", num_threads=5).num_threads == 5
     seq.close()
 
@@ -734,7 +727,11 @@ def test_images_on_device_equal_the_host_arrays(source):
         (a, a_targets), (b, b_targets) = on_host[i], on_device[i]
         assert isinstance(b, torch.Tensor) and b.is_cuda and b.dtype == torch.float32
         np.testing.assert_array_equal(a, b.cpu().numpy())
-        np.testing.assert_array_equal(a_targets["boxes"], b_targets["boxes"])
+        assert set(b_targets) == set(a_targets)
+        for name, want in a_targets.items():  # the targets go with the images, same dtypes
+            got = b_targets[name]
+            assert isinstance(got, torch.Tensor) and got.is_cuda and str(got.dtype) == f"torch.{want.dtype}"
+            np.testing.assert_array_equal(want, got.cpu().numpy())
 
 
 def test_copy_streams_are_as_many_as_concurrent_calls_across_epochs_of_new_threads():
