@@ -414,14 +414,16 @@ class VariantResult:
 @dataclass(frozen=True)
 class Check:
     """A target: ``numerator / denominator >= target`` in img/s (img/s per core with ``per_core``),
-    the two rows of the recipes ``recipes`` (numerator's, denominator's) at one batch size."""
+    the two rows of the recipes ``recipes`` (numerator's, denominator's) at one batch size; with
+    ``memory_mib``, the numerator row's peak GPU memory above its start ``<= target`` MiB."""
 
     name: str
     numerator: str
-    denominator: str  # a variant name, or "cpu-peer" for the best CPU peer of the numerator's recipe
+    denominator: str  # a variant name, "cpu-peer" for the best CPU peer of the numerator's recipe; "" with memory_mib
     target: float
     per_core: bool = False
     recipes: tuple[str, str] = ("default", "default")
+    memory_mib: bool = False  # instead: the numerator row's peak GPU memory (MiB) <= target
 
 
 #: The targets of a GPU run (issue 16); a CPU run prints them as well, for what they are worth.
@@ -434,6 +436,7 @@ CHECKS: tuple[Check, ...] = (
     Check("detaug (sample list) / best CPU peer", "detaug-list", "cpu-peer", 25.0),
     Check("detaug (COCO reader) / torchvision v2 on the GPU", "detaug", "torchvision-gpu", 100.0),
     Check("detaug on the CPU / albumentations, per core", "detaug-cpu", "albumentations", 1.0, per_core=True),
+    Check("Sequence in fit: peak GPU memory, MiB (no model)", "sequence", "", 4096.0, memory_mib=True),
 )
 #: The targets of the YOLO-style recipe (issue 11), evaluated when ``--recipes`` has ``yolo``.
 YOLO_CHECKS: tuple[Check, ...] = (
@@ -452,10 +455,12 @@ YOLO_BATCH_CHECKS: tuple[Check, ...] = (
 )
 
 
-def checks_for(recipes: Sequence[str]) -> tuple[Check, ...]:
-    """The checks of a run of ``recipes``: :data:`CHECKS` with the default recipe,
-    :data:`YOLO_CHECKS` with the YOLO one, :data:`YOLO_BATCH_CHECKS` with ``yolo-batch``."""
-    return (*(CHECKS if "default" in recipes else ()), *(YOLO_CHECKS if "yolo" in recipes else ()),
+def checks_for(recipes: Sequence[str], device: str = "gpu") -> tuple[Check, ...]:
+    """The checks of a run of ``recipes`` on ``device``: :data:`CHECKS` with the default recipe
+    (less the GPU memory check in a CPU run), :data:`YOLO_CHECKS` with the YOLO one,
+    :data:`YOLO_BATCH_CHECKS` with ``yolo-batch``."""
+    default = tuple(c for c in CHECKS if device == "gpu" or not c.memory_mib)
+    return (*(default if "default" in recipes else ()), *(YOLO_CHECKS if "yolo" in recipes else ()),
             *(YOLO_BATCH_CHECKS if "yolo-batch" in recipes else ()))
 
 
@@ -468,14 +473,18 @@ class CheckResult:
 
     @property
     def passed(self) -> bool | None:
-        return None if self.value is None else self.value >= self.check.target
+        if self.value is None:
+            return None
+        return self.value <= self.check.target if self.check.memory_mib else self.value >= self.check.target
 
     def line(self) -> str:
         c = self.check
+        bound = f"target {'<=' if c.memory_mib else '>='} {c.target:g}"
         if self.value is None:
-            return f"{c.name}: n/a ({self.reason}) (target >= {c.target:g})"
+            return f"{c.name}: n/a ({self.reason}) ({bound})"
         verdict = "PASS" if self.passed else "FAIL"
-        return f"{c.name} = {self.value:.2f} (target >= {c.target:g}): {verdict}"
+        return f"{c.name} = {self.value:,.0f} ({bound}): {verdict}" if c.memory_mib else \
+            f"{c.name} = {self.value:.2f} ({bound}): {verdict}"
 
     def to_dict(self) -> dict:
         return {
@@ -486,6 +495,7 @@ class CheckResult:
             "numerator_recipe": self.check.recipes[0],
             "denominator_recipe": self.check.recipes[1],
             "per_core": self.check.per_core,
+            "memory_mib": self.check.memory_mib,
             "value": self.value,
             "target": self.check.target,
             "passed": self.passed,
@@ -941,7 +951,7 @@ def run_bench(
                 recipes=recipes,
                 sizes={name: recipe_sizes[name] for name in recipes},
             )
-            report.checks = [_evaluate(c, report) for c in checks_for(recipes)]
+            report.checks = [_evaluate(c, report) for c in checks_for(recipes, device)]
             reports.append(report)
         main_report = reports[0]
         main_report.more_runs = reports[1:]
@@ -1231,6 +1241,10 @@ def _evaluate(check: Check, report: BenchReport) -> CheckResult:
     top = report.result(check.numerator, top_recipe)
     if top is None or top.measurement is None:
         return CheckResult(check, None, _why_missing(check.numerator, top, top_recipe), batch)
+    if check.memory_mib:
+        if top.measurement.gpu_peak_mib is None:
+            return CheckResult(check, None, "no GPU memory figure (a CPU run)", batch)
+        return CheckResult(check, top.measurement.gpu_peak_mib, batch_size=batch)
     if check.denominator == "cpu-peer":
         bottom = _best_cpu_peer(report.results, peer_recipe(top_recipe))
         if bottom is None:

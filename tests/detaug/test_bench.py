@@ -307,7 +307,7 @@ def test_run_bench_raw_dali_report(dataset, tmp_path):
     text = report.format()
     assert "raw DALI" in text and "img/s" in text and "CPUs:" in text
     lines = [c.line() for c in report.checks]
-    assert len(lines) == len(CHECKS)
+    assert len(lines) == len([c for c in CHECKS if not c.memory_mib])  # GPU memory: in a GPU run only
     assert lines[0].startswith("detaug (COCO reader) / decode limit: n/a (detaug not run)")
     json.dumps(report.to_dict())  # serialisable
 
@@ -551,6 +551,22 @@ def test_per_core_check_and_ratios_of_a_made_up_run():
     assert result.value == pytest.approx((120 / 2) / (100 / 4)) and result.passed
 
 
+def test_the_sequence_memory_check_passes_at_4_gib_and_needs_a_gpu_figure():
+    """Issue 16: the Sequence in fit holds at most 4 GB of GPU memory: its row's peak above the
+    start, in MiB; a CPU row has no figure and is n/a, not a pass."""
+    check = next(c for c in CHECKS if c.memory_mib)
+
+    def report(peak):
+        m = Measurement(images=64, batches=1, seconds=1.0, warmup_seconds=0.0, gpu_peak_mib=peak)
+        row = runner.VariantResult(_variant("sequence"), "ok", measurement=m, batch_size=64)
+        return runner.BenchReport(BenchSettings(device="gpu", batch_size=64, workers=4, threads=2), None, {}, [row])
+
+    results = [runner._evaluate(check, report(peak)) for peak in (2356.0, 4096.0, 7730.0, None)]
+    assert [(r.value, r.passed) for r in results] == [(2356.0, True), (4096.0, True), (7730.0, False), (None, None)]
+    assert results[2].line().endswith("= 7,730 (target <= 4096): FAIL") and "no GPU memory figure" in results[3].line()
+    assert results[0].to_dict()["memory_mib"] is True
+
+
 def test_startup_is_routed(capsys):
     """``detaug bench --startup ...`` is the start-up benchmark's command line (its own options)."""
     with pytest.raises(SystemExit) as stop:
@@ -623,7 +639,7 @@ def test_yolo_recipe_beside_the_default_one(voc_folder, tmp_path, capsys):
         assert f"albumentations missing: {PEERS_PIP}" in printed
         assert rows["yolo", "detaug"]["vs_best_cpu_peer"] is None  # the default recipe's peers do not count
     checks = {c["name"]: c for c in results["checks"]}
-    assert len(checks) == len(CHECKS) + len(runner.YOLO_CHECKS)
+    assert len(checks) == len([c for c in CHECKS if not c.memory_mib]) + len(runner.YOLO_CHECKS)
     versus_default = checks["YOLO recipe / default recipe, detaug (COCO reader)"]
     assert (versus_default["numerator_recipe"], versus_default["denominator_recipe"], versus_default["target"]) == (
         "yolo", "default", 0.5)

@@ -302,7 +302,7 @@ def _fake_report(device: str, missing: tuple[str, ...] = ()) -> runner.BenchRepo
         num_boxes=16, max_boxes=3, min_size=(600, 420), max_size=(600, 420), total_bytes=8000, generated=True)
     env = {"gpu": "none" if device == "cpu" else "NVIDIA H100", "cpus": "2", "versions": {"python": "3"}}
     report = runner.BenchReport(BenchSettings(device=device, workers=1, threads=2), dataset, env, results)
-    report.checks = [runner._evaluate(c, report) for c in runner.CHECKS]
+    report.checks = [runner._evaluate(c, report) for c in runner.checks_for(("default",), device)]
     return report
 
 
