@@ -99,7 +99,10 @@ class PipelineQueue:
         self._fresh = True  # the pipeline's first schedule_run runs ``depth`` batches (DALI's prefetch)
         self._stale = False  # a run failed or a feed broke off: build anew, feed the batches in flight again
         self._driving = False  # a thread is feeding or collecting
-        self._streams = CopyStreams(lambda: _cuda_stream(device_id))  # for the copies, reused across epochs
+        # CUDA streams, reused across epochs: the images' copies (one driver at a time: one stream, so
+        # the blocks PyTorch caches for them serve every batch), and the calling threads' target copies
+        self._streams = CopyStreams(lambda: _cuda_stream(device_id))
+        self._target_streams = CopyStreams(lambda: _cuda_stream(device_id))
 
     # -- calls ----------------------------------------------------------------------------------------
 
@@ -313,7 +316,7 @@ class PipelineQueue:
         import torch
 
         device = torch.device("cuda", self.device_id)
-        with self._streams.use() as stream:
+        with self._target_streams.use() as stream:
             with torch.cuda.stream(stream):
                 out = {name: torch.from_numpy(a).to(device, non_blocking=True) for name, a in arrays.items()}
             stream.synchronize()  # complete when returned (and the host arrays free to go)
