@@ -358,7 +358,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
 
     def __getitem__(self, index: int) -> tuple[Any, dict[str, np.ndarray]]:
         """Batch ``index`` of the current epoch (negative indexes count from the end); safe to
-        call from several threads at once (up to ``workers`` batches then run side by side)."""
+        call from several threads at once (their batches share the pipeline, two at a time)."""
         return self.batch(index)
 
     def batch(self, index: int, epoch: int | None = None) -> tuple[Any, dict[str, np.ndarray]]:
