@@ -145,6 +145,7 @@ class _Packed:
             split = {name: [a[i:j] for i, j in spans] for name, a in self.joined.items()}
             planned.boxes, planned.labels = split.pop("boxes"), split.pop("labels")
             planned.fields = [dict(zip(split, values)) for values in zip(*split.values())] if split else planned.fields
+            planned.joined = (list(self.counts), self.joined)  # the loader's targets take these as they are
         return planned
 
 

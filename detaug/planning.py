@@ -54,7 +54,7 @@ from detaug.transforms.compose import Partners
 
 __all__ = [
     "FIELD_CHOICES", "ON_ERROR", "EpochSpec", "PlannedBatch", "BatchPlanner", "DecodedShapes", "DecodeFailure",
-    "field_outputs", "select_fields", "undecodable", "init_plan_worker", "plan_job", "source_groups",
+    "batch_columns", "field_outputs", "select_fields", "undecodable", "init_plan_worker", "plan_job", "source_groups",
 ]
 
 #: What an unreadable or undecodable image does: ``"skip"`` (replaced, named, counted) or ``"raise"``.
@@ -154,6 +154,10 @@ class PlannedBatch:
         skipped: ``{"image_id", "file", "reason"}`` of each image replaced in this batch.
         repaired: ``{"image_id", "file", "reason", "count"}`` of boxes clipped to (or dropped
             outside) an image whose size the annotation did not declare (found when read).
+        joined: ``(counts, {"boxes", "labels", field names: arrays})``: the same ``boxes``,
+            ``labels`` and ``fields`` joined over the batch (``counts[i]``: sample ``i``'s
+            boxes), where the plan came from a worker that joined them for the trip
+            (:mod:`detaug.plan_ahead`); else ``None``. See :func:`batch_columns`.
     """
 
     epoch: int
@@ -169,6 +173,7 @@ class PlannedBatch:
     partners: list[list[np.ndarray] | None] | None = field(default_factory=list)
     partner_positions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
     fields: list[dict[str, np.ndarray]] = field(default_factory=list)
+    joined: tuple[list[int], dict[str, np.ndarray]] | None = None
 
     def new_findings(self, warned: set[tuple[str, str]]) -> list[str]:
         """Warning texts for this batch's skipped images and repaired boxes not warned of
@@ -181,6 +186,24 @@ class PlannedBatch:
                 verb = "skipped" if "count" not in found else f"{found['count']} box(es) of"
                 messages.append(f"{verb} {found['file']} (image_id {found['image_id']}): {found['reason']}")
         return messages
+
+
+def batch_columns(planned: PlannedBatch) -> tuple[list[int], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """A batch's targets as columns over all its boxes: ``(counts, boxes, labels, fields)``:
+    ``counts[i]`` sample ``i``'s boxes, ``boxes`` float32 ``[N, 4]``, ``labels`` ``[N]``, each
+    field ``[N, ...]``, in sample order. Taken as they are from :attr:`PlannedBatch.joined`
+    where a worker joined them (no per-sample arrays to join again), else joined here."""
+    names = list(planned.fields[0]) if planned.fields else []
+    if planned.joined is not None:
+        counts, arrays = planned.joined
+        boxes, labels = arrays["boxes"], arrays["labels"]
+        fields = {name: arrays[name] for name in names}
+    else:
+        counts = [len(lab) for lab in planned.labels]
+        boxes = np.concatenate([np.asarray(b, dtype=np.float32).reshape(-1, 4) for b in planned.boxes])
+        labels = np.concatenate(planned.labels)
+        fields = {name: np.concatenate([np.asarray(f[name]) for f in planned.fields]) for name in names}
+    return list(counts), boxes.astype(np.float32, copy=False).reshape(-1, 4), labels.reshape(-1), fields
 
 
 def source_groups(source: Any) -> tuple[int, ...] | None:

@@ -15,7 +15,7 @@ from detaug.errors import DataWarning, ImageError
 from detaug.labels import LabelMap
 from detaug.plan_ahead import PlanPool
 from detaug.pipeline import build_pipeline, feed, feed_inputs, pick_device, resolve_device
-from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, source_groups, undecodable
+from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, batch_columns, source_groups, undecodable
 from detaug.epochs import check_shard
 from detaug.transforms import Compose
 
@@ -416,14 +416,13 @@ class DetectionLoader:
             batch = torch.stack(batch) if self._stacked else list(batch)
         # The whole batch at once (category ids -> class indices too): one tensor per kind, split
         # into per-sample views.
-        counts = [len(lab) for lab in planned.labels]
-        labels = torch.from_numpy(self.label_mapping.map(np.concatenate(planned.labels).reshape(-1))).split(counts)
-        boxes = torch.from_numpy(np.concatenate([np.asarray(b, dtype=np.float32).reshape(-1, 4) for b in planned.boxes])).split(counts)
+        counts, boxes, labels, fields = batch_columns(planned)
+        labels = torch.from_numpy(self.label_mapping.map(labels)).split(counts)
+        boxes = torch.from_numpy(boxes).split(counts)
         targets = [{"boxes": b, "labels": lab, "image_id": int(i)} for b, lab, i in zip(boxes, labels, planned.image_ids)]
-        if self.fields and planned.fields:
-            for name in planned.fields[0]:
-                values = torch.from_numpy(np.concatenate([np.asarray(f[name]) for f in planned.fields])).split(counts)
-                for target, value in zip(targets, values):
+        if self.fields:
+            for name, column in fields.items():
+                for target, value in zip(targets, torch.from_numpy(column).split(counts)):
                     target[name] = value
         if self.targets == "tv_tensors":
             batch, targets = _as_tv_tensors(batch, targets)

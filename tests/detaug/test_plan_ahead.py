@@ -13,7 +13,7 @@ import pytest
 
 import detaug.transforms as T
 from detaug.plan_ahead import PlanPool, _pack_boxes, _Packed, plan_job_shared
-from detaug.planning import BatchPlanner, EpochSpec, init_plan_worker, planner_payload
+from detaug.planning import BatchPlanner, EpochSpec, batch_columns, init_plan_worker, planner_payload
 from detaug.shared_arrays import SHM_DIR, file_prefix
 from detaug.sources import SampleListSource
 from tests.detaug.consistency import scene_samples
@@ -115,6 +115,16 @@ def test_box_arrays_travel_joined_and_come_back_as_they_were(source):
     got = packed.unpack()
     _same_box_arrays(got, want)
     _same_images(got.data, want.data)
+    # The joined columns come along, and give the loader's targets what joining the per-sample
+    # arrays gives (batch_columns reads them as they are; the local plan has none).
+    assert got.joined is not None and want.joined is None
+    for a, b in zip(batch_columns(got), batch_columns(want)):
+        if isinstance(a, dict):
+            assert a.keys() == b.keys() == {"track", "point"}
+            for name in a:
+                assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name])
+        else:
+            assert np.asarray(a).dtype == np.asarray(b).dtype and np.array_equal(a, b)
 
     mixed = copy.deepcopy(want)
     mixed.fields[0]["track"] = mixed.fields[0]["track"].astype(np.int32)

@@ -165,16 +165,21 @@ def test_missing_files_are_named(tmp_path):
 
 
 def test_parallel_workers_give_the_same_batches(samples):
-    """Planning in worker processes changes nothing but speed."""
+    """Planning in worker processes changes nothing but speed: the same images and targets, every
+    key and dtype (a worker's plan reaches the targets through its joined columns,
+    ``PlannedBatch.joined``; one planned here through its per-sample arrays)."""
     recipe = T.Compose([T.RandomIoUCrop(), T.RandomHorizontalFlip(), T.Resize((48, 64))])
     source = SampleListSource(samples)
-    inline = list(DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=9, num_workers=0))
-    parallel = list(DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=9, num_workers=2))
+    common = dict(device="cpu", shuffle=True, seed=9, fields=["area"], label_map="contiguous")
+    inline = list(DetectionLoader(source, recipe, 4, num_workers=0, **common))
+    parallel = list(DetectionLoader(source, recipe, 4, num_workers=2, **common))
     assert len(inline) == len(parallel) == 3
     for (a_images, a_targets), (b_images, b_targets) in zip(inline, parallel):
         assert torch.equal(a_images, b_images)
         for a, b in zip(a_targets, b_targets):
-            assert a["image_id"] == b["image_id"] and torch.equal(a["boxes"], b["boxes"])
+            assert a.keys() == b.keys() == {"boxes", "labels", "image_id", "area"} and a["image_id"] == b["image_id"]
+            for key in ("boxes", "labels", "area"):
+                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
 
 
 def _batches(loader, count=None):
