@@ -74,6 +74,7 @@ from detaug.planning import (
     DecodeFailure,
     EpochSpec,
     PlannedBatch,
+    batch_columns,
     field_outputs,
     source_groups,
     undecodable,
@@ -565,8 +566,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         if over:
             self._overflow(i, epoch, planned.image_ids, over, planned.boxes)
         height, width = images.shape[1:3]
-        return pad_targets(planned.boxes, planned.labels, self.max_boxes, self.bounding_box_format, (height, width),
-                           self.label_mapping, planned.fields, self._field_outputs)
+        return pad_targets(batch_columns(planned), self.max_boxes, self.bounding_box_format, (height, width),
+                           self.label_mapping, self._field_outputs)
 
     def _overflow(self, i: int, epoch: int, image_ids: np.ndarray, over: list[int], boxes: list[np.ndarray]) -> None:
         detail = ", ".join(

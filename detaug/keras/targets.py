@@ -87,27 +87,26 @@ def overflowing(boxes: list[np.ndarray], max_boxes: int) -> list[int]:
 
 
 def pad_targets(
-    boxes: list[np.ndarray],
-    labels: list[np.ndarray],
+    columns: tuple[list[int], np.ndarray, np.ndarray, dict[str, np.ndarray]],
     max_boxes: int,
     bounding_box_format: str,
     canvas_size: tuple[int, int],
     label_mapping: Any,
-    fields: list[dict[str, np.ndarray]] | None = None,
     specs: dict[str, Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """A batch's targets as Keras takes them: whole-batch array operations, none per sample.
 
     Args:
-        boxes: per sample float32 ``[N_k, 4]`` absolute xyxy boxes on the output image.
-        labels: per sample int64 ``[N_k]`` category ids.
+        columns: the batch's boxes as columns, :func:`detaug.planning.batch_columns`:
+            ``(counts, boxes, labels, fields)``, ``counts[k]`` sample ``k``'s boxes, ``boxes``
+            float32 ``[N, 4]`` absolute xyxy on the output image, ``labels`` int64 ``[N]``
+            category ids, ``fields`` ``{name: [N, ...]}`` (every field of ``specs``), in
+            sample order.
         max_boxes: rows per sample; a sample's boxes past it are cut (in annotation order: the
             caller applies the overflow policy first, see :func:`overflowing`).
         bounding_box_format: a Keras format (:data:`KERAS_BOX_FORMATS`).
         canvas_size: the output image's ``(height, width)``, for the ``rel_*`` formats.
         label_mapping: a :class:`~detaug.labels.LabelMap`: category ids -> class indices.
-        fields: per sample ``{name: [N_k, ...]}``, the per-box fields of the boxes (each sample
-            has every field of ``specs``).
         specs: ``{name: FieldSpec}`` (:func:`detaug.planning.field_outputs`): the fields to
             pad, in order, with their dtype and trailing shape; ``None``: none.
 
@@ -119,28 +118,25 @@ def pad_targets(
     Raises:
         ValueError: an integer field with a value that does not fit int32 (named).
     """
-    count = len(boxes)
+    counts, boxes, labels, fields = columns
+    count = len(counts)
     specs = specs or {}
     out_boxes = np.full((count, max_boxes, 4), PAD_VALUE, dtype=np.float32)
     out_labels = np.full((count, max_boxes), PAD_VALUE, dtype=np.int32)
     out_fields = {name: np.full((count, max_boxes, *spec.shape), PAD_VALUE, dtype=keras_field_dtype(spec.dtype))
                   for name, spec in specs.items()}
-    counts = np.fromiter(map(len, boxes), dtype=np.int64, count=count)
-    if (counts > max_boxes).any():
-        boxes = [b[:max_boxes] for b in boxes]
-        labels = [lab[:max_boxes] for lab in labels]
-        if specs:
-            fields = [{name: arr[:max_boxes] for name, arr in f.items()} for f in fields]  # type: ignore[union-attr]
-        counts = np.minimum(counts, max_boxes)
-    total = int(counts.sum())
-    if total:
-        rows = np.repeat(np.arange(count), counts)
-        slots = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-        every = np.concatenate(boxes).reshape(-1, 4).astype(np.float32, copy=False)
-        out_boxes[rows, slots] = to_keras_boxes(every, bounding_box_format, canvas_size)
-        out_labels[rows, slots] = label_mapping.map(np.concatenate(labels).reshape(-1))
+    counts = np.asarray(counts, dtype=np.int64)
+    rows = np.repeat(np.arange(count), counts)
+    slots = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    keep = slots < max_boxes  # each sample's first max_boxes boxes
+    if not keep.all():
+        rows, slots, boxes, labels = rows[keep], slots[keep], boxes[keep], labels[keep]
+        fields = {name: values[keep] for name, values in fields.items()}
+    if rows.size:
+        out_boxes[rows, slots] = to_keras_boxes(boxes, bounding_box_format, canvas_size)
+        out_labels[rows, slots] = label_mapping.map(labels)
         for name, out in out_fields.items():
-            values = np.concatenate([f[name] for f in fields])  # type: ignore[union-attr]
+            values = fields[name]
             if out.dtype.kind == "i" and values.size and values.dtype.kind in "iu" and (
                     values.min() < np.iinfo(np.int32).min or values.max() > np.iinfo(np.int32).max):
                 raise ValueError(f"per-box field {name!r} has values beyond int32 ({values.min()}..{values.max()}), "
