@@ -179,10 +179,14 @@ def rank_cpus(ranks_per_host: int | None = None) -> int:
     return max(1, available_cpus() // (local_ranks() if ranks_per_host is None else max(1, ranks_per_host)))
 
 
-def default_planning_workers(ranks_per_host: int | None = None) -> int:
-    """Planning worker processes of a rank that plans in workers (the loaders on a GPU): half
-    its CPUs (:func:`rank_cpus`), at least 1, at most :data:`MAX_THREADS` (8 on a 16-core host,
-    1 on a 2-core machine, 16 on 64 cores); DALI's threads get the rest (:func:`threads_beside`)."""
+def default_planning_workers(ranks_per_host: int | None = None, *, on_gpu: bool = True) -> int:
+    """Planning worker processes of a rank: on a GPU (``on_gpu``), half its CPUs
+    (:func:`rank_cpus`), at least 1, at most :data:`MAX_THREADS` (8 on a 16-core host, 1 on a
+    2-core machine, 16 on 64 cores), DALI's threads getting the rest (:func:`threads_beside`);
+    on the CPU none, since DALI's CPU operators need every core and the batches are planned in
+    the calling process."""
+    if not on_gpu:
+        return 0
     return max(1, min(MAX_THREADS, rank_cpus(ranks_per_host) // 2))
 
 

@@ -181,7 +181,7 @@ class DetectionLoader:
         self.fields = self.planner.fields  # the names each target carries, in order
         self.on_error = on_error
         if num_workers is None:
-            num_workers = 0 if self.device_id is None else default_planning_workers()
+            num_workers = default_planning_workers(on_gpu=self.device_id is not None)
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
             raise ValueError(f"num_workers must be an integer >= 0 or None, got {num_workers!r}")
         self.num_workers = int(num_workers)

@@ -72,8 +72,7 @@ def adapter_cpu_use(variant: str, settings: BenchSettings) -> tuple[int, int]:
     :func:`detaug.decoding.threads_beside`), the threads ``settings.adapter_threads`` where given."""
     from detaug import decoding
 
-    on_gpu = settings.device == "gpu" and variant != "detaug-cpu"
-    workers = decoding.default_planning_workers() if on_gpu else 0
+    workers = decoding.default_planning_workers(on_gpu=settings.device == "gpu" and variant != "detaug-cpu")
     return settings.adapter_threads or decoding.threads_beside(workers), workers
 
 

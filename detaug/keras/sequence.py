@@ -298,7 +298,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self.drop_last = bool(drop_last)
         self.prefetch = bool(prefetch)
         if plan_workers is None:
-            plan_workers = 0 if self.device_id is None else default_planning_workers()
+            plan_workers = default_planning_workers(on_gpu=self.device_id is not None)
         self.plan_workers = int(plan_workers)
         # None: the rank's CPUs the planning workers leave
         self.num_threads = threads_beside(self.plan_workers) if num_threads is None else int(num_threads)

@@ -103,7 +103,7 @@ def test_default_threads_follow_the_affinity_and_local_world_size(monkeypatch):
 def test_planning_workers_get_half_a_ranks_cpus_and_dalis_threads_the_rest(monkeypatch, cpus, ranks, workers, threads):
     monkeypatch.setattr(decoding, "available_cpus", lambda: cpus)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
-    assert default_planning_workers() == workers
+    assert default_planning_workers() == workers and default_planning_workers(on_gpu=False) == 0
     assert threads_beside(workers) == threads
     assert threads_beside(0) == default_num_threads()  # no workers: DALI has the rank's CPUs
     assert threads_beside(3, ranks_per_host=1) == max(1, min(16, cpus - 3))
