@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
@@ -206,6 +207,7 @@ class DetectionLoader:
         self._epoch, self._step = 0, 0  # where the next batch comes from
         self._abandoned = False  # an iteration stopped early: the next one starts the next epoch
         self._current: Iterator[Any] | None = None
+        self._carry: _Carry | None = None  # batches of the next epoch in flight when an epoch ended
 
     @property
     def class_names(self) -> list[str | None]:
@@ -274,27 +276,36 @@ class DetectionLoader:
     def _batches(self, epoch: int, start: int) -> Iterator[tuple[Any, list[Target]]]:
         steps = len(self)
         ahead = self._depth + (2 * self.num_workers if self._pool is not None else 0)
-        pending: deque[tuple[int, Any]] = deque()  # (step, future or None) submitted to the workers
-        inflight: deque[PlannedBatch | None] = deque()  # fed to the pipeline, outputs not taken (None: a filler)
-        next_step = start
-        if self._broken:
-            self.pipeline, self._broken = self._build(), False
+        carry = self._take_carry((epoch, start))
+        if self._broken:  # the pipeline failed while batches nobody wanted were dropped
+            if carry is not None:
+                self._discard(carry.pending, deque())  # its batches in flight went with the pipeline
+            carry, self.pipeline, self._broken = None, self._build(), False
+        # pending: (epoch, step, future or None) submitted to the workers; inflight: fed to the
+        # pipeline, outputs not taken (None: a filler); next_key: the next batch to submit. At the
+        # end of an epoch they run on into the next one (the pipeline does not run dry between
+        # epochs), kept for the next iteration if it starts there (_Carry).
+        pending: deque[tuple[int, int, Any]] = carry.pending if carry else deque()
+        inflight: deque[PlannedBatch | None] = carry.inflight if carry else deque()
+        next_key: tuple[int, int] | None = carry.next_key if carry else ((epoch, start) if steps else None)
 
         def top_up() -> None:
             """Submit plans up to ``ahead`` and feed the pipeline up to its depth."""
-            nonlocal next_step
-            while next_step < steps and len(pending) + len(inflight) < ahead:
-                future = self._pool.submit(epoch, next_step, dict(self._bad)) if self._pool is not None else None
-                pending.append((next_step, future))
-                next_step += 1
+            nonlocal next_key
+            while next_key is not None and len(pending) + len(inflight) < ahead:
+                e, s = next_key
+                future = self._pool.submit(e, s, dict(self._bad)) if self._pool is not None else None
+                pending.append((e, s, future))
+                next_key = (e, s + 1) if s + 1 < steps else (e + 1, 0)
             batches = []
             try:
                 while pending and len(inflight) + len(batches) < self._depth:
-                    batches.append(self._result(epoch, *pending[0]))  # left pending if it raises
+                    batches.append(self._result(*pending[0]))  # left pending if it raises
                     pending.popleft()
             finally:
                 self._feed(batches, inflight)
 
+        completed = False
         try:
             for step in range(start, steps):
                 top_up()
@@ -310,15 +321,36 @@ class DetectionLoader:
                 self._step = step + 1
                 yield self._to_torch(images, planned)
             self._epoch, self._step, self._abandoned = epoch + 1, 0, False
+            self._carry = _Carry((epoch + 1, 0), pending, inflight, next_key)
+            completed = True
         except KeyboardInterrupt:  # a Ctrl-C inside a future's wait can leave the pool unusable
             if self._pool is not None:
                 self._pool.close(wait=False)  # the next iteration starts new workers
             raise
         finally:
-            for _, future in pending:
-                if future is not None:
-                    future.cancel()
-            self._drain(len(inflight))
+            if not completed:
+                self._discard(pending, inflight)
+
+    def _take_carry(self, at: tuple[int, int]) -> _Carry | None:
+        """The batches carried over from the last epoch if the iteration starts where they do
+        (``at``: ``(epoch, step)``), else none (those are dropped)."""
+        carry, self._carry = self._carry, None
+        if carry is not None and carry.at != at:
+            self._discard(carry.pending, carry.inflight)
+            carry = None
+        return carry
+
+    def _discard_carry(self) -> None:
+        carry, self._carry = self._carry, None
+        if carry is not None:
+            self._discard(carry.pending, carry.inflight)
+
+    def _discard(self, pending: deque[tuple[int, int, Any]], inflight: deque[PlannedBatch | None]) -> None:
+        """Cancel plans nobody will take and drop the outputs of batches in flight."""
+        for *_, future in pending:
+            if future is not None:
+                future.cancel()
+        self._drain(len(inflight))
 
     def _result(self, epoch: int, step: int, future: Any) -> PlannedBatch:
         """A planned batch: the worker's, or planned here (no pool, or the pool broke)."""
@@ -432,6 +464,9 @@ class DetectionLoader:
         """Stop the planning workers and release the pipeline (and its GPU memory); a later
         iteration starts them again. Also done when the loader is collected."""
         self._close_current()
+        if self.pipeline is not None and not self._broken:
+            self._discard_carry()
+        self._carry = None
         if self._pool is not None:
             self._pool.close()
         self.pipeline, self._broken = None, True
@@ -439,6 +474,18 @@ class DetectionLoader:
     def __repr__(self) -> str:
         return (f"DetectionLoader({self.spec.n} samples, shard {self.shard_id}/{self.num_shards}, "
                 f"batch_size={self.batch_size}, {len(self)} batches, epoch={self._epoch}, step={self._step})")
+
+
+@dataclass
+class _Carry:
+    """What runs on past the end of an epoch: the next batches, submitted to the planning
+    workers (``pending``) and fed to the pipeline (``inflight``), and the next to submit
+    (``next_key``); the next iteration takes them over if it starts at ``at`` ``(epoch, step)``."""
+
+    at: tuple[int, int]
+    pending: deque[tuple[int, int, Any]]
+    inflight: deque[PlannedBatch | None]
+    next_key: tuple[int, int] | None
 
 
 #: ``targets=`` of :class:`DetectionLoader`.

@@ -199,6 +199,31 @@ def _same_batches(a, b):
         assert all(torch.equal(x, y) for x, y in zip(boxes, boxes2))
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_next_epoch_runs_on_in_the_pipeline_and_a_jump_drops_it(samples, num_workers):
+    """When an epoch ends, the next epoch's first batches are planned and fed already (the
+    pipeline does not run dry between epochs): the next iteration yields them, the batches a
+    loader started at that epoch yields; a jump to another epoch drops them."""
+    recipe = T.Compose([T.RandomIoUCrop(), T.RandomHorizontalFlip(), T.Resize((48, 64))])
+    source = SampleListSource(samples)
+
+    def loader_at(epoch, workers=0):
+        loader = DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=5, num_workers=workers)
+        loader.set_epoch(epoch)
+        return loader
+
+    loader = loader_at(0, num_workers)
+    _batches(loader)
+    carry = loader._carry
+    assert carry.at == (1, 0) and [(b.epoch, b.step) for b in carry.inflight] == [(1, 0), (1, 1)]
+    _same_batches(_batches(loader), _batches(loader_at(1)))  # epoch 1, begun at the end of epoch 0
+    assert loader._carry.at == (2, 0)
+    loader.set_epoch(4)
+    _same_batches(_batches(loader), _batches(loader_at(4)))  # epoch 2's batches dropped
+    loader.close()
+    assert loader._carry is None
+
+
 def test_workers_left_early_resumed_and_killed_give_the_inline_batches(samples):
     """Planning workers change nothing but speed: an epoch left early, resumed from its state,
     leaves no plan behind and yields what planning here yields; when a worker dies, the loader
