@@ -1,9 +1,9 @@
-"""The DALI pipeline of one sequence: Keras' worker threads' batches, in turn, ``depth`` at once.
+"""The DALI pipeline of one sequence: its callers' batches, in turn, ``depth`` at once.
 
-Keras calls ``seq[i]`` from ``workers`` threads at once (``fit(shuffle=True)`` asks for the
-batches in a random order, up to ``max_queue_size`` ahead). A :class:`PipelineQueue` runs their
-batches through one DALI pipeline in the order they come, ``depth`` of them at once (DALI's
-``prefetch_queue_depth``), as the PyTorch loader runs its epoch:
+``seq[i]`` is called by Keras' loop (``workers=1``, the default), by Keras' worker threads
+(``workers > 1``, up to ``max_queue_size`` ahead) or by your own threads. A
+:class:`PipelineQueue` runs their batches through one DALI pipeline in the order they come,
+``depth`` of them at once (DALI's ``prefetch_queue_depth``), as the PyTorch loader runs its epoch:
 
 * a call :meth:`~PipelineQueue.submit` s its planned batch (a :class:`Ticket`) and waits for it
   (:meth:`~PipelineQueue.result`);
@@ -13,8 +13,8 @@ batches through one DALI pipeline in the order they come, ``depth`` of them at o
   call whose batch is done returns, the others drive in turn.
 
 So the pipeline holds ``depth`` batches whenever calls wait, and the sequence holds one
-pipeline's GPU memory, not one pipeline per Keras thread. A ticket may also be submitted for a
-call expected next (the sequence's sequential prefetch) and held under its key ``(epoch,
+pipeline's GPU memory, not one pipeline per Keras thread. Tickets may also be submitted for
+calls expected next (the sequence's sequential prefetch), each and held under its key ``(epoch,
 index)`` (:meth:`~PipelineQueue.hold`) until that call :meth:`~PipelineQueue.take` s it; one
 that nobody asks for is dropped (counted in ``wasted``).
 
@@ -38,17 +38,10 @@ import numpy as np
 from detaug.pipeline import feed, feed_inputs
 from detaug.planning import DecodeFailure, PlannedBatch
 
-__all__ = ["PIPELINE_DEPTH", "PipelineQueue", "Ticket", "default_keras_workers"]
+__all__ = ["PIPELINE_DEPTH", "PipelineQueue", "Ticket"]
 
 PIPELINE_DEPTH = 2
 """Batches a sequence's pipeline works on at once (its ``prefetch_queue_depth``), as the loader's default."""
-
-
-def default_keras_workers(device: str) -> int:
-    """Keras' worker threads of a sequence (``workers``) when ``workers=None``: 4 with
-    ``device="gpu"`` (calls waiting together keep the pipeline full in random access), 1 with
-    ``"cpu"`` (DALI's CPU threads already use the cores)."""
-    return 1 if device == "cpu" else 4
 
 
 @dataclass(eq=False)
@@ -165,12 +158,13 @@ class PipelineQueue:
         """The ticket held for ``key``, or ``None``."""
         return self.prefetched.pop(key, None)
 
-    def drop_prefetched(self) -> None:
-        """Drop the prefetched batches (counted in ``wasted``): those not fed yet are not fed,
-        the images of those in flight are not copied."""
-        for ticket in self.prefetched.values():
-            self._drop(ticket)
-        self.prefetched = {}
+    def drop_prefetched(self, keep: int | None = None) -> None:
+        """Drop the prefetched batches (counted in ``wasted``) but those of epoch ``keep``:
+        those not fed yet are not fed, the images of those in flight are not copied."""
+        for key, ticket in self.prefetched.items():
+            if key[0] != keep:
+                self._drop(ticket)
+        self.prefetched = {key: t for key, t in self.prefetched.items() if key[0] == keep}
 
     def close(self) -> None:
         """Drop the prefetched batches and the pipeline (its memory goes when collected); the

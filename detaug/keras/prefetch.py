@@ -96,11 +96,13 @@ class PlanAhead:
     def take(self, i: int, epoch: int) -> PlannedBatch | None:
         """Batch ``i``'s plan in ``epoch`` (its ``data`` ``None`` when the caller reads the
         images), ``None`` when the caller must plan it; raises the error of its job (an image
-        that cannot be read, with ``on_error="raise"``)."""
+        that cannot be read, with ``on_error="raise"``). A plan of the next epoch (the
+        sequence's prefetch across the end of an epoch) is taken without moving to it."""
         if self.disabled:
             return None
-        self.set_epoch(epoch)
-        self.taken.add(i)
+        if self.epoch is None or epoch != self.epoch + 1:
+            self.set_epoch(epoch)
+            self.taken.add(i)
         future = self.plans.pop((epoch, i), None)
         self.with_data.discard((epoch, i))
         self._top_up()

@@ -12,16 +12,21 @@ gives the same samples and the same augmentation; a new epoch gives a new order
 
 Access pattern, concurrency and prefetching (the pipeline: :mod:`detaug.keras.pool`):
 
-1. ``seq[i]`` may be called from several threads at once (Keras' ``workers > 1``, which
-   ``fit(shuffle=True)`` drives in a random batch order, up to ``max_queue_size`` ahead): the
-   sequence runs their batches through one DALI pipeline in the order they come, two at once
-   (``detaug.keras.pool.PIPELINE_DEPTH``), so random access keeps the GPU as busy as an iterator
-   does, in one pipeline's memory (batch ``i``'s result does not depend on what ran beside it);
-2. ``seq[i]`` right after ``seq[i - 1]`` (or ``seq[0]`` first in an epoch), with no other call in
-   progress, is *sequential*: once batch ``i`` is out of the pipeline, batch ``i + 1`` is fed,
-   and DALI prepares it while the caller trains on batch ``i``;
-3. a prefetched batch that is not asked for next is dropped (``prefetch_wasted`` counts them);
-4. ``on_epoch_end()`` drops pending prefetches, moves to the next epoch and draws its order.
+1. ``seq[i]`` right after ``seq[i - 1]`` (or ``seq[0]`` first in an epoch), with no other call in
+   progress, is *sequential*: once batch ``i`` is out of the pipeline, the next
+   ``detaug.keras.pool.PIPELINE_DEPTH`` batches (two) are in it, and DALI prepares them while the
+   caller trains on batch ``i``, as the PyTorch loader does. This is how ``fit(seq,
+   shuffle=False)`` asks with the default ``workers=1`` (the sequence shuffles its samples every
+   epoch itself; docs/keras.md says why Keras' own threads are not the default);
+2. ``seq[i]`` may be called from several threads at once (Keras' ``workers > 1``, or your own):
+   the sequence runs their batches through one DALI pipeline in the order they come, two at
+   once, in one pipeline's memory (batch ``i``'s result does not depend on what ran beside it);
+3. a prefetched batch that is not asked for next is dropped (``prefetch_wasted`` counts them):
+   in a random order (``fit(seq)``, which shuffles the batch order), with one caller, each batch
+   runs alone;
+4. the last batches of an epoch prefetch the first of the next one, so that the pipeline does
+   not run dry between epochs; ``on_epoch_end()`` moves to the next epoch (and keeps them),
+   ``set_epoch(e)`` to another epoch drops them.
 
 Planning ahead (:mod:`detaug.keras.prefetch`): the samples and seeds of every batch of an epoch
 (and of the next one) are known in advance, so with ``plan_workers > 0`` the host-side work
@@ -57,7 +62,7 @@ from detaug.decoding import default_planning_workers, threads_beside
 from detaug.epochs import check_shard
 from detaug.errors import DataWarning
 from detaug.keras.flavor import keras_backend, keras_base, keras_module
-from detaug.keras.pool import DLPACK_BACKENDS, PIPELINE_DEPTH, PipelineQueue, default_keras_workers
+from detaug.keras.pool import DLPACK_BACKENDS, PIPELINE_DEPTH, PipelineQueue
 from detaug.keras.prefetch import PlanAhead
 from detaug.keras.targets import (
     OVERFLOW_POLICIES,
@@ -129,7 +134,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             8 planning workers on 16 cores).
         shard_id, num_shards: serve one shard of every epoch (the rules of
             :mod:`detaug.epochs`, as the PyTorch loader's: equal shards, padded).
-        prefetch: prepare batch ``i + 1`` while batch ``i`` is used, when access is sequential.
+        prefetch: prepare batches ``i + 1`` and ``i + 2`` (``PIPELINE_DEPTH``) while batch ``i``
+            is used, when access is sequential.
         plan_workers: processes that plan the batches of the current and the next epoch ahead of
             the ``seq[i]`` calls (read the image headers, run ``Compose.plan_batch``); ``None``: 0 with
             ``device="cpu"`` (DALI needs the cores), else half the CPUs of this rank, 1 to 16
@@ -145,11 +151,12 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             in its main thread, behind the model's work). ``None``: on with ``device="gpu"`` when
             Keras runs on torch, TensorFlow or JAX (each would otherwise copy each NumPy batch back
             to the GPU itself, ~100 ms for 64 float images of 512x512), else off.
-        workers: Keras' ``PyDataset`` argument: the threads that call ``seq[i]`` (Keras' ordered
-            enqueuer); their batches share the sequence's one pipeline, in turn. ``None``: 4
-            with ``device="gpu"`` (calls waiting together keep the pipeline full in the random
-            access of ``fit(shuffle=True)``, see ``docs/keras.md``), 1 with ``device="cpu"``
-            (DALI's threads already use the cores).
+        workers: Keras' ``PyDataset`` argument: the threads that call ``seq[i]``. ``None``: 1,
+            Keras' own loop calls ``seq[i]`` and the sequence prepares the next batches itself
+            (sequential access, above). With ``workers > 1`` Keras' ordered enqueuer calls from
+            that many threads, whose batches share the sequence's pipeline in turn; it also
+            costs 0.1 s at the end of every epoch (Keras 3.15's enqueuer waits out a queue
+            timeout when it stops), which a small dataset's epochs feel (docs/keras.md).
         max_queue_size: Keras' ``PyDataset`` argument: batches Keras requests ahead with
             ``workers > 1``, each held until ``fit`` takes it (on the GPU with
             ``images_on_device``: 200 MB for 64 float images of 512x512). ``None``: ``workers``
@@ -229,7 +236,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         # 1. Arguments.
         device = pick_device(device)
         if workers is None:
-            workers = default_keras_workers(device)
+            workers = 1
         if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1 or None, got {workers!r}")
         if max_queue_size is None:
@@ -370,7 +377,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         queue = self._queue
         with self._lock:
             epoch = self.epoch if epoch is None else int(epoch)
-            current = epoch == self.epoch
+            current = epoch in (self.epoch, self.epoch + 1)
             sequential = current and i == self._last + 1 and self._calls == 0
             if current:
                 self._last = i
@@ -389,8 +396,9 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
                     break
                 except DecodeFailure as failure:  # DALI failed on an image whose header was fine
                     ticket = queue.submit(self._without_undecodable(ticket.planned, failure))
-            if self.prefetch and sequential and i + 1 < len(self):
-                self._prefetch_next(i + 1, epoch)
+            if self.prefetch and sequential:  # the next batches, into the next epoch at the end of this one
+                for ahead in range(i + 1, i + 1 + PIPELINE_DEPTH):
+                    self._prefetch_next(*((ahead, epoch) if ahead < len(self) else (ahead - len(self), epoch + 1)))
             self._record(ticket.planned)
             targets = self._targets(i, epoch, ticket.planned, images)
             return images, queue.to_device(targets) if self.images_on_device else targets
@@ -410,7 +418,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     def set_epoch(self, epoch: int) -> None:
         """Jump to ``epoch`` (e.g. when resuming with ``fit(initial_epoch=...)``)."""
         with self._lock:
-            self._queue.drop_prefetched()
+            self._queue.drop_prefetched(keep=int(epoch))  # those of the new epoch are wanted
             if self._planner is not None:
                 self._planner.set_epoch(int(epoch))  # keeps the plans of the next epoch, cancels others
             self.epoch = int(epoch)
@@ -501,7 +509,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         bytes it read, or, when it left them out, read here; decoded arrays are taken here), or,
         when none is ready, planned here."""
         with self._lock:
-            current = epoch == self.epoch  # a call that began before set_epoch plans its own batch
+            # a call that began before set_epoch plans its own batch; the next epoch's are planned ahead too
+            current = epoch in (self.epoch, self.epoch + 1)
             planned = None if self._planner is None or not current else self._planner.take(i, epoch)  # raises the job's error
         ahead = planned is not None
         if planned is None:
@@ -544,14 +553,18 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             warnings.warn(message, DataWarning, stacklevel=3)
 
     def _prefetch_next(self, i: int, epoch: int) -> None:
-        """Submit batch ``i`` for the next call and feed it now if the pipeline is free. Errors
-        are not this call's: batch ``i`` raises them when it is asked for."""
+        """Submit batch ``i`` for a later call, unless one is held for it already, and feed it now
+        if the pipeline is free. Errors are not this call's: batch ``i`` raises them when it is
+        asked for."""
+        with self._lock:
+            if (epoch, i) in self._queue.prefetched:
+                return
         try:
             planned = self._plan(i, epoch)
         except Exception:  # noqa: BLE001 - batch i's error, raised again when batch i is asked for
             return
         with self._lock:
-            if epoch != self.epoch:
+            if epoch not in (self.epoch, self.epoch + 1):  # the sequence moved on meanwhile
                 return
             self._queue.hold((epoch, i), self._queue.submit(planned))
         self._queue.feed_waiting()

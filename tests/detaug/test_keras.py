@@ -43,7 +43,6 @@ from tests.detaug.consistency import (
 )
 
 DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")
-DEFAULT_WORKERS = 1 if DEVICE == "cpu" else 4  # workers=None
 FILL = 114
 NUM_IMAGES, BATCH = 11, 4  # batches of 4, 4 and 3
 OUT_HW = (64, 80)
@@ -92,7 +91,7 @@ def epoch0(seq):
 class TestProtocol:
     def test_is_a_keras_pydataset_with_the_classic_protocol(self, seq):
         assert isinstance(seq, keras.utils.PyDataset)
-        assert seq.workers == DEFAULT_WORKERS and not seq.use_multiprocessing
+        assert seq.workers == 1 and not seq.use_multiprocessing  # workers=None: Keras' loop calls seq[i]
         for name in ("__len__", "__getitem__", "on_epoch_end"):
             assert callable(getattr(seq, name))
 
@@ -181,20 +180,24 @@ class TestConcurrency:
 
     def test_a_prefetch_nobody_asks_for_next_is_dropped(self, source, epoch0):
         one = make_sequence(source, workers=1)
-        one[0], one[1]  # sequential: batch 2 is prefetched
-        assert list(one._queue.prefetched) == [(0, 2)]
-        assert_batches_equal(one[0], epoch0[0])  # not batch 2: the prefetch is dropped
-        assert (one.prefetch_wasted, one._queue.prefetched) == (1, {})
+        one[0], one[1]  # sequential: batch 2 and the next epoch's batch 0 are prefetched
+        assert list(one._queue.prefetched) == [(0, 2), (1, 0)]
+        assert_batches_equal(one[0], epoch0[0])  # not batch 2: the prefetches are dropped
+        assert (one.prefetch_wasted, one._queue.prefetched) == (2, {})
         assert not one._queue.waiting and not any(t.wanted for t in one._queue.inflight)
 
     def test_two_prefetches_of_one_batch_keep_one(self, source, epoch0):
         """Two readers walking the same batches (Keras' adapters peek at the first batches with
-        one iterator, then train with another) both prefetch batch 2: one is kept, the other
-        dropped (never fed, or its images not copied)."""
+        one iterator, then train with another) both prefetch batch 2: the second finds it held
+        and plans nothing; one that raced past that check (planned meanwhile) is dropped when
+        held (never fed, or its images not copied)."""
         two = make_sequence(source, workers=2)
         two.set_epoch(0)
         two._prefetch_next(2, 0)
         two._prefetch_next(2, 0)
+        assert list(two._queue.prefetched) == [(0, 2)] and two.prefetch_wasted == 0
+        with two._lock:
+            two._queue.hold((0, 2), two._queue.submit(two._plan(2, 0)))
         assert list(two._queue.prefetched) == [(0, 2)] and two.prefetch_wasted == 1
         assert_batches_equal(two[2], epoch0[2])
         assert two.prefetch_hits == 1 and not two._queue.waiting
@@ -318,20 +321,36 @@ class TestTargets:
 
 
 class TestPrefetch:
-    def test_sequential_access_is_prefetched(self, source, epoch0):
+    def test_sequential_access_is_prefetched_across_epochs(self, source, epoch0):
         fresh = make_sequence(source)
         batches = list(fresh)  # in order
         assert (fresh.prefetch_hits, fresh.prefetch_wasted) == (len(fresh) - 1, 0)
         for a, b in zip(batches, epoch0):
             assert_batches_equal(a, b)
+        assert sorted(fresh._queue.prefetched) == [(1, 0), (1, 1)]  # the next epoch's first batches
+        fresh.on_epoch_end()  # epoch 1: kept, and taken
+        epoch1 = list(fresh)
+        assert (fresh.prefetch_hits, fresh.prefetch_wasted) == (2 * len(fresh) - 1, 0)  # all of epoch 1
+        fresh.set_epoch(3)  # not the epoch prefetched: dropped
+        assert (fresh._queue.prefetched, fresh.prefetch_wasted) == ({}, 2)
+        other = make_sequence(source, prefetch=False)
+        other.set_epoch(1)
+        for i, batch in enumerate(epoch1):
+            assert_batches_equal(batch, other[i])
+        other.set_epoch(3)
+        assert_batches_equal(fresh[0], other[0])
 
-    def test_random_access_wastes_at_most_a_guess(self, seq, epoch0):
+    def test_random_access_wastes_at_most_the_batches_prefetched(self, seq, epoch0):
+        from detaug.keras.pool import PIPELINE_DEPTH
+
         seq.set_epoch(0)
         hits, wasted = seq.prefetch_hits, seq.prefetch_wasted
-        assert_batches_equal(seq[0], epoch0[0])  # looks sequential: batch 1 is prefetched ...
-        assert_batches_equal(seq[2], epoch0[2])  # ... and dropped: another batch is asked for next
-        assert_batches_equal(seq[1], epoch0[1])
-        assert (seq.prefetch_hits - hits, seq.prefetch_wasted - wasted) == (0, 1)
+        assert_batches_equal(seq[0], epoch0[0])  # looks sequential: the next PIPELINE_DEPTH batches are prefetched
+        assert sorted(seq._queue.prefetched) == [(0, k) for k in range(1, 1 + PIPELINE_DEPTH)] == [(0, 1), (0, 2)]
+        assert_batches_equal(seq[2], epoch0[2])  # a prefetched batch, taken out of order
+        assert_batches_equal(seq[0], epoch0[0])  # not batch 1: its prefetch is dropped
+        assert (seq.prefetch_hits - hits, seq.prefetch_wasted - wasted) == (1, 1)
+        assert not seq._queue.prefetched and not any(t.wanted for t in seq._queue.inflight)
         seq.on_epoch_end()  # nothing pending: nothing wasted
         assert seq.prefetch_wasted - wasted == 1
         seq.set_epoch(0)
@@ -621,6 +640,24 @@ class TestPlanningWorkers:
             planning.plan_job(1, 2)
         shapes = planning.DecodedShapes(decoded)
         assert shapes.load(1)[0].shape == (160, 200, 3) and len(pickle.dumps(shapes)) < 20_000
+
+    def test_the_next_epochs_batches_prefetched_at_the_end_of_an_epoch_are_the_workers_plans(self, source, epoch0):
+        """In order, the last calls of epoch 0 prefetch epoch 1's first batches with the plans
+        the workers made (not planned in the calling thread); the batches are the same."""
+        seq = make_sequence(source, plan_workers=1)
+        seq.set_epoch(0)
+        assert seq.start_workers(timeout=60)
+        wait_for_plans(seq)  # epochs 0 and 1
+        for i, batch in enumerate(seq):
+            assert_batches_equal(batch, epoch0[i])
+        assert sorted(seq._queue.prefetched) == [(1, 0), (1, 1)]
+        assert (seq.planned_ahead, seq.planned_inline) == (len(seq) + 2, 0)
+        seq.on_epoch_end()
+        other = make_sequence(source, prefetch=False, plan_workers=0)
+        other.set_epoch(1)
+        assert_batches_equal(seq[0], other[0])
+        assert seq.prefetch_hits == len(seq)
+        seq.close()
 
     def test_held_plans_carry_image_bytes_within_the_budget(self, source, epoch0):
         """Workers keep the image bytes they read for at most PLAN_AHEAD_DATA_BYTES of held plans
