@@ -12,11 +12,7 @@ user gets.
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-
-import numpy as np
 
 from detaug.bench.dataset import BenchDataset
 from detaug.bench.harness import BenchSettings, VariantUnavailable
@@ -28,7 +24,7 @@ __all__ = [
     "iter_detaug_list",
     "iter_sequence",
     "iter_sequence_numpy",
-    "iter_sequence_serial",
+    "iter_sequence_shuffled",
 ]
 
 
@@ -90,21 +86,23 @@ def iter_detaug_cpu(dataset: BenchDataset, settings: BenchSettings) -> Iterator[
 
 
 def iter_sequence(dataset: BenchDataset, settings: BenchSettings, *, mode: str = "fit") -> Iterator:
-    """The ``sequence`` variants: ``DetectionSequence`` batches in a random order, epoch after
-    epoch. The sequence's planning workers are started (``start_workers``) before the first batch.
+    """The ``sequence`` variants: ``DetectionSequence`` batches, epoch after epoch, with the
+    sequence's defaults (``workers=1``: Keras' loop calls ``seq[i]``, the sequence prepares the
+    next batches itself when they are asked for in order). The sequence's planning workers are
+    started (``start_workers``) before the first batch.
 
     ``mode``:
 
-    * ``"fit"``: as ``model.fit(seq)`` receives them, through Keras' own data path for
-      ``fit(shuffle=True)``: its ``PyDatasetAdapter`` asks for the batches of an epoch in a
-      random order from ``workers`` threads (the sequence's default, 4 on a GPU), a
-      ``max_queue_size`` ahead, and converts them to tensors on Keras' device. The images are
-      the sequence's default: on a GPU with Keras' torch backend, torch tensors on the GPU.
-    * ``"numpy"``: ``images_on_device=False`` (NumPy images on the host), asked for as Keras'
-      ordered enqueuer does (random order, ``workers`` threads, ``max_queue_size`` ahead) but
+    * ``"fit"``: as ``model.fit(seq, shuffle=False)`` receives them (docs/keras.md: the sequence
+      shuffles its samples every epoch, so Keras' batch shuffle adds nothing): Keras' own
+      ``PyDatasetAdapter`` asks for the batches of an epoch in order and converts them to
+      tensors on Keras' device. The images are the sequence's default: on a GPU with Keras'
+      torch backend, torch tensors on the GPU.
+    * ``"shuffled"``: the same through ``fit(seq)``'s default ``shuffle=True``: the batches of an
+      epoch in a random order, which nothing can prepare ahead (each batch runs alone).
+    * ``"numpy"``: ``images_on_device=False`` (NumPy images on the host), asked for in order,
       without Keras' own conversion (on the torch backend, a ``np.array`` copy and a pageable
       host-to-GPU copy of every batch, ~100 ms for 64 float images of 512x512).
-    * ``"serial"``: ``seq[i]`` called directly, one at a time, in a random order (``workers=1``).
 
     Keras needs a backend; without ``KERAS_BACKEND`` set, PyTorch's is chosen here (detaug's GPU
     hosts have no TensorFlow).
@@ -120,7 +118,7 @@ def iter_sequence(dataset: BenchDataset, settings: BenchSettings, *, mode: str =
     except ImportError as exc:
         raise VariantUnavailable(f"detaug's Keras Sequence is not importable: {exc}") from exc
     adapter_class = None
-    if mode == "fit":
+    if mode in ("fit", "shuffled"):
         try:
             from keras.src.trainers.data_adapters.py_dataset_adapter import (
                 PyDatasetAdapter as adapter_class,
@@ -139,46 +137,25 @@ def iter_sequence(dataset: BenchDataset, settings: BenchSettings, *, mode: str =
         "seed": settings.seed,
         "num_threads": settings.adapter_threads,  # None: the sequence's default
     }
-    if mode == "serial":
-        kwargs["workers"] = 1
     if mode == "numpy":
         kwargs["images_on_device"] = False
     sequence = DetectionSequence(source, recipe, **kwargs)
     sequence.start_workers()
-    rng = np.random.default_rng(settings.seed)
     try:
         while True:
-            if mode == "fit":
-                adapter = adapter_class(sequence, shuffle=True)
+            if adapter_class is not None:
+                adapter = adapter_class(sequence, shuffle=mode == "shuffled")
                 adapter.on_epoch_begin()
                 try:
                     yield from adapter.get_torch_dataloader()
                 finally:
-                    adapter.on_epoch_end()  # stops the enqueuer's threads, then sequence.on_epoch_end()
+                    adapter.on_epoch_end()  # then sequence.on_epoch_end()
                 continue
-            order = [int(i) for i in rng.permutation(len(sequence))]
-            if mode == "serial":
-                for index in order:
-                    yield sequence[index]
-            else:
-                yield from _enqueued(sequence, order)
+            yield from sequence
             sequence.on_epoch_end()
     finally:
         sequence.close()
         del sequence
-
-
-def _enqueued(sequence, order: list[int]) -> Iterator:
-    """``sequence[i]`` for ``i`` in ``order``, as Keras' ordered enqueuer asks for them: from
-    ``sequence.workers`` threads, at most ``sequence.max_queue_size`` requests ahead, in order."""
-    with ThreadPoolExecutor(sequence.workers) as pool:
-        pending: deque = deque()
-        for index in order:
-            pending.append(pool.submit(sequence.__getitem__, index))
-            if len(pending) >= sequence.max_queue_size:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
 
 
 def iter_sequence_numpy(dataset: BenchDataset, settings: BenchSettings) -> Iterator:
@@ -186,6 +163,7 @@ def iter_sequence_numpy(dataset: BenchDataset, settings: BenchSettings) -> Itera
     return iter_sequence(dataset, settings, mode="numpy")
 
 
-def iter_sequence_serial(dataset: BenchDataset, settings: BenchSettings) -> Iterator:
-    """The ``sequence-serial`` variant: :func:`iter_sequence` called one batch at a time."""
-    return iter_sequence(dataset, settings, mode="serial")
+def iter_sequence_shuffled(dataset: BenchDataset, settings: BenchSettings) -> Iterator:
+    """The ``sequence-shuffled`` variant: :func:`iter_sequence` as ``fit(seq)`` reads it with
+    Keras' default ``shuffle=True``."""
+    return iter_sequence(dataset, settings, mode="shuffled")

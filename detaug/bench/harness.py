@@ -66,7 +66,7 @@ def default_threads(cpus: int | None = None) -> int:
 
 def adapter_cpu_use(variant: str, settings: BenchSettings) -> tuple[int, int]:
     """``(DALI threads, planning workers)`` of detaug variant ``variant`` (``detaug``,
-    ``detaug-list``, ``detaug-cpu``, ``sequence``, ``sequence-numpy``, ``sequence-serial``; each
+    ``detaug-list``, ``detaug-cpu``, ``sequence``, ``sequence-shuffled``, ``sequence-numpy``; each
     runs one pipeline) with ``settings``: the adapters' defaults (planning workers on a GPU,
     :func:`detaug.decoding.default_planning_workers`; the rest of the CPUs for DALI,
     :func:`detaug.decoding.threads_beside`), the threads ``settings.adapter_threads`` where given."""

@@ -14,12 +14,13 @@ Variants of the default recipe (``--only`` names):
 * ``detaug``: ``detaug.torch.DetectionLoader`` (the PyTorch iterator) on a ``CocoSource``;
 * ``detaug-list``: the same loader on the same JSON as a sample list;
 * ``detaug-cpu``: the loader with ``device="cpu"`` (on every run: what a laptop gets);
-* ``sequence``: ``detaug.keras.DetectionSequence`` as ``model.fit(seq)`` reads it: Keras'
-  ``PyDatasetAdapter``, batches in a random order from the sequence's default ``workers`` threads
-  (on a GPU with Keras' torch backend its images are torch tensors on the GPU);
-* ``sequence-numpy``: the same requests with NumPy images on the host (Keras' own conversion of
+* ``sequence``: ``detaug.keras.DetectionSequence`` as ``model.fit(seq, shuffle=False)`` reads it
+  (docs/keras.md): Keras' ``PyDatasetAdapter``, batches in order, the sequence's defaults (on a
+  GPU with Keras' torch backend its images are torch tensors on the GPU);
+* ``sequence-shuffled``: the same as ``fit(seq)`` reads it with Keras' default ``shuffle=True``
+  (a random batch order: nothing is prepared ahead);
+* ``sequence-numpy``: the batches in order with NumPy images on the host (Keras' own conversion of
   NumPy batches left out);
-* ``sequence-serial``: ``seq[i]`` called one at a time in a random order (``workers=1``);
 * ``raw-dali``: the same recipe hand-written in plain DALI (:mod:`detaug.bench.raw_dali`);
 * ``torchvision``, ``albumentations``: the CPU peers in DataLoaders (:mod:`detaug.bench.peers`);
 * ``torchvision-gpu``: torchvision.transforms.v2 on CUDA tensors, decoded by nvJPEG.
@@ -207,23 +208,24 @@ VARIANTS: tuple[Variant, ...] = (
         "detaug Keras Sequence in fit",
         "detaug",
         "detaug.bench.detaug_variants:iter_sequence",
-        note="Keras' fit(shuffle=True) data path, random order, 4 threads; images on the GPU",
-        cpu_note="Keras' fit(shuffle=True) data path, random order, 1 thread; NumPy images on the host",
+        note="Keras' fit(shuffle=False) data path: in order, the next batches prepared ahead; images on the GPU",
+        cpu_note="Keras' fit(shuffle=False) data path: in order; NumPy images on the host",
+    ),
+    Variant(
+        "sequence-shuffled",
+        "detaug Keras Sequence, fit(shuffle=True)",
+        "detaug",
+        "detaug.bench.detaug_variants:iter_sequence_shuffled",
+        note="Keras' fit(shuffle=True) data path: random order, each batch alone; no target",
+        cpu_note="Keras' fit(shuffle=True) data path: random order; NumPy images on the host; no target",
     ),
     Variant(
         "sequence-numpy",
         "detaug Keras Sequence, NumPy",
         "detaug",
         "detaug.bench.detaug_variants:iter_sequence_numpy",
-        note="same requests, images_on_device=False: host arrays (Keras' NumPy-to-GPU copy not counted)",
-        cpu_note="same requests as in fit, without Keras' data adapter; NumPy images on the host",
-    ),
-    Variant(
-        "sequence-serial",
-        "detaug Keras Sequence, serial",
-        "detaug",
-        "detaug.bench.detaug_variants:iter_sequence_serial",
-        note="seq[i] one at a time, random order (workers=1): latency-bound, no target",
+        note="in order, images_on_device=False: host arrays (Keras' NumPy-to-GPU copy not counted)",
+        cpu_note="in order, without Keras' data adapter; NumPy images on the host",
     ),
     Variant("raw-dali", "raw DALI", "reference", "detaug.bench.raw_dali:iter_raw_dali",
             note="the same ops hand-written in one DALI pipeline",
@@ -302,8 +304,8 @@ RUN_ORDER = (
     "detaug-list",
     "detaug-cpu",
     "sequence",
+    "sequence-shuffled",
     "sequence-numpy",
-    "sequence-serial",
 )
 
 

@@ -240,10 +240,10 @@ def test_detaug_iterator_cpu(dataset):
 
 
 @pytest.mark.skipif(not _installed("detaug.keras", "keras"), reason="Keras is not installed")
-@pytest.mark.parametrize("mode", ["fit", "numpy", "serial"])
+@pytest.mark.parametrize("mode", ["fit", "shuffled", "numpy"])
 def test_sequence_cpu(dataset, mode):
     """Every Sequence variant crosses an epoch's end (4 batches) with whole batches; through
-    Keras' adapter (``fit``) the batches arrive as tensors, as fit receives them."""
+    Keras' adapter (``fit``, ``shuffled``) the batches arrive as tensors, as fit receives them."""
     import torch
 
     from detaug.bench.detaug_variants import iter_sequence
@@ -252,7 +252,7 @@ def test_sequence_cpu(dataset, mode):
     try:
         for images, targets in islice(batches, 5):
             assert count_images((images, targets)) == BATCH
-            assert isinstance(images, torch.Tensor if mode == "fit" else np.ndarray)
+            assert isinstance(images, np.ndarray if mode == "numpy" else torch.Tensor)
             assert targets["boxes"].shape[:2] == targets["labels"].shape and targets["boxes"].shape[0] == BATCH
     finally:
         batches.close()
@@ -803,7 +803,7 @@ def test_detaug_rows_run_the_adapters_thread_defaults_unless_threads_are_given(m
     gpu = BenchSettings(device="gpu", threads=16, workers=16)
     assert adapter_cpu_use("detaug", gpu) == (8, 8)
     assert adapter_cpu_use("sequence", gpu) == (8, 8)
-    assert adapter_cpu_use("sequence-serial", gpu) == (8, 8)
+    assert adapter_cpu_use("sequence-shuffled", gpu) == (8, 8)
     assert adapter_cpu_use("detaug-cpu", gpu) == (16, 0)
     assert adapter_cpu_use("detaug", BenchSettings(device="cpu", threads=16, workers=16)) == (16, 0)
     assert adapter_cpu_use("sequence", BenchSettings(device="gpu", threads=16, workers=16, adapter_threads=3)) == (3, 8)

@@ -313,10 +313,10 @@ def test_a_cpu_report_says_nothing_about_a_gpu():
     body = "\n".join(line for line in body.splitlines() if "v2 on the GPU" not in line)  # the peer's row and check
     assert "GPU" not in body, body
     notes = {r["variant"]: r["note"] for r in report.to_dict()["results"]}
-    assert "1 thread; NumPy images on the host" in notes["sequence"]
+    assert "in order; NumPy images on the host" in notes["sequence"]
     assert "planning in the main process" in notes["detaug"] and "planning in the main process" in notes["detaug-list"]
     gpu_notes = {r["variant"]: r["note"] for r in _fake_report("gpu").to_dict()["results"]}
-    assert "4 threads; images on the GPU" in gpu_notes["sequence"] and "GPU MiB" in _fake_report("gpu").format()
+    assert "prepared ahead; images on the GPU" in gpu_notes["sequence"] and "GPU MiB" in _fake_report("gpu").format()
 
 
 def test_the_cpu_notes_are_the_adapters_cpu_defaults(bench_data):
