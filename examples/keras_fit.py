@@ -1,4 +1,4 @@
-"""Train a small Keras model on DALI-augmented detection batches: ``model.fit(seq, epochs=2)``.
+"""Train a small Keras model on DALI-augmented detection batches: ``model.fit(seq, epochs=2, shuffle=False)``.
 
 Usage::
 
@@ -119,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         model = BoxRegressor(seq.max_boxes)
         model.compile(optimizer=keras.optimizers.Adam(1e-3))
         start = time.perf_counter()
-        # fit asks for the batches in a random order, from seq.workers threads (4 on a GPU: up to
-        # 4 batches run side by side); epoch_callback numbers the sequence's epochs as Keras
-        # does (fit(initial_epoch=...) then resumes the same augmentations).
-        history = model.fit(seq, epochs=args.epochs, callbacks=[seq.epoch_callback()], verbose=2)
+        # shuffle=False: the sequence shuffles its samples itself, and asked for in order it
+        # prepares the next batches during each step; epoch_callback numbers the sequence's
+        # epochs as Keras does (fit(initial_epoch=...) then resumes the same augmentations).
+        history = model.fit(seq, epochs=args.epochs, shuffle=False, callbacks=[seq.epoch_callback()], verbose=2)
         elapsed = time.perf_counter() - start
         seen = args.epochs * (seq.end - seq.begin)
         print(f"fit: {args.epochs} epochs, {seen} images in {elapsed:.1f} s on {device} "
