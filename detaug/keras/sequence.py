@@ -377,7 +377,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         queue = self._queue
         with self._lock:
             epoch = self.epoch if epoch is None else int(epoch)
-            current = epoch in (self.epoch, self.epoch + 1)
+            current = epoch == self.epoch
             sequential = current and i == self._last + 1 and self._calls == 0
             if current:
                 self._last = i

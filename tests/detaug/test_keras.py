@@ -331,8 +331,10 @@ class TestPrefetch:
         fresh.on_epoch_end()  # epoch 1: kept, and taken
         epoch1 = list(fresh)
         assert (fresh.prefetch_hits, fresh.prefetch_wasted) == (2 * len(fresh) - 1, 0)  # all of epoch 1
+        fresh.batch(0, epoch=2)  # another epoch's batch (the next one's too) does not count as sequential
+        assert sorted(fresh._queue.prefetched) == [(2, 1)] and fresh._last == len(fresh) - 1  # (2, 0) taken, nothing new
         fresh.set_epoch(3)  # not the epoch prefetched: dropped
-        assert (fresh._queue.prefetched, fresh.prefetch_wasted) == ({}, 2)
+        assert (fresh._queue.prefetched, fresh.prefetch_wasted) == ({}, 1)
         other = make_sequence(source, prefetch=False)
         other.set_epoch(1)
         for i, batch in enumerate(epoch1):
