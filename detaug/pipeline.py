@@ -15,8 +15,8 @@ from detaug.decoding import decoder_options, default_num_threads
 from detaug.errors import DeviceError
 from detaug.transforms import Compose
 
-__all__ = ["DEVICES", "build_pipeline", "cuda_devices", "feed", "feed_inputs", "input_names", "pick_device",
-           "resolve_device"]
+__all__ = ["DEVICES", "build_pipeline", "cuda_devices", "feed", "feed_first_run", "feed_inputs", "input_names",
+           "pick_device", "resolve_device"]
 
 
 DEVICES = ("auto", "gpu", "cuda", "cpu")
@@ -270,3 +270,15 @@ def feed(pipe: Any, data: list[np.ndarray], params: np.ndarray,
     (``partners``: see :func:`feed_inputs`; needed when the recipe has mixing transforms)."""
     feed_inputs(pipe, data, params, partners)
     pipe.schedule_run()
+
+
+def feed_first_run(pipe: Any, batches: list[Any], depth: int) -> int:
+    """Feed a fresh pipeline's first run and schedule it. DALI's first ``schedule_run`` runs
+    ``prefetch_queue_depth`` (``depth``) batches, so when fewer are given the last is fed again as
+    a filler, whose outputs the caller takes and drops. ``batches``: planned batches
+    (:class:`~detaug.planning.PlannedBatch`, at least one). Returns the number of fillers."""
+    fillers = max(0, depth - len(batches))
+    for planned in [*batches, *batches[-1:] * fillers]:
+        feed_inputs(pipe, planned.data, planned.params, planned.partners)
+    pipe.schedule_run()
+    return fillers

@@ -120,6 +120,13 @@ class EpochSpec:
         """Batches per epoch."""
         return num_batches(self.n, self.num_shards, self.batch_size, drop_last=self.drop_last)
 
+    def after(self, epoch: int, step: int, ahead: int = 1) -> tuple[int, int]:
+        """``(epoch, step)`` of the batch ``ahead`` steps after batch ``step`` of ``epoch``: past
+        an epoch's last batch come the next epoch's first (what the loaders prepare while an
+        epoch ends)."""
+        k = step + ahead
+        return epoch + k // len(self), k % len(self)
+
     def order(self, epoch: int) -> np.ndarray:
         """int64 ``[shard_size]``: the rank's dataset positions in ``epoch``."""
         return shard_order(self.n, epoch, shard_id=self.shard_id, num_shards=self.num_shards,

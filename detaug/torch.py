@@ -15,7 +15,7 @@ from detaug.decoding import default_planning_workers, threads_beside
 from detaug.errors import DataWarning, ImageError
 from detaug.labels import LabelMap
 from detaug.plan_ahead import PlanPool
-from detaug.pipeline import build_pipeline, feed, feed_inputs, pick_device, resolve_device
+from detaug.pipeline import build_pipeline, feed, feed_first_run, pick_device, resolve_device
 from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, batch_columns, source_groups, undecodable
 from detaug.epochs import check_shard
 from detaug.transforms import Compose
@@ -296,7 +296,7 @@ class DetectionLoader:
                 e, s = next_key
                 future = self._pool.submit(e, s, dict(self._bad)) if self._pool is not None else None
                 pending.append((e, s, future))
-                next_key = (e, s + 1) if s + 1 < steps else (e + 1, 0)
+                next_key = self.spec.after(e, s)
             batches = []
             try:
                 while pending and len(inflight) + len(batches) < self._depth:
@@ -334,11 +334,11 @@ class DetectionLoader:
     def _take_carry(self, at: tuple[int, int]) -> _Carry | None:
         """The batches carried over from the last epoch if the iteration starts where they do
         (``at``: ``(epoch, step)``), else none (those are dropped)."""
-        carry, self._carry = self._carry, None
-        if carry is not None and carry.at != at:
-            self._discard(carry.pending, carry.inflight)
-            carry = None
-        return carry
+        if self._carry is not None and self._carry.at == at:
+            carry, self._carry = self._carry, None
+            return carry
+        self._discard_carry()
+        return None
 
     def _discard_carry(self) -> None:
         carry, self._carry = self._carry, None
@@ -376,10 +376,7 @@ class DetectionLoader:
         if not batches:
             return
         if self._fresh:
-            fillers = self._depth - len(batches)
-            for planned in batches + batches[-1:] * fillers:
-                feed_inputs(self.pipeline, planned.data, planned.params, planned.partners)
-            self.pipeline.schedule_run()
+            fillers = feed_first_run(self.pipeline, batches, self._depth)
             self._fresh = False
             inflight.extend(batches)
             inflight.extend([None] * fillers)

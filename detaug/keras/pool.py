@@ -14,7 +14,7 @@
 
 So the pipeline holds ``depth`` batches whenever calls wait, and the sequence holds one
 pipeline's GPU memory, not one pipeline per Keras thread. Tickets may also be submitted for
-calls expected next (the sequence's sequential prefetch), each and held under its key ``(epoch,
+calls expected next (the sequence's sequential prefetch), each held under its key ``(epoch,
 index)`` (:meth:`~PipelineQueue.hold`) until that call :meth:`~PipelineQueue.take` s it; one
 that nobody asks for is dropped (counted in ``wasted``).
 
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from detaug.pipeline import feed, feed_inputs
+from detaug.pipeline import feed, feed_first_run
 from detaug.planning import DecodeFailure, PlannedBatch
 
 __all__ = ["PIPELINE_DEPTH", "PipelineQueue", "Ticket"]
@@ -254,12 +254,9 @@ class PipelineQueue:
         fed: list[Ticket] = []
         try:
             if self._fresh:
-                fillers = [Ticket(batch[-1].planned, wanted=False) for _ in range(self.depth - len(batch))]
-                for ticket in batch + fillers:
-                    feed_inputs(self.pipe, ticket.planned.data, ticket.planned.params, ticket.planned.partners)
-                self.pipe.schedule_run()
+                fillers = feed_first_run(self.pipe, [t.planned for t in batch], self.depth)
                 self._fresh = False
-                fed = batch + fillers
+                fed = batch + [Ticket(batch[-1].planned, wanted=False) for _ in range(fillers)]
             else:
                 for ticket in batch:
                     feed(self.pipe, ticket.planned.data, ticket.planned.params, ticket.planned.partners)

@@ -397,8 +397,9 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
                 except DecodeFailure as failure:  # DALI failed on an image whose header was fine
                     ticket = queue.submit(self._without_undecodable(ticket.planned, failure))
             if self.prefetch and sequential:  # the next batches, into the next epoch at the end of this one
-                for ahead in range(i + 1, i + 1 + PIPELINE_DEPTH):
-                    self._prefetch_next(*((ahead, epoch) if ahead < len(self) else (ahead - len(self), epoch + 1)))
+                for ahead in range(1, 1 + PIPELINE_DEPTH):
+                    next_epoch, j = self.spec.after(epoch, i, ahead)
+                    self._prefetch_next(j, next_epoch)
             self._record(ticket.planned)
             targets = self._targets(i, epoch, ticket.planned, images)
             return images, queue.to_device(targets) if self.images_on_device else targets

@@ -18,6 +18,18 @@ from detaug.planning import EpochSpec
 CASES = list(itertools.product([7, 993], [1, 2, 3, 5], [1, 4, 16], [False, True], [False, True]))
 
 
+@pytest.mark.parametrize("n, batch, drop_last", [(7, 2, False), (7, 2, True), (993, 16, False), (1, 4, False)])
+def test_the_batch_after_the_last_of_an_epoch_is_the_first_of_the_next(n, batch, drop_last):
+    """EpochSpec.after walks the steps of every epoch in order, then into the next epoch."""
+    spec = EpochSpec(n, batch, 0, 1, True, drop_last, seed=0)
+    walk = [(0, 0)]
+    for _ in range(4 * len(spec) - 1):
+        walk.append(spec.after(*walk[-1]))
+    assert walk == [(e, s) for e in range(4) for s in range(len(spec))]
+    for ahead in range(2 * len(spec) + 1):  # several steps at once: the same as one by one
+        assert spec.after(1, 0, ahead) == walk[len(spec) + ahead]
+
+
 @pytest.mark.parametrize("n, world, batch, shuffle, drop_last", CASES)
 def test_ranks_are_equal_and_epochs_exact(n, world, batch, shuffle, drop_last):
     lengths = {len(EpochSpec(n, batch, r, world, shuffle, drop_last, seed=3)) for r in range(world)}
