@@ -257,11 +257,39 @@ def feed_inputs(pipe: Any, data: list[np.ndarray], params: np.ndarray,
 
     DALI reads the arrays where they are (no copy): they must stay alive and unchanged until
     the batch's outputs are taken (callers keep the ``PlannedBatch`` until then)."""
-    pipe.feed_input("data", data)
-    pipe.feed_input("params", params)
+    _set_input(pipe, "data", data)
+    _set_input(pipe, "params", params)
     for k, images in enumerate(partners or [], start=1):
         if images is not None:
-            pipe.feed_input(f"data_{k}", images)
+            _set_input(pipe, f"data_{k}", images)
+
+
+def _set_input(pipe: Any, name: str, data: list[np.ndarray] | np.ndarray) -> None:
+    """``pipe.feed_input(name, data)`` for arrays detaug planned itself (host numpy arrays of
+    one dimensionality, at most a batch of them), without ``feed_input``'s per-sample checks
+    and conversions: each array wrapped as a DALI ``TensorCPU`` (no copy), the list handed to
+    the pipeline's backend as ``feed_input`` does in the end. That Python costs the loader's
+    main thread ~5 us a sample, which at ~15k img/s is a tenth of the time it has
+    (docs/benchmarks.md, "The main thread's cost per batch"). Where the backend call is not
+    there (another DALI version) or refuses the arguments, ``feed_input`` runs instead, from
+    then on."""
+    global _direct_feed
+    backend = getattr(pipe, "_pipe", None) if _direct_feed else None
+    if backend is not None and pipe._built:
+        from nvidia.dali.backend import TensorCPU, TensorListCPU
+
+        try:
+            if isinstance(data, np.ndarray):
+                backend.SetExternalTLInput(name, TensorListCPU(data, ""), None, False)
+            else:
+                backend.SetExternalTensorInput(name, [TensorCPU(a, "") for a in data], None, False)
+            return
+        except (AttributeError, TypeError):  # not this DALI's backend API: the public call from now on
+            _direct_feed = False
+    pipe.feed_input(name, data)
+
+
+_direct_feed = True  # False once the backend call failed (see _set_input)
 
 
 def feed(pipe: Any, data: list[np.ndarray], params: np.ndarray,
