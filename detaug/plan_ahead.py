@@ -199,7 +199,7 @@ def plan_job_shared(epoch: int, step: int, bad: Mapping[int, str] | None, prefix
 class _Unpacked(Future):
     """The future of a plan job whose result, once there, is unpacked from shared memory (in
     the pool's result thread, so that results nobody takes are unpacked too and their files
-    removed). Cancelling it cancels the job where it has not started."""
+    removed). It can be cancelled while its job can: not once the job runs."""
 
     def __init__(self, job: Future) -> None:
         super().__init__()
@@ -207,8 +207,11 @@ class _Unpacked(Future):
         job.add_done_callback(self._transfer)
 
     def cancel(self) -> bool:
-        self._job.cancel()
-        return super().cancel()
+        """Cancel the job if it has not started, as a job's own future does: ``False`` once it
+        runs (its result will come, unpacked, and its file removed) or is done."""
+        if not self._job.cancel():
+            return False
+        return super().cancel()  # already cancelled by _transfer, as the job's callback: True
 
     def _transfer(self, job: Future) -> None:
         if job.cancelled():

@@ -4,7 +4,8 @@ A Keras ``Sequence`` may ask for any batch in any order (``fit(shuffle=True)`` p
 but which samples and seeds each batch of an epoch has is known in advance
 (:mod:`detaug.planning`). :class:`PlanAhead` has a :class:`~detaug.plan_ahead.PlanPool` of
 worker processes plan them, in batch order, ahead of the ``seq[i]`` calls; a call takes its
-batch's plan when it is done, and plans the batch itself otherwise (the results are the same).
+batch's plan, waiting for it when a worker has it in hand, and plans the batch itself when its
+job has not started (the results are the same).
 
 Memory: a plan is small (parameter vectors, boxes, labels: ~40 KB for a batch of 64 with a few
 boxes each) but a worker's plan of encoded images also holds the bytes it read (~10 MB for 64
@@ -45,7 +46,7 @@ class PlanAhead:
     next epoch's, with at most ``window`` jobs in flight and ``limit`` plans held
     (:data:`PLAN_AHEAD_BATCHES`); each :meth:`take` tops them up. Moving to the next epoch keeps
     its plans; any other epoch change drops them all. A plan is used once: a batch taken again
-    (or a plan not finished when taken) is planned by the caller. Holds no reference to the
+    (or one whose job has not started when taken) is planned by the caller. Holds no reference to the
     sequence, so the pool's finalizer does not keep the sequence (and its DALI pipeline) alive.
     Not thread-safe: the sequence calls it under its lock.
     """
@@ -106,8 +107,11 @@ class PlanAhead:
         future = self.plans.pop((epoch, i), None)
         self.with_data.discard((epoch, i))
         self._top_up()
-        if future is None or future.cancel() or not future.done():
-            return None  # not submitted, queued or running: planning here is as soon as waiting
+        if future is None or future.cancel():
+            return None  # not submitted, or queued behind other jobs: planning here is as soon as waiting
+        # Running (or done): its worker is ahead of planning here, so wait for it. Planning here
+        # instead cost a batch of 256 about 40 ms of the calling thread, at epoch ends mostly
+        # (docs/benchmarks.md, "The main thread's cost per batch").
         err = future.exception()
         if isinstance(err, BrokenExecutor):
             self.pool.give_up(f"the planning workers stopped ({err})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import threading
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "torch")  # before Keras is imported, here or by detaug.keras
@@ -689,6 +690,32 @@ class TestPlanningWorkers:
         wait_for_plans(ahead)
         assert len(planner.with_data) == 2
         assert all((f.result().data is not None) == (k in planner.with_data) for k, f in planner.plans.items())
+        ahead.close()
+
+    def test_a_plan_a_worker_has_in_hand_is_waited_for_not_made_again(self, source):
+        """take() waits for a plan whose job runs (a worker is ahead of planning here: at batch
+        256 planning here cost ~40 ms of the calling thread), and plans here only where its job
+        has not started."""
+        from concurrent.futures import Future
+
+        from detaug.keras.prefetch import PlanAhead
+        from detaug.plan_ahead import _Packed, _Unpacked
+
+        planner = planning.BatchPlanner(source, recipe(), planning.EpochSpec(n=len(source), batch_size=2, seed=3))
+        ahead = PlanAhead(planner, 1, num_batches=len(planner.spec))
+        ahead.limit = 0  # no jobs of its own: the two below are the only plans
+        ahead.set_epoch(0)
+        running, waiting = Future(), Future()
+        running.set_running_or_notify_cancel()
+        ahead.plans[0, 1], ahead.plans[0, 2] = _Unpacked(running), _Unpacked(waiting)
+        want = planner.plan(0, 1)
+        finisher = threading.Timer(0.2, lambda: running.set_result(_Packed(want, None, [])))
+        finisher.start()
+        try:
+            assert ahead.take(1, 0) is want  # waited for the worker's plan
+        finally:
+            finisher.join()
+        assert ahead.take(2, 0) is None and waiting.cancelled()  # not started: planned by the caller
         ahead.close()
 
     def test_arguments_and_fallback(self, source):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import copy
 import os
 import pickle
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 
 import numpy as np
 import pytest
 
 import detaug.transforms as T
-from detaug.plan_ahead import PlanPool, _pack_boxes, _Packed, plan_job_shared
+from detaug.plan_ahead import PlanPool, _pack_boxes, _Packed, _Unpacked, plan_job_shared
 from detaug.planning import BatchPlanner, EpochSpec, batch_columns, init_plan_worker, planner_payload
 from detaug.shared_arrays import SHM_DIR, file_prefix
 from detaug.sources import SampleListSource
@@ -130,3 +130,17 @@ def test_box_arrays_travel_joined_and_come_back_as_they_were(source):
     mixed.fields[0]["track"] = mixed.fields[0]["track"].astype(np.int32)
     assert _pack_boxes(mixed) is None
 
+
+
+def test_a_plan_can_be_cancelled_only_while_its_job_can(source):
+    """Cancelling a plan whose job runs fails (its result comes); one whose job waits succeeds,
+    and cancels the job."""
+    planner = _planner(source, T.Compose([T.RandomHorizontalFlip(), T.Resize((32, 32))]))
+    want = planner.plan(0, 1)
+    running, waiting = Future(), Future()
+    assert running.set_running_or_notify_cancel()
+    plan, other = _Unpacked(running), _Unpacked(waiting)
+    assert not plan.cancel() and not plan.cancelled()
+    running.set_result(_Packed(want, None, []))
+    assert plan.result(timeout=5) is want
+    assert other.cancel() and other.cancelled() and waiting.cancelled()
