@@ -109,9 +109,9 @@ class PlanAhead:
         self._top_up()
         if future is None or future.cancel():
             return None  # not submitted, or queued behind other jobs: planning here is as soon as waiting
-        # Running (or done): its worker is ahead of planning here, so wait for it. Planning here
-        # instead cost a batch of 256 about 40 ms of the calling thread, at epoch ends mostly
-        # (docs/benchmarks.md, "The main thread's cost per batch").
+        # Running (or done): its worker is ahead of planning here, so wait for it. Planning it
+        # again here cost a batch of 256 tens of ms of the calling thread (docs/benchmarks.md,
+        # "The main thread's cost per batch").
         err = future.exception()
         if isinstance(err, BrokenExecutor):
             self.pool.give_up(f"the planning workers stopped ({err})")

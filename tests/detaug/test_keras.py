@@ -693,9 +693,8 @@ class TestPlanningWorkers:
         ahead.close()
 
     def test_a_plan_a_worker_has_in_hand_is_waited_for_not_made_again(self, source):
-        """take() waits for a plan whose job runs (a worker is ahead of planning here: at batch
-        256 planning here cost ~40 ms of the calling thread), and plans here only where its job
-        has not started."""
+        """take() waits for a plan whose job runs (a worker is ahead of planning it again here),
+        and plans here only where its job has not started."""
         from concurrent.futures import Future
 
         from detaug.keras.prefetch import PlanAhead
