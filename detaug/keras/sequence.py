@@ -508,11 +508,11 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
     def _plan(self, i: int, epoch: int) -> PlannedBatch:
         """Batch ``i`` of ``epoch``, planned, with its image data: a worker's plan (the image
         bytes it read, or, when it left them out, read here; decoded arrays are taken here), or,
-        when none is ready, planned here."""
+        where its job has not started (or there is none), planned here."""
         with self._lock:
             # a call that began before set_epoch plans its own batch; the next epoch's are planned ahead too
-            current = epoch in (self.epoch, self.epoch + 1)
-            planned = None if self._planner is None or not current else self._planner.take(i, epoch)  # raises the job's error
+            plannable = self._planner is not None and self._plans_ahead_for(epoch)
+            planned = self._planner.take(i, epoch) if plannable else None  # raises the job's error
         ahead = planned is not None
         if planned is None:
             with self._lock:
@@ -526,6 +526,11 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         if planned.data is None or planned.partners is None:  # decoded arrays, or a plan made without the bytes
             self.planner.fill_data(planned)
         return planned
+
+    def _plans_ahead_for(self, epoch: int) -> bool:
+        """Whether ``epoch``'s batches are planned ahead (and prefetched): the current epoch's and
+        the next one's (called under the lock)."""
+        return epoch in (self.epoch, self.epoch + 1)
 
     def _without_undecodable(self, planned: PlannedBatch, failure: DecodeFailure) -> PlannedBatch:
         """Batch ``planned`` planned again without the images DALI failed on (``on_error="skip"``),
@@ -565,7 +570,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         except Exception:  # noqa: BLE001 - batch i's error, raised again when batch i is asked for
             return
         with self._lock:
-            if epoch not in (self.epoch, self.epoch + 1):  # the sequence moved on meanwhile
+            if not self._plans_ahead_for(epoch):  # the sequence moved on meanwhile
                 return
             self._queue.hold((epoch, i), self._queue.submit(planned))
         self._queue.feed_waiting()
