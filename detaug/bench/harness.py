@@ -388,7 +388,8 @@ class _GpuMemoryProbe:
 
 
 def _release_gpu_memory(device: Device) -> None:
-    """Give cached blocks back (torch's cache, DALI's pools), so the next variant starts clean."""
+    """Give cached blocks back (torch's device cache and its cache of page-locked host memory,
+    DALI's pools), so the next variant starts clean."""
     import gc
 
     gc.collect()
@@ -402,5 +403,24 @@ def _release_gpu_memory(device: Device) -> None:
         from nvidia.dali import backend
 
         backend.ReleaseUnusedMemory()
+        _empty_host_cache(torch)
     except Exception:  # noqa: BLE001, S110 - a failed variant's CUDA error shows in its own row
         pass
+
+
+#: torch's private calls that free its cache of page-locked host memory (torch 2.11, 2.13).
+HOST_CACHE_EMPTIERS = ("_host_emptyCache", "_accelerator_emptyHostCache")
+
+
+def _empty_host_cache(torch: Any) -> None:
+    """Free the page-locked host memory torch keeps cached. A CPU peer's DataLoader pins every
+    batch (``pin_memory=True``; at batch 256 of 512x512 float images ~800 MB each, a wave of 16
+    workers pins 16), and torch keeps those blocks for reuse. Left there, the Keras Sequence
+    timed after the peers ran 15.2-15.5k img/s at batch 256; emptied after each variant,
+    20.6-21.0k (H100, 2026-11-24; docs/benchmarks.md). torch has no public call for it: the
+    private one of this torch (:data:`HOST_CACHE_EMPTIERS`), where there is one."""
+    for name in HOST_CACHE_EMPTIERS:
+        empty = getattr(torch._C, name, None)
+        if empty is not None:
+            empty()
+            return
