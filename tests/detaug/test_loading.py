@@ -162,12 +162,12 @@ def test_keras_sequence_follows_the_same_rules(coco):
         lengths.add(len(seq))
         for i in range(len(seq)):
             _, targets = seq[i]
+            boxes, labels = (t.cpu().numpy() if hasattr(t, "cpu") else np.asarray(t) for t in (targets["boxes"], targets["labels"]))
             ids = seq.batch_indices(i)
             for k, position in enumerate(ids):
                 image_id = seq.source.samples[position].image_id
                 seen[image_id] += 1
-                rows = targets["labels"][k] >= 0
-                np.testing.assert_array_equal(targets["boxes"][k][rows], torch_boxes[image_id])
+                np.testing.assert_array_equal(boxes[k][labels[k] >= 0], torch_boxes[image_id])
     assert lengths == {2} and set(seen) == set(range(1, N + 1)) and sum(seen.values()) == 8
 
 
