@@ -75,7 +75,7 @@ class PlanAhead:
         self.plans = {}
         self.with_data = set()
         self.in_flight: list[Future] = []
-        self.taken: set[int] = set()  # batches of the current epoch taken (not to plan any more)
+        self.taken: set[tuple[int, int]] = set()  # (epoch, batch) taken, this epoch and the next: not to plan any more
         self.epoch: int | None = None
         self.cursor: tuple[int, int, int] | None = None  # (epoch, next batch to submit, batches left)
 
@@ -89,7 +89,7 @@ class PlanAhead:
             for key in [k for k in self.plans if k[0] != epoch]:
                 self.plans.pop(key).cancel()
                 self.with_data.discard(key)
-            self.taken = set()
+            self.taken = {k for k in self.taken if k[0] == epoch}
         self.epoch = epoch
         if self.cursor is None or self.cursor[0] != epoch:
             self.cursor = (epoch, 0, self.num_batches)
@@ -103,7 +103,7 @@ class PlanAhead:
             return None
         if self.epoch is None or epoch != self.epoch + 1:
             self.set_epoch(epoch)
-            self.taken.add(i)
+        self.taken.add((epoch, i))
         future = self.plans.pop((epoch, i), None)
         self.with_data.discard((epoch, i))
         self._top_up()
@@ -150,7 +150,7 @@ class PlanAhead:
                     return  # the next epoch is submitted: no further
                 epoch, j, left = epoch + 1, 0, self.num_batches
             self.cursor = (epoch, j + 1, left - 1)
-            if epoch == self.epoch and j in self.taken:
+            if (epoch, j) in self.taken:
                 continue
             keep_data = len(self.with_data) < self._data_slots()
             future = self.pool.submit(epoch, j, keep_data=keep_data)

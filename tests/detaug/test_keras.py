@@ -717,6 +717,28 @@ class TestPlanningWorkers:
         assert ahead.take(2, 0) is None and waiting.cancelled()  # not started: planned by the caller
         ahead.close()
 
+    def test_a_next_epoch_batch_taken_before_its_turn_is_not_planned_again(self, source):
+        """A batch of the next epoch taken (the prefetch across an epoch's end) before the
+        submission cursor reached it is not submitted when the cursor gets there, nor after the
+        move to that epoch: a plan is used once."""
+        from detaug.keras.prefetch import PlanAhead
+
+        planner = planning.BatchPlanner(source, recipe(), planning.EpochSpec(n=len(source), batch_size=2, seed=3))
+        n = len(planner.spec)
+        ahead = PlanAhead(planner, 1, num_batches=n)
+        try:
+            ahead.limit = 0  # nothing submitted yet: the cursor stays at epoch 0's first batch
+            ahead.set_epoch(0)
+            assert ahead.take(1, 1) is None and ahead.epoch == 0  # not submitted: the caller plans it
+            ahead.limit = dk.PLAN_AHEAD_BATCHES
+            ahead._top_up()
+            assert sorted(ahead.plans) == [(0, i) for i in range(n)] + [(1, i) for i in range(n) if i != 1]
+            ahead.set_epoch(1)
+            ahead._top_up()
+            assert sorted(ahead.plans) == [(1, i) for i in range(n) if i != 1] + [(2, i) for i in range(n)]
+        finally:
+            ahead.close()
+
     def test_arguments_and_fallback(self, source):
         assert make_sequence(source, prefetch=False).plan_workers == (0 if DEVICE == "cpu" else min(8, os.cpu_count()))
         for bad in (-1, True, 1.5):
