@@ -131,7 +131,6 @@ def test_box_arrays_travel_joined_and_come_back_as_they_were(source):
     assert _pack_boxes(mixed) is None
 
 
-
 def test_a_plan_can_be_cancelled_only_while_its_job_can(source):
     """Cancelling a plan whose job runs fails (its result comes); one whose job waits succeeds,
     and cancels the job."""
