@@ -101,9 +101,9 @@ def build_pipeline(
         prefetch_queue_depth: batches that may be fed and scheduled before their outputs are taken.
         num_threads: DALI CPU threads; ``None``: the CPUs this process may use divided by the
             ranks on the host, 1 to 16 (:func:`detaug.decoding.default_num_threads`).
-        hw_decoder_load: the share of JPEGs sent to the GPU's hardware decoder; ``None``: 0.99
-            on GPUs that have one (A100, H100, H200, ...), else DALI's default
-            (:func:`detaug.decoding.decoder_options`, ``DETAUG_HW_DECODER_LOAD`` overrides).
+        hw_decoder_load: the share of JPEGs sent to the GPU's hardware decoder where it has one
+            (A100, H100, H200, ...); ``None``: ``DETAUG_HW_DECODER_LOAD`` when set, else 0.65
+            (:func:`detaug.decoding.decoder_options`).
 
     Output: the augmented images, ``[3, H, W]`` or ``[H, W, 3]``, float32 when the recipe ends
     with ``Normalize``, else uint8; on the GPU with ``device="gpu"``.

@@ -1,6 +1,6 @@
 """detaug.decoding: the decoder settings and DALI threads a loader gets by default.
 
-Nothing here needs a GPU: the GPU rule is a pure function of the device's name.
+Nothing here needs a GPU.
 """
 
 from __future__ import annotations
@@ -11,66 +11,54 @@ import pytest
 
 from detaug import decoding
 from detaug.decoding import (
-    DALI_DEFAULT_HW_DECODER_LOAD,
     HW_DECODER_ENV,
     HW_DECODER_LOAD,
     decoder_options,
     default_num_threads,
-    has_hardware_jpeg_decoder,
     default_planning_workers,
-    hw_decoder_load_for,
+    hw_decoder_load_from,
     threads_beside,
     threads_for,
 )
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA A30", "NVIDIA GH200 480GB",
-     "NVIDIA H20", "NVIDIA B200", "NVIDIA H100 NVL"],
-)
-def test_gpus_with_hardware_jpeg_decoders_get_nearly_all_jpegs(name):
-    assert has_hardware_jpeg_decoder(name)
-    assert hw_decoder_load_for(name) == HW_DECODER_LOAD == 0.99
+def test_the_default_share_is_dalis_own():
+    """0.65: about two thirds of the JPEGs to the hardware decoder, the rest to the CUDA decoder
+    on DALI's threads (measured faster than 0.99 on H100 and H200 hosts: docs/benchmarks.md)."""
+    assert HW_DECODER_LOAD == 0.65
+    assert hw_decoder_load_from(None) == hw_decoder_load_from("") == hw_decoder_load_from("  ") == 0.65
 
 
-@pytest.mark.parametrize(
-    "name", ["NVIDIA A10", "NVIDIA A40", "Tesla V100-SXM2-16GB", "NVIDIA L4", "NVIDIA GeForce RTX 4090",
-             "NVIDIA RTX A3000 Laptop GPU", ""],
-)
-def test_other_gpus_keep_dalis_default(name):
-    """Similar names (A10 is not A100, A3000 not A30) do not count; DALI's default 0.65 stays."""
-    assert not has_hardware_jpeg_decoder(name)
-    assert hw_decoder_load_for(name) == DALI_DEFAULT_HW_DECODER_LOAD == 0.65
-
-
-def test_the_environment_variable_overrides_the_table():
-    assert hw_decoder_load_for("NVIDIA H200", env="0.5") == 0.5
-    assert hw_decoder_load_for("NVIDIA L4", env=" 1 ") == 1.0
-    assert hw_decoder_load_for("NVIDIA H200", env="  ") == HW_DECODER_LOAD  # blank: not set
-    for bad in ("1.5", "-0.1", "most"):
+def test_the_environment_variable_sets_the_share():
+    assert hw_decoder_load_from("0.5") == 0.5
+    assert hw_decoder_load_from(" 1 ") == 1.0
+    assert hw_decoder_load_from("0") == 0.0
+    for bad in ("1.5", "-0.1", "most", "nan"):
         with pytest.raises(ValueError, match=HW_DECODER_ENV):
-            hw_decoder_load_for("NVIDIA H200", env=bad)
+            hw_decoder_load_from(bad)
 
 
 def test_decoder_options(monkeypatch):
     monkeypatch.delenv(HW_DECODER_ENV, raising=False)
     assert decoder_options(False) == {} and decoder_options(False, hw_decoder_load=0.3) == {}
-    assert decoder_options(True, device_name="NVIDIA H200") == {"hw_decoder_load": 0.99}
-    assert decoder_options(True, device_name="NVIDIA L4") == {"hw_decoder_load": 0.65}
-    assert decoder_options(True, hw_decoder_load=0.0, device_name="NVIDIA H200") == {"hw_decoder_load": 0.0}
-    monkeypatch.setenv(HW_DECODER_ENV, "0.8")
-    assert decoder_options(True, device_name="NVIDIA H200") == {"hw_decoder_load": 0.8}
-    assert decoder_options(True, hw_decoder_load=0.1, device_name="NVIDIA H200") == {"hw_decoder_load": 0.1}
+    assert decoder_options(True) == {"hw_decoder_load": 0.65}
+    assert decoder_options(True, hw_decoder_load=0.0) == {"hw_decoder_load": 0.0}
+    monkeypatch.setenv(HW_DECODER_ENV, "0.99")
+    assert decoder_options(True) == {"hw_decoder_load": 0.99}
+    assert decoder_options(True, hw_decoder_load=0.1) == {"hw_decoder_load": 0.1}
+    assert decoder_options(False) == {}
     with pytest.raises(ValueError, match="hw_decoder_load"):
-        decoder_options(True, hw_decoder_load=2.0, device_name="NVIDIA H200")
+        decoder_options(True, hw_decoder_load=2.0)
+    monkeypatch.setenv(HW_DECODER_ENV, "lots")
+    with pytest.raises(ValueError, match=HW_DECODER_ENV):
+        decoder_options(True)
 
 
 def test_the_options_are_accepted_by_dalis_decoders():
     """The keys decoder_options returns are arguments of every decoder detaug and the bench use."""
     from nvidia.dali import backend
 
-    options = decoder_options(True, device_name="NVIDIA H200")
+    options = decoder_options(True)
     for op in ("decoders__Image", "decoders__ImageSlice", "decoders__ImageRandomCrop"):
         schema = backend.GetSchema(op)
         assert all(schema.HasArgument(key) for key in options), op
