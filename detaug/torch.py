@@ -440,7 +440,9 @@ class DetectionLoader:
         return pipe
 
     def _to_torch(self, images: Any, planned: PlannedBatch) -> tuple[torch.Tensor | list[torch.Tensor], list[Target]]:
-        batch = dali_images_to_torch(images, self.device)
+        # On the CPU, DALI's default executor gives new output buffers every run: handed over
+        # without a copy (GPU outputs are copied: see dali_images_to_torch).
+        batch = dali_images_to_torch(images, self.device, copy=not getattr(self.pipeline, "exec_dynamic", False))
         if self._stacked != isinstance(batch, torch.Tensor):  # one batch type, whatever its size
             batch = torch.stack(batch) if self._stacked else list(batch)
         # The whole batch at once (category ids -> class indices too): one tensor per kind, split
@@ -512,9 +514,18 @@ def _as_tv_tensors(batch: Any, targets: list[Target]) -> tuple[Any, list[Target]
     return [tv.Image(image) for image in batch], targets
 
 
-def dali_images_to_torch(images: Any, device: torch.device) -> torch.Tensor | list[torch.Tensor]:
-    """A DALI ``TensorList`` as one ``torch`` tensor (uniform shapes) or a list of tensors,
-    copied (DALI reuses its buffers) onto ``device``."""
+def dali_images_to_torch(images: Any, device: torch.device, *, copy: bool = True) -> torch.Tensor | list[torch.Tensor]:
+    """A DALI ``TensorList`` as one ``torch`` tensor (uniform shapes) or a list of tensors, on
+    ``device`` (the pipeline's: the GPU's outputs stay there, the CPU's on the host).
+
+    GPU outputs are always copied into tensors of PyTorch's, on PyTorch's current stream: PyTorch
+    reuses the memory of a freed tensor only in that stream's order, while a DALI buffer handed
+    over through DLPack goes back to DALI's pool when the last tensor on it is freed, whatever the
+    GPU still has queued that reads it. Host outputs are copied too unless ``copy=False``: then
+    the tensors are DALI's own output buffers, handed over through DLPack (no copy, no new
+    memory), which only a pipeline of DALI's default (dynamic) executor allows
+    (``pipe.exec_dynamic``): its outputs are new buffers at every run and stay valid for as long
+    as a tensor refers to them, where DALI's legacy executors write later runs into them."""
     from nvidia.dali.backend import TensorListGPU
 
     if isinstance(images, TensorListGPU):
@@ -533,6 +544,7 @@ def dali_images_to_torch(images: Any, device: torch.device) -> torch.Tensor | li
             feed_ndarray(t, out, cuda_stream=stream)
             result.append(out)
         return result
+    host = (lambda t: torch.from_numpy(np.array(t))) if copy else torch.from_dlpack
     if images.is_dense_tensor():
-        return torch.from_numpy(np.array(images.as_tensor()))
-    return [torch.from_numpy(np.array(images[i])) for i in range(len(images))]
+        return host(images.as_tensor())
+    return [host(images[i]) for i in range(len(images))]

@@ -86,6 +86,9 @@ class PipelineQueue:
         self.backend = backend
         self.wasted = 0
         self.pipe: Any = build()  # fail here, not in the first seq[i]
+        # DALI's default executor: new output buffers every run, valid while referenced (host
+        # images are then handed over without a copy where no conversion is needed)
+        self._new_outputs = bool(getattr(self.pipe, "exec_dynamic", False))
         self.waiting: deque[Ticket] = deque()
         self.inflight: deque[Ticket] = deque()
         self.prefetched: dict[tuple[int, int], Ticket] = {}  # (epoch, index) -> its ticket
@@ -287,7 +290,8 @@ class PipelineQueue:
 
     def _copy(self, images: Any) -> Any:
         """A batch's images as float32 ``[B, H, W, 3]``, a NumPy array or a device tensor
-        (``images_on_device``), copied once (DALI reuses its buffers at the next run)."""
+        (``images_on_device``), copied once (DALI's legacy executors reuse their buffers at a
+        later run; on the host, float32 images of its default executor are not copied)."""
         if not images.is_dense_tensor():
             shapes = sorted({tuple(images[k].shape()) for k in range(len(images))})
             raise ValueError(
@@ -295,7 +299,10 @@ class PipelineQueue:
                 "[B, H, W, 3] array: end the recipe with Resize((h, w)), LetterBox or RandomResizedCrop"
             )
         if self.device_id is None:
-            return np.array(images.as_tensor(), dtype=np.float32)  # one pass: copy and convert
+            # one pass: copy and convert; float32 outputs of DALI's default executor are new
+            # buffers every run, taken as they are
+            convert = np.asarray if self._new_outputs else np.array
+            return convert(images.as_tensor(), dtype=np.float32)
         out = _gpu_float32(images, self.device_id, self._streams, on_host=not self.images_on_device)
         return hand_over(out, self.backend) if self.images_on_device else out
 

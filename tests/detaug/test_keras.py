@@ -784,6 +784,25 @@ def test_importing_the_package_imports_no_keras_or_torch():
     assert run.stdout.splitlines() == ["[]", "True keras", "True True detaug.keras.sequence"], run.stdout
 
 
+def test_batches_kept_while_later_ones_run_keep_their_pixels(source):
+    """Float32 host images of DALI's default executor are its own output buffers (no copy): a
+    batch kept while later batches and epochs run keeps its pixels."""
+    normalised = T.Compose([*recipe().transforms, T.Normalize()])
+    sequence = make_sequence(source, transforms=normalised)
+    kept = []
+    for epoch in range(2):
+        sequence.set_epoch(epoch)
+        kept += [sequence[i] for i in range(len(sequence))]
+    snapshots = [images.copy() for images, _ in kept]
+    sequence.set_epoch(2)
+    for i in range(len(sequence)):
+        sequence[i]
+    for (images, _), snapshot in zip(kept, snapshots):
+        assert images.dtype == np.float32
+        np.testing.assert_array_equal(images, snapshot)
+    sequence.close()
+
+
 def test_images_on_device_needs_a_gpu(source):
     with pytest.raises(ValueError, match="images_on_device=True needs device='gpu'"):
         DetectionSequence(source, recipe(), batch_size=2, device="cpu", images_on_device=True)

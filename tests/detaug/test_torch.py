@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,7 @@ from detaug.torch import DetectionLoader, distributed_shard
 from tests.detaug.consistency import scene_samples
 
 RECIPE = T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))])
+DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")  # the tests that say so run on a GPU with DETAUG_TEST_DEVICE=gpu
 
 
 @pytest.fixture(scope="module")
@@ -317,3 +320,52 @@ def test_device_auto_is_the_default(samples):
 
         with pytest.raises(DeviceError, match="no CUDA device"):
             DetectionLoader(SampleListSource(samples), RECIPE, 4, device="gpu")
+
+
+
+@pytest.mark.parametrize("recipe", [RECIPE, T.Compose([T.RandomZoomOut(p=1.0, side_range=(1.0, 2.0))])],
+                         ids=["stacked", "list"])
+def test_batches_handed_over_without_a_copy_keep_their_pixels(samples, recipe):
+    """On the CPU the images are DALI's own output buffers (DALI's default executor gives new
+    ones every run), on the GPU copies: either way batches kept while later ones run, across
+    epochs, keep their pixels."""
+    loader = DetectionLoader(SampleListSource(samples), recipe, 3, device=DEVICE, seed=4, prefetch_queue_depth=1)
+    assert loader.pipeline.exec_dynamic
+    kept = [images for images, _ in loader] + [images for images, _ in loader]
+    snapshots = [[i.clone() for i in images] for images in kept]
+    for _ in loader:  # a third epoch while the first two are held
+        pass
+    for images, snapshot in zip(kept, snapshots):
+        assert all(torch.equal(i, s) for i, s in zip(images, snapshot))
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_dali_images_to_torch_with_and_without_a_copy(ragged):
+    from nvidia.dali import fn, pipeline_def
+
+    from detaug.pipeline import resolve_device
+    from detaug.torch import dali_images_to_torch
+
+    device_id = resolve_device(DEVICE, None)
+    shapes = [(4, 5 + ragged * k, 3) for k in range(3)]
+
+    @pipeline_def(batch_size=3, num_threads=1, device_id=device_id, prefetch_queue_depth=1)
+    def pipe_def():
+        images = fn.external_source(name="x", device="gpu" if device_id is not None else "cpu")
+        return images + 1
+
+    pipe = pipe_def()
+    pipe.build()
+    device = torch.device("cpu") if device_id is None else torch.device("cuda", device_id)
+    for run in range(2):
+        pipe.feed_input("x", [np.full(shape, 10 * run + k, np.uint8) for k, shape in enumerate(shapes)])
+        (out,) = pipe.run()
+        copied = dali_images_to_torch(out, device)
+        shared = dali_images_to_torch(out, device, copy=False)  # a copy on the GPU all the same
+        assert isinstance(copied, list) == isinstance(shared, list) == ragged
+        assert all(s.device == device and torch.equal(c, s) for c, s in zip(copied, shared))
+        dali = [out.as_tensor()] if not ragged else [out[k] for k in range(3)]
+        handed = [shared] if not ragged else shared
+        # the host's images are DALI's buffers; the GPU's are copies
+        assert all((h.data_ptr() == d.data_ptr()) == (device_id is None) for h, d in zip(handed, dali))
+        assert [int(s.flatten()[0]) for s in shared] == [10 * run + k + 1 for k in range(3)]
