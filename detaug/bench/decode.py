@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from detaug.bench.dataset import BenchDataset
 from detaug.bench.harness import BenchSettings
 from detaug.bench.recipe import RecipeSpec
+from detaug.decoding import HW_DECODER_LOAD
 
 __all__ = [
     "GPU_LOADS",
@@ -39,8 +40,9 @@ __all__ = [
     "sweep_configs",
 ]
 
-#: ``hw_decoder_load`` values the GPU sweep tries: no hardware decoder, DALI's default, nearly all.
-GPU_LOADS: tuple[float, ...] = (0.0, 0.65, 0.99)
+#: ``hw_decoder_load`` values the GPU sweep tries: no hardware decoder, the loaders' default
+#: (DALI's own, :data:`detaug.decoding.HW_DECODER_LOAD`), nearly all.
+GPU_LOADS: tuple[float, ...] = (0.0, HW_DECODER_LOAD, 0.99)
 
 
 @dataclass(frozen=True)

@@ -531,13 +531,16 @@ def test_scaling_rows(dataset, tmp_path):
     assert all(r["status"] == "ok" for r in scaling["batch"])
 
 
-def test_decode_sweep_grid():
+def test_decode_sweep_grid(monkeypatch):
     from detaug.bench.decode import GPU_LOADS, recipe_crops_first, sweep_configs
+    from detaug.decoding import HW_DECODER_ENV, decoder_options
     from detaug.transforms import Compose, RandomHorizontalFlip, RandomIoUCrop, Resize
 
     gpu = sweep_configs("gpu", 16, window=True)
     assert len(gpu) == len(GPU_LOADS) * 2 * 2
     assert {c.hw_decoder_load for c in gpu} == {0.0, 0.65, 0.99} and {c.num_threads for c in gpu} == {8, 16}
+    monkeypatch.delenv(HW_DECODER_ENV, raising=False)
+    assert decoder_options(True)["hw_decoder_load"] in GPU_LOADS  # the loaders' own setting is swept
     cpu = sweep_configs("cpu", 1, window=False)
     assert [(c.num_threads, c.window, c.hw_decoder_load) for c in cpu] == [(1, False, None)]
     assert recipe_crops_first()
