@@ -310,11 +310,14 @@ def _bbox_params(min_box_size: float, min_visibility: float = 0.0):
 
 
 class AlbumentationsDetection(Dataset):
-    """Reads a JPEG with ``cv2.imdecode``, returns ``(float32 [3, S, S], target dict)``."""
+    """Reads a JPEG with ``cv2.imdecode``, returns ``(float32 [3, S, S], target dict)``. The
+    transform's random state starts from ``seed`` (:func:`seed_albumentations_worker` gives each
+    DataLoader worker its own)."""
 
-    def __init__(self, records: list[Record], spec: RecipeSpec) -> None:
+    def __init__(self, records: list[Record], spec: RecipeSpec, seed: int = 0) -> None:
         self.records = records
         self.transform = albumentations_transform(spec)
+        self.transform.set_random_seed(seed)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -334,8 +337,8 @@ class AlbumentationsDetection(Dataset):
 def iter_albumentations(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tuple]:
     """The ``albumentations`` variant: endless ``(images, targets)`` batches."""
     _import_albumentations()
-    data = AlbumentationsDetection(load_records(dataset), RecipeSpec(size=settings.size))
-    yield from _iterate(data, settings, worker_init_fn=pin_worker_threads)
+    data = AlbumentationsDetection(load_records(dataset), RecipeSpec(size=settings.size), settings.seed)
+    yield from _iterate(data, settings, worker_init_fn=seed_albumentations_worker)
 
 
 # ------------------------------------------------------------------------------------------
@@ -440,9 +443,10 @@ class AlbumentationsMosaic(Dataset):
     [3, S, S], target dict)`` of :func:`albumentations_mosaic_transform`. Indexed by the tuples
     of :class:`MosaicSampler`."""
 
-    def __init__(self, records: list[Record], spec: YoloSpec) -> None:
+    def __init__(self, records: list[Record], spec: YoloSpec, seed: int = 0) -> None:
         self.records = records
         self.transform = albumentations_mosaic_transform(spec)
+        self.transform.set_random_seed(seed)  # per worker: seed_albumentations_worker
 
     def __len__(self) -> int:
         return len(self.records)
@@ -469,9 +473,9 @@ def iter_albumentations_mosaic(dataset: BenchDataset, settings: BenchSettings) -
     _import_albumentations()
     spec = YoloSpec(size=settings.size)
     records = load_records(dataset)
-    data = AlbumentationsMosaic(records, spec)
+    data = AlbumentationsMosaic(records, spec, settings.seed)
     sampler = MosaicSampler(len(records), settings.seed, partners=spec.mosaic_images - 1)
-    yield from _iterate(data, settings, worker_init_fn=pin_worker_threads, sampler=sampler)
+    yield from _iterate(data, settings, worker_init_fn=seed_albumentations_worker, sampler=sampler)
 
 
 def _import_albumentations() -> None:
@@ -525,6 +529,16 @@ def pin_worker_threads(worker_id: int | None = None) -> None:
     except ImportError:
         return
     cv2.setNumThreads(1)
+
+
+def seed_albumentations_worker(worker_id: int) -> None:
+    """:func:`pin_worker_threads`, then the worker's albumentations transform seeded from the
+    worker's own seed (PyTorch's, drawn from the seed of the run): albumentations keeps a random
+    state of its own, which every forked or spawned worker would otherwise start from the same
+    place, or, unseeded, from a different one every run."""
+    pin_worker_threads(worker_id)
+    info = torch.utils.data.get_worker_info()
+    info.dataset.transform.set_random_seed(info.seed % 2**32)
 
 
 def peer_description(name: str, settings: BenchSettings) -> str:

@@ -732,7 +732,9 @@ def test_albumentations_mosaic_peer(dataset):
         for images, targets in islice(batches, 2):
             assert images.shape == (BATCH, 3, size, size) and images.dtype == torch.uint8
             rgb = images.float()
-            coloured = (rgb.max(1).values - rgb.min(1).values) > 60
+            # HSV value and saturation shifts leave dark objects ~40 apart in their channels;
+            # the grey fill and background stay a few apart
+            coloured = (rgb.max(1).values - rgb.min(1).values) > 20
             for k, target in enumerate(targets):
                 boxes = target["boxes"]
                 assert boxes.dtype == torch.float32 and target["labels"].dtype == torch.int64
@@ -742,6 +744,25 @@ def test_albumentations_mosaic_peer(dataset):
                         assert coloured[k, y0:y1, x0:x1].float().mean() > 0.05
     finally:
         batches.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_albumentations_peers_follow_the_seed(dataset, workers):
+    """albumentations keeps a random state of its own: the peers seed it from the run's seed
+    (each DataLoader worker from its own), so one seed gives the same batches."""
+    from detaug.bench.peers import iter_albumentations, iter_albumentations_mosaic
+
+    def first_batch(iterate, seed, **kw):
+        batches = iterate(dataset, _settings(seed=seed, workers=workers, **kw))
+        try:
+            return next(batches)
+        finally:
+            batches.close()
+
+    for iterate, kw in ((iter_albumentations, {}), (iter_albumentations_mosaic, {"recipe": "yolo", "size": 256})):
+        (a, ta), (b, tb), (c, _) = (first_batch(iterate, seed, **kw) for seed in (1, 1, 2))
+        assert torch.equal(a, b) and all(torch.equal(x["boxes"], y["boxes"]) for x, y in zip(ta, tb))
+        assert not torch.equal(a, c)
 
 
 def test_ratios_and_checks_of_a_made_up_yolo_run():
