@@ -746,6 +746,7 @@ def test_albumentations_mosaic_peer(dataset):
         batches.close()
 
 
+@pytest.mark.skipif(not _installed("albumentations", "cv2"), reason="albumentations is not installed")
 @pytest.mark.parametrize("workers", [0, 2])
 def test_albumentations_peers_follow_the_seed(dataset, workers):
     """albumentations keeps a random state of its own: the peers seed it from the run's seed
