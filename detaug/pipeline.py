@@ -16,7 +16,7 @@ from detaug.errors import DeviceError
 from detaug.transforms import Compose
 
 __all__ = ["DEVICES", "build_pipeline", "cuda_devices", "feed", "feed_first_run", "feed_inputs", "input_names",
-           "pick_device", "resolve_device"]
+           "outputs_outlive_runs", "pick_device", "resolve_device"]
 
 
 DEVICES = ("auto", "gpu", "cuda", "cpu")
@@ -237,6 +237,14 @@ def build_pipeline(
         return images
 
     return detection_pipeline()
+
+
+def outputs_outlive_runs(pipe: Any) -> bool:
+    """Whether ``pipe``'s outputs stay valid after later runs, for as long as they are referenced:
+    DALI's default (dynamic) executor gives new output buffers every run (``pipe.exec_dynamic``),
+    where its legacy executors write later runs into the same ones. Host outputs of such a
+    pipeline may be handed over without a copy."""
+    return bool(getattr(pipe, "exec_dynamic", False))
 
 
 def input_names(transforms: Compose) -> list[str]:

@@ -15,7 +15,7 @@ from detaug.decoding import default_planning_workers, threads_beside
 from detaug.errors import DataWarning, ImageError
 from detaug.labels import LabelMap
 from detaug.plan_ahead import PlanPool
-from detaug.pipeline import build_pipeline, feed, feed_first_run, pick_device, resolve_device
+from detaug.pipeline import build_pipeline, feed, feed_first_run, outputs_outlive_runs, pick_device, resolve_device
 from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, batch_columns, source_groups, undecodable
 from detaug.epochs import check_shard
 from detaug.transforms import Compose
@@ -440,9 +440,9 @@ class DetectionLoader:
         return pipe
 
     def _to_torch(self, images: Any, planned: PlannedBatch) -> tuple[torch.Tensor | list[torch.Tensor], list[Target]]:
-        # On the CPU, DALI's default executor gives new output buffers every run: handed over
-        # without a copy (GPU outputs are copied: see dali_images_to_torch).
-        batch = dali_images_to_torch(images, self.device, copy=not getattr(self.pipeline, "exec_dynamic", False))
+        # host images of a pipeline whose outputs outlive their run: no copy (GPU images are
+        # copied: see dali_images_to_torch)
+        batch = dali_images_to_torch(images, self.device, copy=not outputs_outlive_runs(self.pipeline))
         if self._stacked != isinstance(batch, torch.Tensor):  # one batch type, whatever its size
             batch = torch.stack(batch) if self._stacked else list(batch)
         # The whole batch at once (category ids -> class indices too): one tensor per kind, split
@@ -523,9 +523,8 @@ def dali_images_to_torch(images: Any, device: torch.device, *, copy: bool = True
     over through DLPack goes back to DALI's pool when the last tensor on it is freed, whatever the
     GPU still has queued that reads it. Host outputs are copied too unless ``copy=False``: then
     the tensors are DALI's own output buffers, handed over through DLPack (no copy, no new
-    memory), which only a pipeline of DALI's default (dynamic) executor allows
-    (``pipe.exec_dynamic``): its outputs are new buffers at every run and stay valid for as long
-    as a tensor refers to them, where DALI's legacy executors write later runs into them."""
+    memory), which only a pipeline whose outputs outlive their run allows
+    (:func:`detaug.pipeline.outputs_outlive_runs`: DALI's default executor)."""
     from nvidia.dali.backend import TensorListGPU
 
     if isinstance(images, TensorListGPU):

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from detaug.pipeline import feed, feed_first_run
+from detaug.pipeline import feed, feed_first_run, outputs_outlive_runs
 from detaug.planning import DecodeFailure, PlannedBatch
 
 __all__ = ["PIPELINE_DEPTH", "PipelineQueue", "Ticket"]
@@ -86,9 +86,6 @@ class PipelineQueue:
         self.backend = backend
         self.wasted = 0
         self.pipe: Any = build()  # fail here, not in the first seq[i]
-        # DALI's default executor: new output buffers every run, valid while referenced (host
-        # images are then handed over without a copy where no conversion is needed)
-        self._new_outputs = bool(getattr(self.pipe, "exec_dynamic", False))
         self.waiting: deque[Ticket] = deque()
         self.inflight: deque[Ticket] = deque()
         self.prefetched: dict[tuple[int, int], Ticket] = {}  # (epoch, index) -> its ticket
@@ -299,9 +296,8 @@ class PipelineQueue:
                 "[B, H, W, 3] array: end the recipe with Resize((h, w)), LetterBox or RandomResizedCrop"
             )
         if self.device_id is None:
-            # one pass: copy and convert; float32 outputs of DALI's default executor are new
-            # buffers every run, taken as they are
-            convert = np.asarray if self._new_outputs else np.array
+            # one pass: copy and convert; float32 outputs that outlive their run are taken as they are
+            convert = np.asarray if outputs_outlive_runs(self.pipe) else np.array
             return convert(images.as_tensor(), dtype=np.float32)
         out = _gpu_float32(images, self.device_id, self._streams, on_host=not self.images_on_device)
         return hand_over(out, self.backend) if self.images_on_device else out

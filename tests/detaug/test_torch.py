@@ -12,6 +12,7 @@ import detaug.transforms as T
 from detaug import DataWarning, ImageError
 from detaug.sources import CocoSource, SampleListSource
 from detaug.synthetic import write_coco_dataset
+from detaug.pipeline import outputs_outlive_runs
 from detaug.torch import DetectionLoader, distributed_shard
 from tests.detaug.consistency import scene_samples
 
@@ -322,7 +323,6 @@ def test_device_auto_is_the_default(samples):
             DetectionLoader(SampleListSource(samples), RECIPE, 4, device="gpu")
 
 
-
 @pytest.mark.parametrize("recipe", [RECIPE, T.Compose([T.RandomZoomOut(p=1.0, side_range=(1.0, 2.0))])],
                          ids=["stacked", "list"])
 def test_batches_handed_over_without_a_copy_keep_their_pixels(samples, recipe):
@@ -330,7 +330,7 @@ def test_batches_handed_over_without_a_copy_keep_their_pixels(samples, recipe):
     ones every run), on the GPU copies: either way batches kept while later ones run, across
     epochs, keep their pixels."""
     loader = DetectionLoader(SampleListSource(samples), recipe, 3, device=DEVICE, seed=4, prefetch_queue_depth=1)
-    assert loader.pipeline.exec_dynamic
+    assert outputs_outlive_runs(loader.pipeline)
     kept = [images for images, _ in loader] + [images for images, _ in loader]
     snapshots = [[i.clone() for i in images] for images in kept]
     for _ in loader:  # a third epoch while the first two are held
