@@ -43,7 +43,7 @@ from detaug.errors import DatasetError
 from detaug.formats import validation as v
 from detaug.formats.coco import NO_ANNOTATION_ID, CocoDataset, load_coco
 from detaug.formats.box_formats import check_box_format, to_xyxy
-from detaug.formats.images import ORIENTATIONS, probe_file, probe_image
+from detaug.formats.images import ORIENTATIONS, probe_file, probe_image, read_bytes
 
 __all__ = [
     "COCO_FIELDS", "ORIENTATIONS", "RESERVED_FIELDS", "VOC_FIELDS", "CocoSource", "FieldSpec", "Sample",
@@ -218,7 +218,7 @@ class SampleListSource:
             data = np.frombuffer(image, dtype=np.uint8)
         else:
             try:
-                data = np.fromfile(image, dtype=np.uint8)
+                data = read_bytes(image)
             except OSError as err:
                 raise OSError(err.errno, f"{image}: cannot read the image file: {err.strerror or err}") from err
         return data, s.boxes, s.labels, s.image_id

@@ -26,6 +26,7 @@ from detaug.formats.images import (
     probe_file,
     probe_image,
     read_and_probe,
+    read_bytes,
 )
 
 REALDATA = Path(__file__).resolve().parents[4] / "shared" / "realdata"
@@ -129,6 +130,21 @@ def test_empty_and_unreadable_files(tmp_path: Path) -> None:
     os.mkfifo(fifo)  # would block a reader: not opened
     assert probe_file(fifo).problem == read_and_probe(fifo)[1].problem == I.NOT_A_FILE
     assert I.NOT_A_FILE == "cannot read: not a regular file"
+
+
+def test_read_bytes_gives_the_whole_file(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for size in (0, 1, 45_000, 3 * 1024 * 1024 + 7):  # empty, tiny, a photo, more than one read may give
+        path = tmp_path / f"f{size}.bin"
+        payload = rng.integers(0, 256, size, dtype=np.uint8)
+        payload.tofile(path)
+        data = read_bytes(path)
+        assert data.dtype == np.uint8 and data.shape == (size,)
+        np.testing.assert_array_equal(data, np.fromfile(path, dtype=np.uint8))
+    with pytest.raises(FileNotFoundError):
+        read_bytes(tmp_path / "missing.jpg")
+    with pytest.raises(IsADirectoryError):
+        read_bytes(tmp_path)
 
 
 def test_text_file_named_jpg(tmp_path: Path) -> None:
