@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +54,8 @@ from detaug.transforms.compose import Partners
 
 __all__ = [
     "FIELD_CHOICES", "ON_ERROR", "EpochSpec", "PlannedBatch", "BatchPlanner", "DecodedShapes", "DecodeFailure",
-    "batch_columns", "field_outputs", "select_fields", "undecodable", "init_plan_worker", "plan_job", "source_groups",
+    "batch_columns", "field_outputs", "select_fields", "undecodable", "init_plan_worker", "plan_job", "plan_group_job",
+    "source_groups",
 ]
 
 #: What an unreadable or undecodable image does: ``"skip"`` (replaced, named, counted) or ``"raise"``.
@@ -254,7 +255,43 @@ class BatchPlanner:
     def plan(self, epoch: int, step: int, *, bad: Mapping[int, str] | None = None) -> PlannedBatch:
         """Read, check and plan batch ``step`` of ``epoch``; ``bad``: positions known to fail
         in DALI although their header is fine, with the reason (skipped as unreadable ones are)."""
+        return self._assemble(self._gather(epoch, step, bad or {}))
+
+    def plan_many(self, epoch: int, steps: Sequence[int], *, bad: Mapping[int, str] | None = None
+                  ) -> list[PlannedBatch | Exception]:
+        """Batches ``steps`` of ``epoch``, each as :meth:`plan` gives it, or the error planning
+        it raised (:class:`~detaug.errors.ImageError` with ``on_error="raise"``, ...), in the
+        order of ``steps``. The batches are read one by one, then planned by one
+        :meth:`~detaug.transforms.Compose.plan_batch` call over all their samples: the recipe's
+        per-call costs are paid once for the group (a sample's plan does not depend on its
+        batch-mates, so the plans are the same), except for recipes whose partners are
+        batch-mates (``pool="batch"``), planned batch by batch."""
         bad = bad or {}
+        gathered: list[_Gathered | Exception] = []
+        for step in steps:
+            try:
+                gathered.append(self._gather(epoch, step, bad))
+            except Exception as err:  # noqa: BLE001 - this batch's error; the others are planned
+                gathered.append(err)
+        ready = [g for g in gathered if isinstance(g, _Gathered)]
+        if len(ready) < 2 or self.transforms.batch_slots:
+            return [g if isinstance(g, Exception) else self._assemble(g) for g in gathered]
+        joined = _Gathered.join(ready)
+        params, boxes, kept = self.transforms.plan_batch(*joined.plan_inputs())
+        results: list[PlannedBatch | Exception] = []
+        start = 0
+        for g in gathered:
+            if isinstance(g, Exception):
+                results.append(g)
+                continue
+            stop = start + len(g.image_ids)
+            results.append(self._assemble(g, (params[start:stop], boxes[start:stop], kept[start:stop])))
+            start = stop
+        return results
+
+    def _gather(self, epoch: int, step: int, bad: Mapping[int, str]) -> _Gathered:
+        """Steps 1-4 and the rows of step 6 of the module docstring for batch ``step``: its
+        samples and partners read, checked and keyed, ready for ``plan_batch``."""
         if not 0 <= step < len(self.spec):
             raise IndexError(f"batch {step} out of range for an epoch of {len(self.spec)} batches")
         order = self.order(epoch)
@@ -284,9 +321,15 @@ class BatchPlanner:
         rows, lookup = _row_labels(tables, partner_tables)
         if partners is not None:
             partners = Partners(partners.shapes, partners.boxes, rows[1:])
-        params, out_boxes, kept = self.transforms.plan_batch(shapes, boxes, rows[0], keys, partners)
+        return _Gathered(epoch, step, np.asarray(positions, dtype=np.int64), image_ids, keys, data, shapes, boxes,
+                         rows[0], lookup, partners, partner_data, partner_positions, skipped, repaired)
+
+    def _assemble(self, g: _Gathered, planned: tuple[list, list, list] | None = None) -> PlannedBatch:
+        """Step 5 (unless ``planned`` gives its outputs: ``plan_batch``'s for these samples) and
+        step 6 of the module docstring: the :class:`PlannedBatch` of a gathered batch."""
+        params, out_boxes, kept = planned if planned is not None else self.transforms.plan_batch(*g.plan_inputs())
         out_labels, out_fields = [], []
-        for b, r, table in zip(out_boxes, kept, lookup):
+        for b, r, table in zip(out_boxes, kept, g.lookup):
             r = np.asarray(r, dtype=np.int64)
             out_labels.append(table.labels[r])
             picked = {name: table.fields[name][r] for name in self.fields if name in table.fields}
@@ -295,11 +338,11 @@ class BatchPlanner:
             out_fields.append({name: picked[name] for name in self.fields if name in picked})
         decoded_shapes = isinstance(self.source, DecodedShapes)
         return PlannedBatch(
-            epoch=epoch, step=step, positions=np.asarray(positions, dtype=np.int64), image_ids=image_ids,
-            data=None if decoded_shapes else data,
-            params=np.stack(params).astype(np.float32, copy=False), boxes=out_boxes,
-            labels=out_labels, skipped=skipped, repaired=repaired,
-            partners=None if decoded_shapes else partner_data, partner_positions=partner_positions,
+            epoch=g.epoch, step=g.step, positions=g.positions, image_ids=g.image_ids,
+            data=None if decoded_shapes else g.data,
+            params=np.stack(params).astype(np.float32, copy=False), boxes=list(out_boxes),
+            labels=out_labels, skipped=g.skipped, repaired=g.repaired,
+            partners=None if decoded_shapes else g.partner_data, partner_positions=g.partner_positions,
             fields=out_fields,
         )
 
@@ -461,6 +504,50 @@ class _Rows:
         return _Rows(self.labels[rows], {name: arr[rows] for name, arr in self.fields.items()})
 
 
+@dataclass
+class _Gathered:
+    """A batch read and checked, not yet planned (:meth:`BatchPlanner._gather`): what
+    :meth:`~detaug.transforms.Compose.plan_batch` takes (``shapes``, ``boxes``, ``rows``,
+    ``keys``, ``partners``), and what the plan is assembled with (``lookup``: per sample the
+    labels and fields its kept rows index; the data, positions and findings)."""
+
+    epoch: int
+    step: int
+    positions: np.ndarray
+    image_ids: np.ndarray
+    keys: np.ndarray
+    data: list[np.ndarray]
+    shapes: list[tuple[int, int]]
+    boxes: list[np.ndarray]
+    rows: list[np.ndarray]
+    lookup: list[_Rows]
+    partners: Partners | None
+    partner_data: list[list[np.ndarray] | None]
+    partner_positions: np.ndarray
+    skipped: list[dict[str, Any]]
+    repaired: list[dict[str, Any]]
+
+    def plan_inputs(self) -> tuple[list, list, list, np.ndarray, Partners | None]:
+        """The arguments of ``plan_batch`` for these samples."""
+        return self.shapes, self.boxes, self.rows, self.keys, self.partners
+
+    @staticmethod
+    def join(batches: list[_Gathered]) -> _Gathered:
+        """One batch of the samples of ``batches``, in order, for one ``plan_batch`` call (only
+        its :meth:`plan_inputs` are used; partner slots must not be batch positions)."""
+        partners = None
+        if batches[0].partners is not None:
+            slots = range(len(batches[0].partners.shapes))
+            partners = Partners(*([[x for g in batches for x in getattr(g.partners, name)[k]] for k in slots]
+                                  for name in ("shapes", "boxes", "labels")))
+        first = batches[0]
+        return _Gathered(
+            first.epoch, first.step, first.positions, np.concatenate([g.image_ids for g in batches]),
+            np.concatenate([g.keys for g in batches]), [], [s for g in batches for s in g.shapes],
+            [b for g in batches for b in g.boxes], [r for g in batches for r in g.rows], [], partners, [],
+            first.partner_positions, [], [])
+
+
 def _row_labels(tables: list[_Rows], partner_tables: list[list[_Rows]]) -> tuple[list[list[np.ndarray]], list[_Rows]]:
     """The labels to plan with, and what the kept ones index (step 6 of the module docstring).
 
@@ -608,9 +695,19 @@ def init_plan_worker(payload: bytes) -> None:
 
 def plan_job(epoch: int, step: int, bad: Mapping[int, str] | None = None) -> PlannedBatch:
     """In a planning worker: :meth:`BatchPlanner.plan` of one batch."""
+    return _worker_planner().plan(epoch, step, bad=bad)
+
+
+def plan_group_job(epoch: int, steps: Sequence[int], bad: Mapping[int, str] | None = None
+                   ) -> list[PlannedBatch | Exception]:
+    """In a planning worker: :meth:`BatchPlanner.plan_many` of batches ``steps``."""
+    return _worker_planner().plan_many(epoch, steps, bad=bad)
+
+
+def _worker_planner() -> BatchPlanner:
     if _PLANNER is None:
         raise RuntimeError("this planning worker has no planner (init_plan_worker did not run)")
-    return _PLANNER.plan(epoch, step, bad=bad)
+    return _PLANNER
 
 
 def planner_payload(planner: BatchPlanner) -> bytes:
