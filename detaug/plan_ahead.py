@@ -3,7 +3,9 @@
 A :class:`PlanPool` holds ``workers`` processes (started by :func:`detaug.workers.start_pool`:
 they work from a script without a main guard, from ``python -c`` and from Jupyter, and die
 with their parent), each with a copy of one :class:`~detaug.planning.BatchPlanner`, and
-returns :class:`~detaug.planning.PlannedBatch` futures for ``(epoch, step)``: with the image
+returns :class:`~detaug.planning.PlannedBatch` futures for ``(epoch, step)``, or for several
+consecutive steps planned by one job (:meth:`PlanPool.submit_many`: one ``plan_batch`` call for
+the group, :meth:`~detaug.planning.BatchPlanner.plan_many`): with the image
 bytes the worker read, or without them (``keep_data=False``: the caller reads them, which spares
 the memory of plans held long before they are used). The image bytes come back through shared
 memory (:mod:`detaug.shared_arrays`), not the result pipe: the futures hold plans whose ``data``
@@ -27,13 +29,25 @@ from detaug.planning import (
     BatchPlanner,
     PlannedBatch,
     init_plan_worker,
-    plan_job,
+    plan_group_job,
     planner_payload,
 )
 from detaug.shared_arrays import SharedArrays, file_prefix, share, sweep
 from detaug.workers import start_pool, stop_pool
 
-__all__ = ["PlanPool"]
+__all__ = ["GROUP_SAMPLES", "PlanPool", "group_size"]
+
+#: Samples a planning job plans at once (:meth:`PlanPool.submit_many`): the recipe's per-call
+#: costs are paid once for them. On the development machine, 4 batches of 64 planned in one
+#: ``plan_batch`` call cost 52 us an image against 86 in four (docs/benchmarks.md); past 256
+#: the saving is small, and the plans held ahead (in /dev/shm) grow with the group.
+GROUP_SAMPLES = 256
+
+
+def group_size(batch_size: int) -> int:
+    """Consecutive batches a planning job plans together: :data:`GROUP_SAMPLES` samples, at
+    least one batch (4 batches of 64, 1 of 256)."""
+    return max(1, GROUP_SAMPLES // max(1, int(batch_size)))
 
 
 class PlanPool:
@@ -78,15 +92,24 @@ class PlanPool:
         """A future of batch ``step`` of ``epoch``; ``None`` when the pool is disabled. With
         ``keep_data=False`` the plan's ``data`` is ``None`` (load it with
         :meth:`~detaug.planning.BatchPlanner.load_data`)."""
+        futures = self.submit_many(epoch, [step], bad, keep_data=keep_data)
+        return None if futures is None else futures[0]
+
+    def submit_many(self, epoch: int, steps: list[int], bad: Mapping[int, str] | None = None, *,
+                    keep_data: bool = True) -> list[Future] | None:
+        """Futures of batches ``steps`` of ``epoch``, planned by one job
+        (:meth:`~detaug.planning.BatchPlanner.plan_many`: the same plans as one job each, for
+        less CPU); ``None`` when the pool is disabled. Each future gets its batch's plan or its
+        error. Cancelling one cancels the job while it waits, and with it the others; once the
+        job runs, none can be cancelled (:meth:`submit`)."""
         if not self.start():
             return None
         try:
-            if not keep_data:
-                return self._pool.submit(plan_job_without_data, epoch, step, bad)
-            return _Unpacked(self._pool.submit(plan_job_shared, epoch, step, bad, self.prefix))
+            job = self._pool.submit(plan_group, epoch, list(steps), bad, self.prefix if keep_data else None)
         except RuntimeError as err:  # BrokenProcessPool is a RuntimeError too
             self.give_up(f"the planning workers stopped ({err})")
             return None
+        return _members(job, len(steps))
 
     def give_up(self, why: str) -> None:
         """Stop using workers (a warning says why); the caller plans in its own process."""
@@ -108,13 +131,6 @@ def _stop(pool: Any, prefix: str) -> None:
     """The finalizer of a pool collected or alive at exit: stop it, remove its files."""
     stop_pool(pool, False)
     sweep(prefix)
-
-
-def plan_job_without_data(epoch: int, step: int, bad: Mapping[int, str] | None = None) -> PlannedBatch:
-    """In a planning worker: :func:`~detaug.planning.plan_job` less the image data (``None``)."""
-    planned = plan_job(epoch, step, bad)
-    planned.data = None
-    return planned
 
 
 @dataclass
@@ -177,11 +193,27 @@ def _pack_boxes(planned: PlannedBatch) -> tuple[list[int], dict[str, np.ndarray]
     return counts, joined
 
 
-def plan_job_shared(epoch: int, step: int, bad: Mapping[int, str] | None, prefix: str) -> _Packed:
-    """In a planning worker: :func:`~detaug.planning.plan_job`, packed for the trip (:class:`_Packed`):
-    its image arrays written to shared memory (files named ``prefix`` ...), its box arrays
-    joined; each part as it is where that cannot be done."""
-    planned = plan_job(epoch, step, bad)
+def plan_group(epoch: int, steps: list[int], bad: Mapping[int, str] | None, prefix: str | None
+               ) -> list[_Packed | PlannedBatch | Exception]:
+    """In a planning worker: batches ``steps`` of ``epoch`` (:func:`~detaug.planning.plan_group_job`),
+    each packed for the trip (:func:`pack`, files named ``prefix`` ...), or without its image
+    data where ``prefix`` is ``None``; a batch that could not be planned as its error."""
+    results: list[_Packed | PlannedBatch | Exception] = []
+    for planned in plan_group_job(epoch, steps, bad):
+        if isinstance(planned, Exception):
+            results.append(planned)
+        elif prefix is None:
+            planned.data = None
+            results.append(planned)
+        else:
+            results.append(pack(planned, prefix))
+    return results
+
+
+def pack(planned: PlannedBatch, prefix: str) -> _Packed:
+    """``planned`` packed for the trip (:class:`_Packed`): its image arrays written to shared
+    memory (files named ``prefix`` ...), its box arrays joined; each part as it is where that
+    cannot be done."""
     partners = planned.partners or []
     arrays = list(planned.data or []) + [a for images in partners if images is not None for a in images]
     shared = share(arrays, prefix) if planned.data is not None and arrays else None
@@ -196,36 +228,47 @@ def plan_job_shared(epoch: int, step: int, bad: Mapping[int, str] | None, prefix
     return packed
 
 
-class _Unpacked(Future):
-    """The future of a plan job whose result, once there, is unpacked from shared memory (in
-    the pool's result thread, so that results nobody takes are unpacked too and their files
-    removed). It can be cancelled while its job can: not once the job runs."""
+class _Member(Future):
+    """The future of one plan of a plan job (which plans one batch or several: :func:`_members`).
+    It can be cancelled while its job can, which cancels the job's other plans too: not once
+    the job runs."""
 
     def __init__(self, job: Future) -> None:
         super().__init__()
         self._job = job
-        job.add_done_callback(self._transfer)
 
     def cancel(self) -> bool:
         """Cancel the job if it has not started, as a job's own future does: ``False`` once it
-        runs (its result will come, unpacked, and its file removed) or is done."""
+        runs (its results will come, unpacked, and their files removed) or is done."""
         if not self._job.cancel():
             return False
-        return super().cancel()  # already cancelled by _transfer, as the job's callback: True
+        return super().cancel()  # already cancelled by _deliver, as the job's callback: True
 
-    def _transfer(self, job: Future) -> None:
-        if job.cancelled():
-            super().cancel()
-            return
-        error = job.exception()
+
+def _members(job: Future, count: int) -> list[_Member]:
+    """The futures of the ``count`` plans ``job`` returns (a list, in order). Once the job is
+    done they are unpacked from shared memory in the pool's result thread, so that results
+    nobody takes are unpacked too and their files removed."""
+    members = [_Member(job) for _ in range(count)]
+    job.add_done_callback(lambda done: _deliver(done, members))
+    return members
+
+
+def _deliver(job: Future, members: list[_Member]) -> None:
+    if job.cancelled():
+        for member in members:
+            Future.cancel(member)
+        return
+    error = job.exception()
+    results = [error] * len(members) if error is not None else job.result()
+    for member, result in zip(members, results):
         try:
-            if error is not None:
-                self.set_exception(error)
-                return
-            result = job.result()
-            self.set_result(result.unpack() if isinstance(result, _Packed) else result)
+            if isinstance(result, BaseException):
+                member.set_exception(result)
+            else:
+                member.set_result(result.unpack() if isinstance(result, _Packed) else result)
         except InvalidStateError:  # cancelled meanwhile: nobody wants it (unpacked, so its file is gone)
             pass
         except OSError as err:  # the mapping failed: the caller stops using workers, saying why
             with contextlib.suppress(InvalidStateError):
-                self.set_exception(RuntimeError(f"a planned batch could not be read from shared memory ({err})"))
+                member.set_exception(RuntimeError(f"a planned batch could not be read from shared memory ({err})"))

@@ -14,7 +14,7 @@ import torch
 from detaug.decoding import default_planning_workers, threads_beside
 from detaug.errors import DataWarning, ImageError
 from detaug.labels import LabelMap
-from detaug.plan_ahead import PlanPool
+from detaug.plan_ahead import PlanPool, group_size
 from detaug.pipeline import build_pipeline, feed, feed_first_run, outputs_outlive_runs, pick_device, resolve_device
 from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, batch_columns, source_groups, undecodable
 from detaug.epochs import check_shard
@@ -275,7 +275,10 @@ class DetectionLoader:
 
     def _batches(self, epoch: int, start: int) -> Iterator[tuple[Any, list[Target]]]:
         steps = len(self)
-        ahead = self._depth + (2 * self.num_workers if self._pool is not None else 0)
+        # Workers plan groups of consecutive batches (one plan_batch call each: less CPU a
+        # sample); each worker gets one group to plan and one queued.
+        group = group_size(self.batch_size) if self._pool is not None else 1
+        ahead = self._depth + 2 * self.num_workers * group
         carry = self._take_carry((epoch, start))
         if self._broken:  # the pipeline failed while batches nobody wanted were dropped
             if carry is not None:
@@ -294,9 +297,10 @@ class DetectionLoader:
             nonlocal next_key
             while next_key is not None and len(pending) + len(inflight) < ahead:
                 e, s = next_key
-                future = self._pool.submit(e, s, dict(self._bad)) if self._pool is not None else None
-                pending.append((e, s, future))
-                next_key = self.spec.after(e, s)
+                group_steps = list(range(s, min(s + group, steps)))  # within the epoch
+                futures = self._pool.submit_many(e, group_steps, dict(self._bad)) if self._pool is not None else None
+                pending.extend((e, k, futures[i] if futures else None) for i, k in enumerate(group_steps))
+                next_key = self.spec.after(e, group_steps[-1])
             batches = []
             try:
                 while pending and len(inflight) + len(batches) < self._depth:
@@ -361,7 +365,8 @@ class DetectionLoader:
             except RuntimeError as err:  # BrokenProcessPool: a worker died
                 if isinstance(err, ImageError) or self._pool is None:
                     raise
-                self._pool.give_up(f"the planning workers stopped ({err})")
+                if not self._pool.disabled:  # the other plans of the pool fail alike
+                    self._pool.give_up(f"the planning workers stopped ({err})")
         if planned is None:
             planned = self.planner.plan(epoch, step, bad=self._bad)
         if planned.data is None or planned.partners is None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import detaug.transforms as T
-from detaug.plan_ahead import PlanPool, _pack_boxes, _Packed, _Unpacked, plan_job_shared
+from detaug.plan_ahead import PlanPool, _members, _pack_boxes, _Packed, plan_group
 from detaug.planning import BatchPlanner, EpochSpec, batch_columns, init_plan_worker, planner_payload
 from detaug.shared_arrays import SHM_DIR, file_prefix
 from detaug.sources import SampleListSource
@@ -109,7 +109,7 @@ def test_box_arrays_travel_joined_and_come_back_as_they_were(source):
     want = planner.plan(0, step)
     assert any(len(b) for b in want.boxes)
     init_plan_worker(planner_payload(planner))
-    packed = pickle.loads(pickle.dumps(plan_job_shared(0, step, None, file_prefix("test_"))))
+    [packed] = pickle.loads(pickle.dumps(plan_group(0, [step], None, file_prefix("test_"))))
     assert isinstance(packed, _Packed) and set(packed.joined) == {"boxes", "labels", "track", "point"}
     assert packed.planned.boxes == packed.planned.labels == packed.planned.fields == []
     got = packed.unpack()
@@ -138,8 +138,51 @@ def test_a_plan_can_be_cancelled_only_while_its_job_can(source):
     want = planner.plan(0, 1)
     running, waiting = Future(), Future()
     assert running.set_running_or_notify_cancel()
-    plan, other = _Unpacked(running), _Unpacked(waiting)
+    [plan], [other] = _members(running, 1), _members(waiting, 1)
     assert not plan.cancel() and not plan.cancelled()
-    running.set_result(_Packed(want, None, []))
+    running.set_result([_Packed(want, None, [])])
     assert plan.result(timeout=5) is want
     assert other.cancel() and other.cancelled() and waiting.cancelled()
+
+
+def test_a_group_of_batches_planned_by_one_job_comes_back_as_each_batch(source):
+    """submit_many: one job plans consecutive batches, each future gets its own batch (equal to
+    the batch planned here, images from shared memory), or, without the image data, the plan
+    less its data; an error stays with its batch."""
+    recipe = T.Compose([T.Mosaic((64, 64)), T.MixUp(p=0.5), T.Resize((32, 32))])
+    planner = _planner(source, recipe)
+    plans = PlanPool(planner, 1)
+    try:
+        futures = plans.submit_many(2, [0, 1, 2])
+        without = plans.submit_many(2, [1, 2], keep_data=False)
+        failing = plans.submit_many(2, [1, 7])  # 3 batches an epoch: 7 is out of range
+        for step, future in enumerate(futures):
+            got, want = future.result(timeout=60), planner.plan(2, step)
+            _same_images(got.data, want.data)
+            for mine, theirs in zip(got.partners, want.partners, strict=True):
+                _same_images(mine, theirs)
+            np.testing.assert_array_equal(got.params, want.params)
+            _same_box_arrays(got, want)
+        for step, future in zip([1, 2], without):
+            got, want = future.result(timeout=60), planner.plan(2, step)
+            assert got.data is None
+            np.testing.assert_array_equal(got.params, want.params)
+        np.testing.assert_array_equal(failing[0].result(timeout=60).params, planner.plan(2, 1).params)
+        with pytest.raises(IndexError, match="batch 7 out of range"):
+            failing[1].result(timeout=60)
+    finally:
+        plans.close()
+    assert not [n for n in os.listdir(SHM_DIR) if n.startswith(plans.prefix)]
+
+
+def test_the_plans_of_a_group_are_cancelled_together_while_their_job_waits(source):
+    planner = _planner(source, T.Compose([T.RandomHorizontalFlip(), T.Resize((32, 32))]))
+    want = [planner.plan(0, step) for step in range(2)]
+    waiting, running = Future(), Future()
+    first, second = _members(waiting, 2)
+    assert second.cancel() and first.cancelled() and waiting.cancelled()
+    assert running.set_running_or_notify_cancel()
+    first, second = _members(running, 2)
+    assert not first.cancel() and not second.cancelled()
+    running.set_result([_Packed(want[0], None, []), _Packed(want[1], None, [])])
+    assert first.result(timeout=5) is want[0] and second.result(timeout=5) is want[1]

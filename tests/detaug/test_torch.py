@@ -186,6 +186,33 @@ def test_parallel_workers_give_the_same_batches(samples):
                 assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
 
 
+def test_workers_planning_groups_raise_an_error_at_its_batch(samples):
+    """Workers plan consecutive batches together; with on_error='raise' a broken file is still
+    raised when its batch is due, after the batches before it (a group's error stays with its
+    batch)."""
+    from detaug.plan_ahead import group_size
+
+    broken = [copy for copy in samples]
+    broken[4] = type(samples[4])(b"not an image", samples[4].boxes, samples[4].labels, image_id=samples[4].image_id)
+    source = SampleListSource(broken)
+    recipe = T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))])
+    assert group_size(2) > 5  # the epoch's batches are planned by one job
+
+    def until_error(workers):
+        loader = DetectionLoader(source, recipe, 2, device="cpu", shuffle=True, seed=2, on_error="raise",
+                                 num_workers=workers)
+        ids = []
+        with pytest.raises(ImageError, match=f"image_id {samples[4].image_id}"):
+            for _, targets in loader:
+                ids.append([t["image_id"] for t in targets])
+        loader.close()
+        return ids
+
+    inline = until_error(0)
+    assert len(inline) == 2  # the broken file is in batch 3 (the pipeline holds 2 batches ahead)
+    assert until_error(2) == inline
+
+
 def _batches(loader, count=None):
     """``(image_ids, images, boxes)`` of the next ``count`` batches (all of an epoch: None)."""
     out = []
@@ -228,7 +255,7 @@ def test_the_next_epoch_runs_on_in_the_pipeline_and_a_jump_drops_it(samples, num
     assert loader._carry is None
 
 
-def test_workers_left_early_resumed_and_killed_give_the_inline_batches(samples):
+def test_workers_left_early_resumed_and_killed_give_the_inline_batches(samples, monkeypatch):
     """Planning workers change nothing but speed: an epoch left early, resumed from its state,
     leaves no plan behind and yields what planning here yields; when a worker dies, the loader
     says so and plans the rest itself, with the same batches."""
@@ -238,6 +265,7 @@ def test_workers_left_early_resumed_and_killed_give_the_inline_batches(samples):
 
     from detaug.shared_arrays import SHM_DIR
 
+    monkeypatch.setattr("detaug.plan_ahead.GROUP_SAMPLES", 1)  # a job a batch: 6 batches submitted ahead
     recipe = T.Compose([T.RandomIoUCrop(), T.RandomHorizontalFlip(), T.Resize((48, 64))])
     source = SampleListSource(samples)
     inline = DetectionLoader(source, recipe, 1, device="cpu", shuffle=True, seed=3, num_workers=0)
