@@ -102,7 +102,7 @@ def build_pipeline(
         num_threads: DALI CPU threads; ``None``: the CPUs this process may use divided by the
             ranks on the host, 1 to 16 (:func:`detaug.decoding.default_num_threads`).
         hw_decoder_load: the share of JPEGs sent to the GPU's hardware decoder where it has one
-            (A100, H100, H200, ...); ``None``: ``DETAUG_HW_DECODER_LOAD`` when set, else 0.65
+            (A100, H100, H200, ...); ``None``: ``DETAUG_HW_DECODER_LOAD`` when set, else 0.8
             (:func:`detaug.decoding.decoder_options`).
 
     Output: the augmented images, ``[3, H, W]`` or ``[H, W, 3]``, float32 when the recipe ends

@@ -10,8 +10,8 @@ best of a small sweep (:func:`sweep_configs`) of one pipeline (:func:`build_deco
 
 over
 
-* ``hw_decoder_load`` in (0.0, 0.65, 0.99) on a GPU (the share of JPEGs for the hardware
-  decoder where the GPU has one; 0.65 is DALI's default; nothing on the CPU);
+* ``hw_decoder_load`` in (0.0, 0.65, 0.8, 0.99) on a GPU (the share of JPEGs for the hardware
+  decoder where the GPU has one; 0.65 is DALI's default, 0.8 the loaders'; nothing on the CPU);
 * DALI threads: the bench's threads and half of them;
 * window decoding (``window=True``) where the recipe's first geometric step crops (the default
   recipe's IoU crop), as detaug decodes only the region its plan needs; whole images otherwise.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from detaug.bench.dataset import BenchDataset
 from detaug.bench.harness import BenchSettings
 from detaug.bench.recipe import RecipeSpec
-from detaug.decoding import HW_DECODER_LOAD
+from detaug.decoding import DALI_HW_DECODER_LOAD, HW_DECODER_LOAD
 
 __all__ = [
     "GPU_LOADS",
@@ -40,9 +40,9 @@ __all__ = [
     "sweep_configs",
 ]
 
-#: ``hw_decoder_load`` values the GPU sweep tries: no hardware decoder, the loaders' default
-#: (DALI's own, :data:`detaug.decoding.HW_DECODER_LOAD`), nearly all.
-GPU_LOADS: tuple[float, ...] = (0.0, HW_DECODER_LOAD, 0.99)
+#: ``hw_decoder_load`` values the GPU sweep tries: no hardware decoder, DALI's default, the
+#: loaders' default (:data:`detaug.decoding.HW_DECODER_LOAD`), nearly all.
+GPU_LOADS: tuple[float, ...] = tuple(sorted({0.0, DALI_HW_DECODER_LOAD, HW_DECODER_LOAD, 0.99}))
 
 
 @dataclass(frozen=True)

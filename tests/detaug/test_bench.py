@@ -538,7 +538,7 @@ def test_decode_sweep_grid(monkeypatch):
 
     gpu = sweep_configs("gpu", 16, window=True)
     assert len(gpu) == len(GPU_LOADS) * 2 * 2
-    assert {c.hw_decoder_load for c in gpu} == {0.0, 0.65, 0.99} and {c.num_threads for c in gpu} == {8, 16}
+    assert {c.hw_decoder_load for c in gpu} == {0.0, 0.65, 0.8, 0.99} and {c.num_threads for c in gpu} == {8, 16}
     monkeypatch.delenv(HW_DECODER_ENV, raising=False)
     assert decoder_options(True)["hw_decoder_load"] in GPU_LOADS  # the loaders' own setting is swept
     cpu = sweep_configs("cpu", 1, window=False)
