@@ -9,16 +9,19 @@ the group, :meth:`~detaug.planning.BatchPlanner.plan_many`): with the image
 bytes the worker read, or without them (``keep_data=False``: the caller reads them, which spares
 the memory of plans held long before they are used). The image bytes come back through shared
 memory (:mod:`detaug.shared_arrays`), not the result pipe: the futures hold plans whose ``data``
-and ``partners`` are read-only views of it.
+and ``partners`` are read-only views of it. Where shared memory cannot take them (``/dev/shm``
+missing or full, as in a container started with Docker's default 64 MB), they come through the
+pipe, slower, and the pool says so once (a ``RuntimeWarning``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +35,7 @@ from detaug.planning import (
     plan_group_job,
     planner_payload,
 )
+from detaug import shared_arrays
 from detaug.shared_arrays import SharedArrays, file_prefix, share, sweep
 from detaug.workers import start_pool, stop_pool
 
@@ -68,6 +72,7 @@ class PlanPool:
         self.planner, self.workers = planner, int(workers)
         self.disabled = False
         self.prefix = file_prefix(secrets.token_hex(4) + "_")  # this pool's shared-memory files
+        self.piped = _PipedNotice()  # plans whose image bytes came through the result pipe
         self._pool: Any = None
         self._finalizer: weakref.finalize | None = None
 
@@ -109,7 +114,7 @@ class PlanPool:
         except RuntimeError as err:  # BrokenProcessPool is a RuntimeError too
             self.give_up(f"the planning workers stopped ({err})")
             return None
-        return _members(job, len(steps))
+        return _members(job, len(steps), self.piped)
 
     def give_up(self, why: str) -> None:
         """Stop using workers (a warning says why); the caller plans in its own process."""
@@ -125,6 +130,23 @@ class PlanPool:
         if wait:  # also what workers stopped earlier (a pool given up) left
             sweep(self.prefix)
         self._pool = self._finalizer = None
+
+
+class _PipedNotice:
+    """Counts the plans whose image bytes came through the result pipe (shared memory refused
+    them) and warns the first time. The jobs' callbacks hold this, not the pool, so that they
+    do not keep the pool (and its workers) alive."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> None:
+        self.count += 1
+        if self.count == 1:
+            warnings.warn(
+                f"planned batches come back through the planning workers' pipes, not shared memory: "
+                f"{_shm_state()}; the loader runs slower. In a container, give it more shared memory "
+                f"(docker run --shm-size=2g, or --ipc=host)", RuntimeWarning, stacklevel=2)
 
 
 def _stop(pool: Any, prefix: str) -> None:
@@ -146,6 +168,7 @@ class _Packed:
     slots: list[bool]
     counts: list[int] | None = None
     joined: dict[str, np.ndarray] | None = None
+    piped: bool = False  # image arrays that shared memory could not take, in ``planned`` instead
 
     def unpack(self) -> PlannedBatch:
         planned = self.planned
@@ -219,7 +242,8 @@ def pack(planned: PlannedBatch, prefix: str) -> _Packed:
     shared = share(arrays, prefix) if planned.data is not None and arrays else None
     if shared is not None:
         planned.data = planned.partners = None  # back from the shared file on unpacking
-    packed = _Packed(planned, shared, [images is not None for images in partners])
+    packed = _Packed(planned, shared, [images is not None for images in partners],
+                     piped=shared is None and planned.data is not None and bool(arrays))
     if (boxes := _pack_boxes(planned)) is not None:
         packed.counts, packed.joined = boxes
         planned.boxes = planned.labels = []  # back from ``joined`` on unpacking
@@ -235,26 +259,46 @@ class _Member(Future):
 
     def __init__(self, job: Future) -> None:
         super().__init__()
-        self._job = job
+        self._job: Future | None = job  # None once delivered (no cycle through the job's callback)
 
     def cancel(self) -> bool:
         """Cancel the job if it has not started, as a job's own future does: ``False`` once it
         runs (its results will come, unpacked, and their files removed) or is done."""
-        if not self._job.cancel():
+        job = self._job
+        if job is None or not job.cancel():
             return False
         return super().cancel()  # already cancelled by _deliver, as the job's callback: True
 
 
-def _members(job: Future, count: int) -> list[_Member]:
+def _members(job: Future, count: int, on_piped: Callable[[], None] | None = None) -> list[_Member]:
     """The futures of the ``count`` plans ``job`` returns (a list, in order). Once the job is
     done they are unpacked from shared memory in the pool's result thread, so that results
-    nobody takes are unpacked too and their files removed."""
+    nobody takes are unpacked too and their files removed; ``on_piped`` is called for each plan
+    whose image bytes came through the pipe instead."""
     members = [_Member(job) for _ in range(count)]
-    job.add_done_callback(lambda done: _deliver(done, members))
+    job.add_done_callback(lambda done: _deliver(done, members, on_piped))
     return members
 
 
-def _deliver(job: Future, members: list[_Member]) -> None:
+def _shm_state() -> str:
+    """What :data:`~detaug.shared_arrays.SHM_DIR` has room for, in words."""
+    where = shared_arrays.SHM_DIR
+    try:
+        stat = os.statvfs(where)
+    except OSError:
+        return f"{where} is missing"
+    return f"{where} has {stat.f_bavail * stat.f_frsize / 2**20:,.0f} MiB free of {stat.f_blocks * stat.f_frsize / 2**20:,.0f}"
+
+
+def _deliver(job: Future, members: list[_Member], on_piped: Callable[[], None] | None = None) -> None:
+    try:
+        _settle(job, members, on_piped)
+    finally:
+        for member in members:  # the job keeps this callback, and with it the members: let them go
+            member._job = None
+
+
+def _settle(job: Future, members: list[_Member], on_piped: Callable[[], None] | None) -> None:
     if job.cancelled():
         for member in members:
             Future.cancel(member)
@@ -266,6 +310,8 @@ def _deliver(job: Future, members: list[_Member]) -> None:
             if isinstance(result, BaseException):
                 member.set_exception(result)
             else:
+                if on_piped is not None and getattr(result, "piped", False):
+                    on_piped()
                 member.set_result(result.unpack() if isinstance(result, _Packed) else result)
         except InvalidStateError:  # cancelled meanwhile: nobody wants it (unpacked, so its file is gone)
             pass

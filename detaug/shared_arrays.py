@@ -11,7 +11,8 @@ views of the mapping: no copy, no pickling of image bytes; the memory is freed w
 view is collected.
 
 Where ``/dev/shm`` is missing, not writable or full, :func:`share` returns ``None`` and the
-arrays go through the pipe as before: the same batches, only slower. Files are named
+arrays go through the pipe as before: the same batches, only slower (the pool warns once:
+:class:`detaug.plan_ahead.PlanPool`). Files are named
 ``detaug_batch_<parent pid>_<pool>_...``; :func:`sweep` removes those a stopped pool left
 behind (a result being written when its worker was stopped); at exit, a process removes those
 of all its pools. Each file is registered with multiprocessing's resource tracker from its

@@ -14,7 +14,7 @@ import pytest
 import detaug.transforms as T
 from detaug.plan_ahead import PlanPool, _members, _pack_boxes, _Packed, plan_group
 from detaug.planning import BatchPlanner, EpochSpec, batch_columns, init_plan_worker, planner_payload
-from detaug.shared_arrays import SHM_DIR, file_prefix
+from detaug.shared_arrays import SHM_DIR, file_prefix, sweep
 from detaug.sources import SampleListSource
 from tests.detaug.consistency import scene_samples
 
@@ -186,3 +186,26 @@ def test_the_plans_of_a_group_are_cancelled_together_while_their_job_waits(sourc
     assert not first.cancel() and not second.cancelled()
     running.set_result([_Packed(want[0], None, []), _Packed(want[1], None, [])])
     assert first.result(timeout=5) is want[0] and second.result(timeout=5) is want[1]
+
+
+def test_bytes_that_shared_memory_refuses_come_through_the_pipe_and_the_pool_says_so(source, monkeypatch, tmp_path):
+    """Without room in shared memory (a container's small /dev/shm) a plan's image bytes come
+    through the result pipe, the same bytes; the pool warns once, naming what /dev/shm has."""
+    planner = _planner(source, T.Compose([T.RandomHorizontalFlip(), T.Resize((32, 32))]))
+    want = planner.plan(0, 1)
+    init_plan_worker(planner_payload(planner))
+    monkeypatch.setattr("detaug.shared_arrays.SHM_DIR", str(tmp_path / "no-shm"))
+    results = plan_group(0, [1, 2], None, file_prefix("test_"))
+    assert [p.shared is None and p.piped for p in results] == [True, True]
+    pool = PlanPool(planner, 1)  # not started: its result handling only
+    job = Future()
+    members = _members(job, 2, pool.piped)
+    with pytest.warns(RuntimeWarning, match=r"not shared memory: .*no-shm is missing.*--shm-size") as record:
+        job.set_result(results)
+    assert len(record) == 1 and pool.piped.count == 2
+    got = members[0].result(timeout=5)
+    _same_images(got.data, want.data)
+    np.testing.assert_array_equal(got.params, want.params)
+    monkeypatch.undo()
+    assert not plan_group(0, [1], None, file_prefix("test_"))[0].piped  # room again: shared memory
+    sweep(file_prefix("test_"))
