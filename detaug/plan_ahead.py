@@ -42,9 +42,10 @@ from detaug.workers import start_pool, stop_pool
 __all__ = ["GROUP_SAMPLES", "PlanPool", "group_size"]
 
 #: Samples a planning job plans at once (:meth:`PlanPool.submit_many`): the recipe's per-call
-#: costs are paid once for them. On the development machine, 4 batches of 64 planned in one
-#: ``plan_batch`` call cost 52 us an image against 86 in four (docs/benchmarks.md); past 256
-#: the saving is small, and the plans held ahead (in /dev/shm) grow with the group.
+#: costs are paid once for them. On the development machine, 4 batches of 64 planned together
+#: cost 85 us an image against 119 one by one (docs/benchmarks.md, "Planning in groups of
+#: batches"); past 256 the saving is smaller, and the plans held ahead (in /dev/shm) grow with
+#: the group.
 GROUP_SAMPLES = 256
 
 

@@ -66,6 +66,8 @@ class DetectionLoader:
             where DALI needs the cores, else half the CPUs of this rank: the CPUs this process
             may use divided by the ranks on the host, halved, 1 to 16,
             :func:`detaug.decoding.default_planning_workers`); 0 plans in the calling process.
+            Each worker plans runs of consecutive batches of about 256 samples at once
+            (:func:`detaug.plan_ahead.group_size`: the same plans, less CPU).
         on_error: an image that cannot be read or decoded (missing, empty, truncated, a format
             DALI cannot decode, absurdly large): ``"skip"`` replaces it by the next readable
             sample of the rank's epoch order, warns once per image (:class:`~detaug.DataWarning`)
