@@ -39,7 +39,7 @@ from detaug import shared_arrays
 from detaug.shared_arrays import SharedArrays, file_prefix, share, sweep
 from detaug.workers import start_pool, stop_pool
 
-__all__ = ["GROUP_SAMPLES", "PlanPool", "group_size"]
+__all__ = ["AHEAD_BYTES", "GROUP_SAMPLES", "PlanPool", "batches_ahead", "group_size"]
 
 #: Samples a planning job plans at once (:meth:`PlanPool.submit_many`): the recipe's per-call
 #: costs are paid once for them. On the development machine, 4 batches of 64 planned together
@@ -49,10 +49,31 @@ __all__ = ["GROUP_SAMPLES", "PlanPool", "group_size"]
 GROUP_SAMPLES = 256
 
 
+#: Image bytes that the batches a loader has planned ahead carry, at most (they wait in shared
+#: memory, which is the host's RAM): 1 GiB.
+AHEAD_BYTES = 1 << 30
+
+
 def group_size(batch_size: int) -> int:
     """Consecutive batches a planning job plans together: :data:`GROUP_SAMPLES` samples, at
     least one batch (4 batches of 64, 1 of 256)."""
     return max(1, GROUP_SAMPLES // max(1, int(batch_size)))
+
+
+def batches_ahead(depth: int, workers: int, group: int, batch_bytes: int | None) -> int:
+    """Batches a loader keeps submitted to its workers or fed to its pipeline: the pipeline's
+    ``depth``, and per worker a group of ``group`` batches to plan and one queued. Until the
+    image bytes a worker's batch carries are known (``batch_bytes`` ``None``), one group per
+    worker; then as many as :data:`AHEAD_BYTES` holds, but always the depth and one group (0:
+    the workers send no bytes, decoded arrays). Without workers, the depth."""
+    if workers <= 0:
+        return depth
+    full = depth + 2 * workers * group
+    if batch_bytes is None:
+        return depth + workers * group
+    if batch_bytes == 0:
+        return full
+    return min(full, max(depth + group, AHEAD_BYTES // batch_bytes))
 
 
 class PlanPool:
@@ -147,7 +168,7 @@ class _PipedNotice:
             warnings.warn(
                 f"planned batches come back through the planning workers' pipes, not shared memory: "
                 f"{_shm_state()}; the loader runs slower. In a container, give it more shared memory "
-                f"(docker run --shm-size=2g, or --ipc=host)", RuntimeWarning, stacklevel=2)
+                f"(docker run --ipc=host, or --shm-size of 1 GB per training process)", RuntimeWarning, stacklevel=2)
 
 
 def _stop(pool: Any, prefix: str) -> None:

@@ -14,7 +14,7 @@ import torch
 from detaug.decoding import default_planning_workers, threads_beside
 from detaug.errors import DataWarning, ImageError
 from detaug.labels import LabelMap
-from detaug.plan_ahead import PlanPool, group_size
+from detaug.plan_ahead import PlanPool, batches_ahead, group_size
 from detaug.pipeline import build_pipeline, feed, feed_first_run, outputs_outlive_runs, pick_device, resolve_device
 from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, batch_columns, source_groups, undecodable
 from detaug.epochs import check_shard
@@ -194,6 +194,7 @@ class DetectionLoader:
         self._pipeline_args = dict(batch_size=self.batch_size, device=device, device_id=self.device_id,
                                    num_threads=num_threads, seed=self.seed, prefetch_queue_depth=prefetch_queue_depth)
         self._depth = max(1, int(prefetch_queue_depth))
+        self._batch_bytes: int | None = None  # the most image bytes a worker's plan carried (None: none seen)
         self.pipeline = self._build()
         self._broken = False  # the pipeline failed while batches nobody wanted were dropped
         if len(self) == 0:
@@ -278,9 +279,8 @@ class DetectionLoader:
     def _batches(self, epoch: int, start: int) -> Iterator[tuple[Any, list[Target]]]:
         steps = len(self)
         # Workers plan groups of consecutive batches (one plan_batch call each: less CPU a
-        # sample); each worker gets one group to plan and one queued.
+        # sample); each worker gets one group to plan and one queued, within a byte budget.
         group = group_size(self.batch_size) if self._pool is not None else 1
-        ahead = self._depth + 2 * self.num_workers * group
         carry = self._take_carry((epoch, start))
         if self._broken:  # the pipeline failed while batches nobody wanted were dropped
             if carry is not None:
@@ -297,6 +297,7 @@ class DetectionLoader:
         def top_up() -> None:
             """Submit plans up to ``ahead`` and feed the pipeline up to its depth."""
             nonlocal next_key
+            ahead = batches_ahead(self._depth, self.num_workers, group, self._batch_bytes)
             while next_key is not None and len(pending) + len(inflight) < ahead:
                 e, s = next_key
                 group_steps = list(range(s, min(s + group, steps)))  # within the epoch
@@ -369,6 +370,9 @@ class DetectionLoader:
                     raise
                 if not self._pool.disabled:  # the other plans of the pool fail alike
                     self._pool.give_up(f"the planning workers stopped ({err})")
+        if planned is not None:  # a worker's: its image bytes size the look-ahead (batches_ahead)
+            arrays = list(planned.data or []) + [a for images in planned.partners or [] if images is not None for a in images]
+            self._batch_bytes = max(self._batch_bytes or 0, sum(int(a.nbytes) for a in arrays))
         if planned is None:
             planned = self.planner.plan(epoch, step, bad=self._bad)
         if planned.data is None or planned.partners is None:

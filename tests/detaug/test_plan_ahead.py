@@ -209,3 +209,18 @@ def test_bytes_that_shared_memory_refuses_come_through_the_pipe_and_the_pool_say
     monkeypatch.undo()
     assert not plan_group(0, [1], None, file_prefix("test_"))[0].piped  # room again: shared memory
     sweep(file_prefix("test_"))
+
+
+def test_the_batches_planned_ahead_keep_within_the_byte_budget(monkeypatch):
+    """A group per worker until a batch's size is known, then two (one planning, one queued),
+    but no more than AHEAD_BYTES of image bytes; always the pipeline's depth and one group."""
+    from detaug.plan_ahead import batches_ahead, group_size
+
+    monkeypatch.setattr("detaug.plan_ahead.AHEAD_BYTES", 1000)
+    assert [group_size(b) for b in (1, 16, 64, 100, 256, 1024)] == [256, 16, 4, 2, 1, 1]
+    assert batches_ahead(2, 0, 1, None) == batches_ahead(2, 0, 4, 10) == 2  # no workers: the depth
+    assert batches_ahead(2, 8, 4, None) == 2 + 8 * 4  # size unknown: a group each
+    assert batches_ahead(2, 8, 4, 0) == 2 + 2 * 8 * 4  # no bytes travel (decoded arrays)
+    assert batches_ahead(2, 8, 4, 10) == 2 + 2 * 8 * 4  # 100 batches fit: two groups each
+    assert batches_ahead(2, 8, 4, 25) == 40  # 1000 bytes hold 40 batches
+    assert batches_ahead(2, 8, 4, 400) == 2 + 4  # 2 would fit: the depth and one group all the same

@@ -213,6 +213,31 @@ def test_workers_planning_groups_raise_an_error_at_its_batch(samples):
     assert until_error(2) == inline
 
 
+def test_the_batches_planned_ahead_keep_within_the_byte_budget(samples, monkeypatch):
+    """Once a worker's batch has shown its size, the loader submits no more batches ahead than
+    AHEAD_BYTES holds (the depth and one group at least); the batches are the same."""
+    recipe = T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))])
+    source = SampleListSource(samples)
+    monkeypatch.setattr("detaug.plan_ahead.GROUP_SAMPLES", 1)  # a job a batch
+
+    def ahead_of_consumer(budget):
+        monkeypatch.setattr("detaug.plan_ahead.AHEAD_BYTES", budget)
+        loader = DetectionLoader(source, recipe, 1, device="cpu", shuffle=True, seed=4, num_workers=2)
+        submitted, most, ids = [], 0, []
+        submit_many = loader._pool.submit_many
+        loader._pool.submit_many = lambda e, steps, *a, **k: (submitted.extend(steps), submit_many(e, steps, *a, **k))[1]
+        for k, (_, targets) in enumerate(loader):
+            ids.append(targets[0]["image_id"])
+            most = max(most, len(submitted) - (k + 1))
+        loader.close()
+        return most, ids
+
+    most, ids = ahead_of_consumer(1 << 30)
+    tight, same = ahead_of_consumer(1)  # one batch is over budget: the depth (2) and one group
+    assert ids == same and len(ids) == 10
+    assert most == 2 + 2 * 2 and tight == 2 + 1  # held beyond the batches taken: the depth and the groups
+
+
 def _batches(loader, count=None):
     """``(image_ids, images, boxes)`` of the next ``count`` batches (all of an epoch: None)."""
     out = []
