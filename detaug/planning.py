@@ -29,8 +29,10 @@ for the seed contract). :meth:`BatchPlanner.plan` computes it:
    plan is the same with any fields.
 
 Because a batch depends on nothing else, it can be planned in any process, in any order, ahead
-of time (:mod:`detaug.workers` runs :func:`plan_job` in worker processes), and again after a
-resume, with the same result.
+of time (:mod:`detaug.plan_ahead` runs :func:`plan_group_job` in worker processes), and again
+after a resume, with the same result; and because a sample's plan does not depend on its
+batch-mates (partners from ``pool="batch"`` aside), consecutive batches can be planned by one
+``plan_batch`` call (:meth:`BatchPlanner.plan_many`), with the same result.
 """
 
 from __future__ import annotations
