@@ -260,7 +260,7 @@ def pack(planned: PlannedBatch, prefix: str) -> _Packed:
     memory (files named ``prefix`` ...), its box arrays joined; each part as it is where that
     cannot be done."""
     partners = planned.partners or []
-    arrays = list(planned.data or []) + [a for images in partners if images is not None for a in images]
+    arrays = planned.image_arrays()
     shared = share(arrays, prefix) if planned.data is not None and arrays else None
     if shared is not None:
         planned.data = planned.partners = None  # back from the shared file on unpacking

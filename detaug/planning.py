@@ -185,6 +185,11 @@ class PlannedBatch:
     fields: list[dict[str, np.ndarray]] = field(default_factory=list)
     joined: tuple[list[int], dict[str, np.ndarray]] | None = None
 
+    def image_arrays(self) -> list[np.ndarray]:
+        """The image data the batch carries: ``data``, then each partner slot's (slots of
+        batch-mates, and data left out, carry none)."""
+        return list(self.data or []) + [a for images in self.partners or [] if images is not None for a in images]
+
     def new_findings(self, warned: set[tuple[str, str]]) -> list[str]:
         """Warning texts for this batch's skipped images and repaired boxes not warned of
         before (one per file and reason); ``warned`` is updated."""
@@ -278,8 +283,7 @@ class BatchPlanner:
         ready = [g for g in gathered if isinstance(g, _Gathered)]
         if len(ready) < 2 or self.transforms.batch_slots:
             return [g if isinstance(g, Exception) else self._assemble(g) for g in gathered]
-        joined = _Gathered.join(ready)
-        params, boxes, kept = self.transforms.plan_batch(*joined.plan_inputs())
+        params, boxes, kept = self.transforms.plan_batch(*_Gathered.joined_inputs(ready))
         results: list[PlannedBatch | Exception] = []
         start = 0
         for g in gathered:
@@ -534,20 +538,16 @@ class _Gathered:
         return self.shapes, self.boxes, self.rows, self.keys, self.partners
 
     @staticmethod
-    def join(batches: list[_Gathered]) -> _Gathered:
-        """One batch of the samples of ``batches``, in order, for one ``plan_batch`` call (only
-        its :meth:`plan_inputs` are used; partner slots must not be batch positions)."""
+    def joined_inputs(batches: list[_Gathered]) -> tuple[list, list, list, np.ndarray, Partners | None]:
+        """The arguments of one ``plan_batch`` call for the samples of ``batches``, in order
+        (partner slots must not be batch positions)."""
         partners = None
         if batches[0].partners is not None:
             slots = range(len(batches[0].partners.shapes))
             partners = Partners(*([[x for g in batches for x in getattr(g.partners, name)[k]] for k in slots]
                                   for name in ("shapes", "boxes", "labels")))
-        first = batches[0]
-        return _Gathered(
-            first.epoch, first.step, first.positions, np.concatenate([g.image_ids for g in batches]),
-            np.concatenate([g.keys for g in batches]), [], [s for g in batches for s in g.shapes],
-            [b for g in batches for b in g.boxes], [r for g in batches for r in g.rows], [], partners, [],
-            first.partner_positions, [], [])
+        return ([s for g in batches for s in g.shapes], [b for g in batches for b in g.boxes],
+                [r for g in batches for r in g.rows], np.concatenate([g.keys for g in batches]), partners)
 
 
 def _row_labels(tables: list[_Rows], partner_tables: list[list[_Rows]]) -> tuple[list[list[np.ndarray]], list[_Rows]]:

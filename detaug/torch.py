@@ -371,8 +371,7 @@ class DetectionLoader:
                 if not self._pool.disabled:  # the other plans of the pool fail alike
                     self._pool.give_up(f"the planning workers stopped ({err})")
         if planned is not None:  # a worker's: its image bytes size the look-ahead (batches_ahead)
-            arrays = list(planned.data or []) + [a for images in planned.partners or [] if images is not None for a in images]
-            self._batch_bytes = max(self._batch_bytes or 0, sum(int(a.nbytes) for a in arrays))
+            self._batch_bytes = max(self._batch_bytes or 0, sum(int(a.nbytes) for a in planned.image_arrays()))
         if planned is None:
             planned = self.planner.plan(epoch, step, bad=self._bad)
         if planned.data is None or planned.partners is None:
