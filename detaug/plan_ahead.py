@@ -8,8 +8,10 @@ consecutive steps planned by one job (:meth:`PlanPool.submit_many`: one ``plan_b
 the group, :meth:`~detaug.planning.BatchPlanner.plan_many`): with the image
 bytes the worker read, or without them (``keep_data=False``: the caller reads them, which spares
 the memory of plans held long before they are used). The image bytes come back through shared
-memory (:mod:`detaug.shared_arrays`), not the result pipe: the futures hold plans whose ``data``
-and ``partners`` are read-only views of it. Where shared memory cannot take them (``/dev/shm``
+memory (:mod:`detaug.shared_arrays`), not the result pipe: each job writes its batches' bytes
+into a file of the pool's :class:`~detaug.shared_arrays.SlotRing`, and the futures hold plans
+whose ``data`` and ``partners`` are read-only views of it (the file is written again by a later
+job once no view of it is left). Where shared memory cannot take them (``/dev/shm``
 missing or full, as in a container started with Docker's default 64 MB), they come through the
 pipe, slower, and the pool says so once (a ``RuntimeWarning``).
 """
@@ -36,7 +38,7 @@ from detaug.planning import (
     planner_payload,
 )
 from detaug import shared_arrays
-from detaug.shared_arrays import SharedArrays, file_prefix, share, sweep
+from detaug.shared_arrays import SharedArrays, SlotRing, file_prefix, sweep, write_arrays
 from detaug.workers import start_pool, stop_pool
 
 __all__ = ["AHEAD_BYTES", "GROUP_SAMPLES", "PlanPool", "batches_ahead", "group_size"]
@@ -95,6 +97,7 @@ class PlanPool:
         self.disabled = False
         self.prefix = file_prefix(secrets.token_hex(4) + "_")  # this pool's shared-memory files
         self.piped = _PipedNotice()  # plans whose image bytes came through the result pipe
+        self.ring: SlotRing | None = None  # the files the workers write the image bytes into
         self._pool: Any = None
         self._finalizer: weakref.finalize | None = None
 
@@ -112,7 +115,8 @@ class PlanPool:
         except ValueError as err:  # the recipe or source refers to __main__ with no script to import
             self.give_up(str(err))
             return False
-        self._finalizer = weakref.finalize(self, _stop, self._pool, self.prefix)
+        self.ring = SlotRing(self.prefix)
+        self._finalizer = weakref.finalize(self, _stop, self._pool, self.prefix, self.ring)
         return True
 
     def submit(self, epoch: int, step: int, bad: Mapping[int, str] | None = None, *, keep_data: bool = True) -> Future | None:
@@ -131,12 +135,16 @@ class PlanPool:
         job runs, none can be cancelled (:meth:`submit`)."""
         if not self.start():
             return None
+        ring = self.ring
+        slot = ring.take() if keep_data else None  # None with keep_data: no shared memory, the pipe
         try:
-            job = self._pool.submit(plan_group, epoch, list(steps), bad, self.prefix if keep_data else None)
+            job = self._pool.submit(plan_group, epoch, list(steps), bad, slot, keep_data)
         except RuntimeError as err:  # BrokenProcessPool is a RuntimeError too
+            if slot is not None:
+                ring.give_back(slot)
             self.give_up(f"the planning workers stopped ({err})")
             return None
-        return _members(job, len(steps), self.piped)
+        return _members(job, len(steps), self.piped, ring, slot)
 
     def give_up(self, why: str) -> None:
         """Stop using workers (a warning says why); the caller plans in its own process."""
@@ -149,6 +157,7 @@ class PlanPool:
         for them to end unless ``wait=False``; a later :meth:`submit` starts new ones."""
         if self._finalizer is not None and self._finalizer.detach() is not None:
             stop_pool(self._pool, wait)
+            self.ring.close()  # plans still held keep their views; results still to come are dropped
         if wait:  # also what workers stopped earlier (a pool given up) left
             sweep(self.prefix)
         self._pool = self._finalizer = None
@@ -171,31 +180,34 @@ class _PipedNotice:
                 f"(docker run --ipc=host, or --shm-size of 1 GB per training process)", RuntimeWarning, stacklevel=2)
 
 
-def _stop(pool: Any, prefix: str) -> None:
+def _stop(pool: Any, prefix: str, ring: SlotRing) -> None:
     """The finalizer of a pool collected or alive at exit: stop it, remove its files."""
     stop_pool(pool, False)
+    ring.close()
     sweep(prefix)
 
 
 @dataclass
 class _Packed:
     """A plan on its way from a worker, in few objects: its image arrays (``data``, then each
-    partner slot's, ``B`` each) in ``shared`` (``slots[k]``: whether partner slot ``k`` had
-    arrays, not ``None``), and its per-sample box arrays (``boxes``, ``labels``, each field)
-    concatenated in ``joined`` (``counts[i]``: sample ``i``'s boxes). Unpickling and unpacking
-    then cost the parent a few objects a batch, not several hundred small arrays."""
+    partner slot's, ``B`` each) at ``span`` of its job's arrays in shared memory (``slots[k]``:
+    whether partner slot ``k`` had arrays, not ``None``), and its per-sample box arrays
+    (``boxes``, ``labels``, each field) concatenated in ``joined`` (``counts[i]``: sample ``i``'s
+    boxes). Unpickling and unpacking then cost the parent a few objects a batch, not several
+    hundred small arrays."""
 
     planned: PlannedBatch
-    shared: SharedArrays | None
+    span: tuple[int, int] | None
     slots: list[bool]
     counts: list[int] | None = None
     joined: dict[str, np.ndarray] | None = None
     piped: bool = False  # image arrays that shared memory could not take, in ``planned`` instead
 
-    def unpack(self) -> PlannedBatch:
+    def unpack(self, shared: list[np.ndarray] | None = None) -> PlannedBatch:
+        """The plan, its image arrays views of ``shared`` (its job's arrays) where they travelled there."""
         planned = self.planned
-        if self.shared is not None:
-            arrays = self.shared.open()
+        if self.span is not None:
+            arrays = shared[self.span[0]:self.span[1]]
             b = len(arrays) // (1 + sum(self.slots))
             chunks = (arrays[k:k + b] for k in range(b, len(arrays), b))
             planned.data = arrays[:b]
@@ -208,6 +220,16 @@ class _Packed:
             planned.fields = [dict(zip(split, values)) for values in zip(*split.values())] if split else planned.fields
             planned.joined = (list(self.counts), self.joined)  # the loader's targets take these as they are
         return planned
+
+
+@dataclass
+class _Group:
+    """What a plan job returns: per batch its :class:`_Packed` plan (a plan without its data
+    where the job was asked so; an error where the batch could not be planned), and where the
+    batches' image arrays lie in shared memory (``shared``, ``None`` where none went there)."""
+
+    plans: list[_Packed | PlannedBatch | Exception]
+    shared: SharedArrays | None = None
 
 
 def _joined(arrays: list[Any]) -> np.ndarray | None:
@@ -238,34 +260,45 @@ def _pack_boxes(planned: PlannedBatch) -> tuple[list[int], dict[str, np.ndarray]
     return counts, joined
 
 
-def plan_group(epoch: int, steps: list[int], bad: Mapping[int, str] | None, prefix: str | None
-               ) -> list[_Packed | PlannedBatch | Exception]:
+def plan_group(epoch: int, steps: list[int], bad: Mapping[int, str] | None, slot: str | None,
+               keep_data: bool = True) -> _Group:
     """In a planning worker: batches ``steps`` of ``epoch`` (:func:`~detaug.planning.plan_group_job`),
-    each packed for the trip (:func:`pack`, files named ``prefix`` ...), or without its image
-    data where ``prefix`` is ``None``; a batch that could not be planned as its error."""
-    results: list[_Packed | PlannedBatch | Exception] = []
+    each packed for the trip (:func:`pack`), their image arrays written together into the shared
+    memory file ``slot`` (``None``, or no room there: they travel in the plans); without their
+    image data where ``keep_data`` is false; a batch that could not be planned as its error."""
+    plans: list[_Packed | PlannedBatch | Exception] = []
+    arrays: list[np.ndarray] = []
     for planned in plan_group_job(epoch, steps, bad):
         if isinstance(planned, Exception):
-            results.append(planned)
-        elif prefix is None:
+            plans.append(planned)
+        elif not keep_data:
             planned.data = None
-            results.append(planned)
+            plans.append(planned)
         else:
-            results.append(pack(planned, prefix))
-    return results
+            packed = pack(planned)
+            images = planned.image_arrays() if planned.data is not None else []
+            if images:
+                packed.span = (len(arrays), len(arrays) + len(images))
+                arrays.extend(images)
+            plans.append(packed)
+    try:
+        shared = write_arrays(slot, arrays) if slot is not None and arrays else None
+        piped = shared is None and any(a.nbytes for a in arrays)
+    except FileNotFoundError:  # the pool was closed meanwhile: nobody takes these plans
+        shared, piped = None, False
+    for packed in plans:
+        if isinstance(packed, _Packed) and packed.span is not None:
+            if shared is None:
+                packed.span, packed.piped = None, piped
+            else:
+                packed.planned.data = packed.planned.partners = None  # back from shared memory on unpacking
+    return _Group(plans, shared)
 
 
-def pack(planned: PlannedBatch, prefix: str) -> _Packed:
-    """``planned`` packed for the trip (:class:`_Packed`): its image arrays written to shared
-    memory (files named ``prefix`` ...), its box arrays joined; each part as it is where that
-    cannot be done."""
-    partners = planned.partners or []
-    arrays = planned.image_arrays()
-    shared = share(arrays, prefix) if planned.data is not None and arrays else None
-    if shared is not None:
-        planned.data = planned.partners = None  # back from the shared file on unpacking
-    packed = _Packed(planned, shared, [images is not None for images in partners],
-                     piped=shared is None and planned.data is not None and bool(arrays))
+def pack(planned: PlannedBatch) -> _Packed:
+    """``planned`` packed for the trip (:class:`_Packed`): its box arrays joined (as they are
+    where that cannot be done); its image arrays are placed by :func:`plan_group`."""
+    packed = _Packed(planned, None, [images is not None for images in planned.partners or []])
     if (boxes := _pack_boxes(planned)) is not None:
         packed.counts, packed.joined = boxes
         planned.boxes = planned.labels = []  # back from ``joined`` on unpacking
@@ -292,13 +325,15 @@ class _Member(Future):
         return super().cancel()  # already cancelled by _deliver, as the job's callback: True
 
 
-def _members(job: Future, count: int, on_piped: Callable[[], None] | None = None) -> list[_Member]:
-    """The futures of the ``count`` plans ``job`` returns (a list, in order). Once the job is
-    done they are unpacked from shared memory in the pool's result thread, so that results
-    nobody takes are unpacked too and their files removed; ``on_piped`` is called for each plan
-    whose image bytes came through the pipe instead."""
+def _members(job: Future, count: int, on_piped: Callable[[], None] | None = None,
+             ring: SlotRing | None = None, slot: str | None = None) -> list[_Member]:
+    """The futures of the ``count`` plans ``job`` returns (a :class:`_Group`). Once the job is
+    done they are unpacked from ``ring``'s ``slot`` in the pool's result thread, so that results
+    nobody takes are unpacked too and the slot freed when they are dropped (given back at once
+    when the job wrote nothing there); ``on_piped`` is called for each plan whose image bytes
+    came through the pipe instead."""
     members = [_Member(job) for _ in range(count)]
-    job.add_done_callback(lambda done: _deliver(done, members, on_piped))
+    job.add_done_callback(lambda done: _deliver(done, members, on_piped, ring, slot))
     return members
 
 
@@ -312,21 +347,30 @@ def _shm_state() -> str:
     return f"{where} has {stat.f_bavail * stat.f_frsize / 2**20:,.0f} MiB free of {stat.f_blocks * stat.f_frsize / 2**20:,.0f}"
 
 
-def _deliver(job: Future, members: list[_Member], on_piped: Callable[[], None] | None = None) -> None:
+def _deliver(job: Future, members: list[_Member], on_piped: Callable[[], None] | None = None,
+             ring: SlotRing | None = None, slot: str | None = None) -> None:
     try:
-        _settle(job, members, on_piped)
+        _settle(job, members, on_piped, ring)
     finally:
         for member in members:  # the job keeps this callback, and with it the members: let them go
             member._job = None
+        if ring is not None and slot is not None:
+            ring.give_back(slot)  # a no-op while views of what the job wrote live: they free it
 
 
-def _settle(job: Future, members: list[_Member], on_piped: Callable[[], None] | None) -> None:
+def _settle(job: Future, members: list[_Member], on_piped: Callable[[], None] | None, ring: SlotRing | None) -> None:
     if job.cancelled():
         for member in members:
             Future.cancel(member)
         return
     error = job.exception()
-    results = [error] * len(members) if error is not None else job.result()
+    group = None if error is not None else job.result()
+    results = [error] * len(members) if group is None else group.plans
+    try:
+        shared = ring.open(group.shared) if group is not None and group.shared is not None else None
+    except (OSError, KeyError) as err:  # the mapping failed: the caller stops using workers, saying why
+        error = RuntimeError(f"planned batches could not be read from shared memory ({err})")
+        results, shared = [error] * len(members), None
     for member, result in zip(members, results):
         try:
             if isinstance(result, BaseException):
@@ -334,9 +378,6 @@ def _settle(job: Future, members: list[_Member], on_piped: Callable[[], None] | 
             else:
                 if on_piped is not None and getattr(result, "piped", False):
                     on_piped()
-                member.set_result(result.unpack() if isinstance(result, _Packed) else result)
-        except InvalidStateError:  # cancelled meanwhile: nobody wants it (unpacked, so its file is gone)
+                member.set_result(result.unpack(shared) if isinstance(result, _Packed) else result)
+        except InvalidStateError:  # cancelled meanwhile: nobody wants it (its views go with it)
             pass
-        except OSError as err:  # the mapping failed: the caller stops using workers, saying why
-            with contextlib.suppress(InvalidStateError):
-                member.set_exception(RuntimeError(f"a planned batch could not be read from shared memory ({err})"))

@@ -698,7 +698,7 @@ class TestPlanningWorkers:
         from concurrent.futures import Future
 
         from detaug.keras.prefetch import PlanAhead
-        from detaug.plan_ahead import _members, _Packed
+        from detaug.plan_ahead import _Group, _members, _Packed
 
         planner = planning.BatchPlanner(source, recipe(), planning.EpochSpec(n=len(source), batch_size=2, seed=3))
         ahead = PlanAhead(planner, 1, num_batches=len(planner.spec))
@@ -708,7 +708,7 @@ class TestPlanningWorkers:
         running.set_running_or_notify_cancel()
         [ahead.plans[0, 1]], [ahead.plans[0, 2]] = _members(running, 1), _members(waiting, 1)
         want = planner.plan(0, 1)
-        finisher = threading.Timer(0.2, lambda: running.set_result([_Packed(want, None, [])]))
+        finisher = threading.Timer(0.2, lambda: running.set_result(_Group([_Packed(want, None, [])])))
         finisher.start()
         try:
             assert ahead.take(1, 0) is want  # waited for the worker's plan

@@ -1,9 +1,11 @@
 """detaug.plan_ahead: plans made in worker processes equal the plans made here; their image
-bytes travel through shared memory and leave nothing behind."""
+bytes travel through the pool's ring of shared-memory files, each file free again once its
+plans are dropped, and none left behind."""
 
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import pickle
 from concurrent.futures import Future, wait
@@ -12,9 +14,9 @@ import numpy as np
 import pytest
 
 import detaug.transforms as T
-from detaug.plan_ahead import PlanPool, _members, _pack_boxes, _Packed, plan_group
+from detaug.plan_ahead import PlanPool, _Group, _members, _pack_boxes, _Packed, plan_group
 from detaug.planning import BatchPlanner, EpochSpec, batch_columns, init_plan_worker, planner_payload
-from detaug.shared_arrays import SHM_DIR, file_prefix, sweep
+from detaug.shared_arrays import SHM_DIR, SlotRing, file_prefix
 from detaug.sources import SampleListSource
 from tests.detaug.consistency import scene_samples
 
@@ -85,16 +87,26 @@ def test_worker_plans_equal_local_plans_with_images_from_shared_memory(source, p
     assert not [n for n in os.listdir(SHM_DIR) if n.startswith(plans.prefix)]
 
 
-def test_plans_nobody_takes_leave_no_files(source):
-    """A plan's file is gone as soon as its result is in, taken or not (an epoch left early
-    does not pile up files), and a stopped pool leaves none."""
+def test_plans_nobody_takes_free_their_files_and_a_stopped_pool_leaves_none(source):
+    """A job's file is leased while its plan lives, taken or not, and free for the next job once
+    the plan is dropped (an epoch left early does not pile up files); files are made only when
+    none is free, and a stopped pool leaves none."""
     planner = _planner(source, T.Compose([T.RandomHorizontalFlip(), T.Resize((32, 32))]))
     plans = PlanPool(planner, 2)
     futures = [plans.submit(0, step % 3) for step in range(8)]
     for future in futures[1:3]:
         future.cancel()
     wait([f for f in futures if not f.cancelled()], timeout=60)
-    assert not [n for n in os.listdir(SHM_DIR) if n.startswith(plans.prefix)]
+    ring = plans.ring
+    assert ring.leased == sum(not f.cancelled() for f in futures) and len(ring) == 8
+    del futures, future
+    gc.collect()
+    assert ring.leased == 0
+    made = [n for n in os.listdir(SHM_DIR) if n.startswith(plans.prefix)]
+    assert len(made) == len(ring) == 8
+    for step in range(6):  # one at a time: one file, written again and again
+        plans.submit(1, step % 3).result(timeout=60)
+    assert len(ring) == 8 and ring.leased == 0
     futures = [plans.submit(1, step % 3) for step in range(8)]
     plans.close()  # jobs still queued or running
     assert not [n for n in os.listdir(SHM_DIR) if n.startswith(plans.prefix)]
@@ -109,10 +121,13 @@ def test_box_arrays_travel_joined_and_come_back_as_they_were(source):
     want = planner.plan(0, step)
     assert any(len(b) for b in want.boxes)
     init_plan_worker(planner_payload(planner))
-    [packed] = pickle.loads(pickle.dumps(plan_group(0, [step], None, file_prefix("test_"))))
+    ring = SlotRing(file_prefix("test_"))
+    group = pickle.loads(pickle.dumps(plan_group(0, [step], None, ring.take())))
+    [packed] = group.plans
     assert isinstance(packed, _Packed) and set(packed.joined) == {"boxes", "labels", "track", "point"}
     assert packed.planned.boxes == packed.planned.labels == packed.planned.fields == []
-    got = packed.unpack()
+    got = packed.unpack(ring.open(group.shared))
+    ring.close()
     _same_box_arrays(got, want)
     _same_images(got.data, want.data)
     # The joined columns come along, and give the loader's targets what joining the per-sample
@@ -140,7 +155,7 @@ def test_a_plan_can_be_cancelled_only_while_its_job_can(source):
     assert running.set_running_or_notify_cancel()
     [plan], [other] = _members(running, 1), _members(waiting, 1)
     assert not plan.cancel() and not plan.cancelled()
-    running.set_result([_Packed(want, None, [])])
+    running.set_result(_Group([_Packed(want, None, [])]))
     assert plan.result(timeout=5) is want
     assert other.cancel() and other.cancelled() and waiting.cancelled()
 
@@ -184,7 +199,7 @@ def test_the_plans_of_a_group_are_cancelled_together_while_their_job_waits(sourc
     assert running.set_running_or_notify_cancel()
     first, second = _members(running, 2)
     assert not first.cancel() and not second.cancelled()
-    running.set_result([_Packed(want[0], None, []), _Packed(want[1], None, [])])
+    running.set_result(_Group([_Packed(want[0], None, []), _Packed(want[1], None, [])]))
     assert first.result(timeout=5) is want[0] and second.result(timeout=5) is want[1]
 
 
@@ -195,8 +210,10 @@ def test_bytes_that_shared_memory_refuses_come_through_the_pipe_and_the_pool_say
     want = planner.plan(0, 1)
     init_plan_worker(planner_payload(planner))
     monkeypatch.setattr("detaug.shared_arrays.SHM_DIR", str(tmp_path / "no-shm"))
-    results = plan_group(0, [1, 2], None, file_prefix("test_"))
-    assert [p.shared is None and p.piped for p in results] == [True, True]
+    ring = SlotRing(file_prefix("test_"))
+    assert ring.take() is None  # no file can be made: the job gets no slot
+    results = plan_group(0, [1, 2], None, None)
+    assert results.shared is None and [p.span is None and p.piped for p in results.plans] == [True, True]
     pool = PlanPool(planner, 1)  # not started: its result handling only
     job = Future()
     members = _members(job, 2, pool.piped)
@@ -207,8 +224,10 @@ def test_bytes_that_shared_memory_refuses_come_through_the_pipe_and_the_pool_say
     _same_images(got.data, want.data)
     np.testing.assert_array_equal(got.params, want.params)
     monkeypatch.undo()
-    assert not plan_group(0, [1], None, file_prefix("test_"))[0].piped  # room again: shared memory
-    sweep(file_prefix("test_"))
+    ring = SlotRing(file_prefix("test_"))
+    group = plan_group(0, [1], None, ring.take())  # room again: shared memory
+    assert group.shared is not None and not group.plans[0].piped
+    ring.close()
 
 
 def test_the_batches_planned_ahead_keep_within_the_byte_budget(monkeypatch):

@@ -300,18 +300,24 @@ def test_workers_left_early_resumed_and_killed_give_the_inline_batches(samples, 
     state = loader.state_dict()
     loader.set_epoch(0)  # ends the iteration in progress, keeping its position
 
-    def files(pool, wait=5.0):
-        """The pool's plan files once those being planned have come in (each goes as it comes)."""
+    def leased(pool, wait=5.0):
+        """The pool's shared-memory files still leased once the plans being made have come in
+        (each is freed as its plans are dropped)."""
         deadline = time.monotonic() + wait
-        while (left := [n for n in os.listdir(SHM_DIR) if n.startswith(pool.prefix)]) and time.monotonic() < deadline:
+        while (left := pool.ring.leased) and time.monotonic() < deadline:
             time.sleep(0.02)
         return left
 
-    assert not files(loader._pool)  # the plans made ahead are gone
+    assert not leased(loader._pool)  # the plans made ahead are gone, their files free
+
+    def files(pool):
+        return [n for n in os.listdir(SHM_DIR) if n.startswith(pool.prefix)]
+
     resumed = DetectionLoader(source, recipe, 1, device="cpu", shuffle=True, seed=3, num_workers=2)
     resumed.load_state_dict(state)
     got += _batches(resumed)
     loader.close()
+    assert not files(loader._pool)  # a closed pool leaves none
     epoch = iter(resumed)  # epoch 1 (10 batches): a worker dies after the first, its plans 2 ahead at most
     batches = [next(epoch)]
     os.kill(next(iter(resumed._pool._pool._processes)), signal.SIGKILL)
@@ -320,7 +326,7 @@ def test_workers_left_early_resumed_and_killed_give_the_inline_batches(samples, 
     got += [([t["image_id"] for t in targets], images, [t["boxes"] for t in targets]) for images, targets in batches]
     _same_batches(got, want)
     resumed.close()
-    assert not files(resumed._pool, wait=0)
+    assert not files(resumed._pool)
 
 
 def test_a_missing_coco_image_is_skipped_or_raised_by_name(tmp_path):
