@@ -18,7 +18,6 @@ pipe, slower, and the pool says so once (a ``RuntimeWarning``).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import warnings
