@@ -56,7 +56,7 @@ from detaug.transforms.compose import Partners
 
 __all__ = [
     "FIELD_CHOICES", "ON_ERROR", "EpochSpec", "PlannedBatch", "BatchPlanner", "DecodedShapes", "DecodeFailure",
-    "batch_columns", "field_outputs", "select_fields", "undecodable", "init_plan_worker", "plan_job", "plan_group_job",
+    "batch_columns", "field_outputs", "select_fields", "undecodable", "init_plan_worker", "plan_group_job",
     "source_groups",
 ]
 
@@ -695,21 +695,13 @@ def init_plan_worker(payload: bytes) -> None:
     _PLANNER = pickle.loads(payload)
 
 
-def plan_job(epoch: int, step: int, bad: Mapping[int, str] | None = None) -> PlannedBatch:
-    """In a planning worker: :meth:`BatchPlanner.plan` of one batch."""
-    return _worker_planner().plan(epoch, step, bad=bad)
-
-
 def plan_group_job(epoch: int, steps: Sequence[int], bad: Mapping[int, str] | None = None
                    ) -> list[PlannedBatch | Exception]:
-    """In a planning worker: :meth:`BatchPlanner.plan_many` of batches ``steps``."""
-    return _worker_planner().plan_many(epoch, steps, bad=bad)
-
-
-def _worker_planner() -> BatchPlanner:
+    """In a planning worker: :meth:`BatchPlanner.plan_many` of batches ``steps`` (one batch:
+    what :meth:`BatchPlanner.plan` gives, or its error)."""
     if _PLANNER is None:
         raise RuntimeError("this planning worker has no planner (init_plan_worker did not run)")
-    return _PLANNER
+    return _PLANNER.plan_many(epoch, steps, bad=bad)
 
 
 def planner_payload(planner: BatchPlanner) -> bytes:

@@ -614,8 +614,9 @@ class TestPlanningWorkers:
         assert all_ended(processes, timeout=30)  # stopped in the background
 
     def test_workers_plan_what_the_planner_plans(self):
-        """The workers' job, run here: BatchPlanner.plan, image bytes included; for decoded arrays
-        (sent to the workers as shapes only, grayscale included) less the image data."""
+        """The workers' job, run here: BatchPlanner.plan_many of one batch (what plan gives),
+        image bytes included; for decoded arrays (sent to the workers as shapes only, grayscale
+        included) less the image data."""
         samples, _ = scene_samples(9, seed=3)
         encoded = SampleListSource(samples)
         decoded = SampleListSource(
@@ -627,7 +628,7 @@ class TestPlanningWorkers:
             planner = planning.BatchPlanner(source, transforms, spec)
             try:
                 planning.init_plan_worker(planning.planner_payload(planner))
-                planned = planning.plan_job(1, 2)
+                [planned] = planning.plan_group_job(1, [2])
             finally:
                 planning._PLANNER = None
             expected = planner.plan(1, 2)
@@ -640,7 +641,7 @@ class TestPlanningWorkers:
             for a, b in zip(planned.boxes + planned.labels, expected.boxes + expected.labels):
                 np.testing.assert_array_equal(a, b)
         with pytest.raises(RuntimeError, match="init_plan_worker did not run"):
-            planning.plan_job(1, 2)
+            planning.plan_group_job(1, [2])
         shapes = planning.DecodedShapes(decoded)
         assert shapes.load(1)[0].shape == (160, 200, 3) and len(pickle.dumps(shapes)) < 20_000
 
