@@ -13,6 +13,8 @@ import torch
 
 from detaug.decoding import default_planning_workers, threads_beside
 from detaug.errors import DataWarning, ImageError
+from detaug.feeder import BackgroundFeed
+from detaug.handover import TARGET_FORMS, build_targets, dali_images_to_torch
 from detaug.labels import LabelMap
 from detaug.plan_ahead import PlanPool, batches_ahead, group_size
 from detaug.pipeline import build_pipeline, feed, feed_first_run, outputs_outlive_runs, pick_device, resolve_device
@@ -76,9 +78,24 @@ class DetectionLoader:
         label_map: the targets' ``labels``: ``None`` (default) the source's category ids as they
             are; ``"contiguous"``: the category ids in ascending order become ``1 .. n``
             (torchvision's detectors: 0 is the background), see :mod:`detaug.labels`.
-        targets: ``"dict"`` (default: plain tensors) or ``"tv_tensors"``: images as
-            ``torchvision.tv_tensors.Image`` and boxes as ``tv_tensors.BoundingBoxes`` (``XYXY``,
-            ``canvas_size`` of the output image), for torchvision.transforms.v2 (needs torchvision).
+        targets: the form of a batch's targets, all on the images' device, made from one
+            host-to-device copy of the batch's columns (:mod:`detaug.handover`): ``"dict"``
+            (default) torchvision's list of per-image dicts (below); ``"tv_tensors"`` the same
+            with images as ``torchvision.tv_tensors.Image`` and boxes as
+            ``tv_tensors.BoundingBoxes`` (``XYXY``, ``canvas_size`` of the output image), for
+            torchvision.transforms.v2 (needs torchvision); ``"padded"`` one dict ``{"boxes":
+            float32 [B, M, 4], "labels": int64 [B, M], "num_boxes": int64 [B], "image_id": int64
+            [B], **fields [B, M, ...]}``, rows past an image's boxes -1 (``M``: ``max_boxes``, or
+            the batch's largest count); ``"concat"`` one dict ``{"boxes": float32 [N, 4],
+            "labels": int64 [N], "batch_index": int64 [N], "num_boxes": int64 [B], "image_id":
+            int64 [B], **fields [N, ...]}`` (YOLO-style losses).
+        max_boxes: rows per image of ``targets="padded"`` (``None``: the batch's largest count;
+            an image with more boxes is a ``ValueError`` naming it).
+        ready_batches: finished batches a background thread keeps ready (default 2): the next
+            batches are fed to DALI, collected, copied and given their targets while the caller
+            trains on this one (:mod:`detaug.feeder`: on the GPU on a stream of the loader's,
+            handed over to the caller's current stream without a wait). ``0``: no thread, each
+            batch is made inside ``next()``.
         num_classes: the model's ``num_classes`` (torchvision's, counting the background); when
             given, the loader checks when it is built that every class index fits, ``1 <=
             label < num_classes``, for every category of the source (also one without boxes),
@@ -96,10 +113,12 @@ class DetectionLoader:
         ``images``: one tensor ``[B, 3, H, W]`` on the pipeline's device (float32 when the recipe
         normalises, else uint8) when the recipe fixes the output size (ends with ``Resize((h,
         w))``, ``LetterBox`` or ``RandomResizedCrop``), else always a list of ``[3, H, W]``
-        tensors (also when a batch's images happen to share a size); ``targets``: a list of ``{"boxes": float32 [N, 4] xyxy output-image
-        pixels, "labels": int64 [N] class indices (``label_map``), "image_id": int, **fields}``:
-        each field a CPU tensor ``[N, ...]`` of the boxes kept, in their order (``iscrowd``
-        int64, ``area`` float32 ``w * h`` output pixels, the others in their source dtype).
+        tensors (also when a batch's images happen to share a size); ``targets`` (``"dict"``): a
+        list of ``{"boxes": float32 [N, 4] xyxy output-image pixels, "labels": int64 [N] class
+        indices (``label_map``), "image_id": int, **fields}``: each field a tensor ``[N, ...]``
+        of the boxes kept, in their order (``iscrowd`` int64, ``area`` float32 ``w * h`` output
+        pixels, the others in their source dtype); every tensor on the images' device (views of
+        one buffer copied once per batch: ``.to(device)`` on them is free).
 
     Epochs (the rules of ``DistributedSampler``, :mod:`detaug.epochs`): every rank yields
     ``len(loader)`` batches per epoch, the same number on every rank; with ``drop_last=False``
@@ -146,6 +165,8 @@ class DetectionLoader:
         num_classes: int | None = None,
         targets: str = "dict",
         fields: Any = "all",
+        max_boxes: int | None = None,
+        ready_batches: int = 2,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -155,7 +176,12 @@ class DetectionLoader:
             raise ValueError(f"targets must be one of {', '.join(map(repr, TARGET_KINDS))}, got {targets!r}")
         if targets == "tv_tensors":
             _tv_tensors()  # said now, not at the first batch
-        self.targets = targets
+        if max_boxes is not None and (isinstance(max_boxes, bool) or not isinstance(max_boxes, (int, np.integer))
+                                      or max_boxes < 0):
+            raise ValueError(f"max_boxes must be an integer >= 0 or None, got {max_boxes!r}")
+        if isinstance(ready_batches, bool) or not isinstance(ready_batches, (int, np.integer)) or ready_batches < 0:
+            raise ValueError(f"ready_batches must be an integer >= 0, got {ready_batches!r}")
+        self.targets, self.max_boxes, self.ready_batches = targets, max_boxes, int(ready_batches)
         self.label_map = label_map
         self.label_mapping = LabelMap.from_source(source, label_map, first=1)  # before any pipeline
         if num_classes is not None:
@@ -268,15 +294,45 @@ class DetectionLoader:
 
     # -- iteration -----------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor | list[torch.Tensor], list[Target]]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor | list[torch.Tensor], Any]]:
         self._close_current()
         if self._abandoned or self._step >= len(self):
             self._epoch, self._step = self._epoch + 1, 0
         self._abandoned = True  # until the epoch completes
-        self._current = self._batches(self._epoch, self._step)
+        self._current = self._consume(self._epoch, self._step)
         return self._current
 
-    def _batches(self, epoch: int, start: int) -> Iterator[tuple[Any, list[Target]]]:
+    def _consume(self, epoch: int, start: int) -> Iterator[tuple[Any, Any]]:
+        """The caller's side: batches made by :meth:`_produce` (in a background thread unless
+        ``ready_batches=0``), recorded and counted here, in the caller's thread, as they are taken."""
+        feed = None
+        if self.ready_batches:
+            feed = BackgroundFeed(lambda: self._produce(epoch, start), self.ready_batches, self.device)
+            made: Iterator[Any] = iter(feed)
+        else:
+            made = self._produce(epoch, start)
+        try:
+            for step, planned, images, targets in made:
+                if feed is not None:
+                    feed.hand_over(_tensors_of(images, targets))
+                self._record(planned)
+                self._step = step + 1
+                yield images, targets
+            self._epoch, self._step, self._abandoned = epoch + 1, 0, False
+        except KeyboardInterrupt:  # a Ctrl-C inside a future's wait can leave the pool unusable
+            if self._pool is not None:
+                self._pool.close(wait=False)  # the next iteration starts new workers
+            raise
+        finally:
+            if feed is not None:
+                feed.stop()  # closes _produce in its thread: batches in flight are dropped there
+            else:
+                made.close()
+
+    def _produce(self, epoch: int, start: int) -> Iterator[tuple[int, PlannedBatch, Any, Any]]:
+        """``(step, planned, images, targets)`` of the batches from ``(epoch, start)`` to the
+        end of the epoch: plans submitted ahead, fed to DALI ahead, outputs converted. At the
+        end of the epoch the next epoch's first batches stay in flight (:class:`_Carry`)."""
         steps = len(self)
         # Workers plan groups of consecutive batches (one plan_batch call each: less CPU a
         # sample); each worker gets one group to plan and one queued, within a byte budget.
@@ -317,23 +373,16 @@ class DetectionLoader:
             for step in range(start, steps):
                 top_up()
                 images, planned = self._outputs(inflight)
-                # The next batch goes in before this one is converted and yielded, so that the
-                # pipeline always holds ``prefetch_queue_depth`` batches, also while the caller
-                # trains on this one (DALI keeps these outputs until the next ``outputs()``).
+                # The next batch goes in before this one is converted, so that the pipeline
+                # always holds ``prefetch_queue_depth`` batches (DALI keeps these outputs until
+                # the next ``outputs()``).
                 try:
                     top_up()
                 except ImageError:  # raised again by the next top_up, once this batch is yielded
                     pass
-                self._record(planned)
-                self._step = step + 1
-                yield self._to_torch(images, planned)
-            self._epoch, self._step, self._abandoned = epoch + 1, 0, False
+                yield (step, planned, *self._to_torch(images, planned))
             self._carry = _Carry((epoch + 1, 0), pending, inflight, next_key)
             completed = True
-        except KeyboardInterrupt:  # a Ctrl-C inside a future's wait can leave the pool unusable
-            if self._pool is not None:
-                self._pool.close(wait=False)  # the next iteration starts new workers
-            raise
         finally:
             if not completed:
                 self._discard(pending, inflight)
@@ -449,22 +498,18 @@ class DetectionLoader:
         self._fresh = True  # its first schedule_run runs prefetch_queue_depth batches
         return pipe
 
-    def _to_torch(self, images: Any, planned: PlannedBatch) -> tuple[torch.Tensor | list[torch.Tensor], list[Target]]:
+    def _to_torch(self, images: Any, planned: PlannedBatch) -> tuple[torch.Tensor | list[torch.Tensor], Any]:
         # host images of a pipeline whose outputs outlive their run: no copy (GPU images are
         # copied: see dali_images_to_torch)
         batch = dali_images_to_torch(images, self.device, copy=not outputs_outlive_runs(self.pipeline))
         if self._stacked != isinstance(batch, torch.Tensor):  # one batch type, whatever its size
             batch = torch.stack(batch) if self._stacked else list(batch)
-        # The whole batch at once (category ids -> class indices too): one tensor per kind, split
-        # into per-sample views.
+        # The whole batch at once (category ids -> class indices too), one copy to the device;
+        # per-image tensors are views (detaug.handover).
         counts, boxes, labels, fields = batch_columns(planned)
-        labels = torch.from_numpy(self.label_mapping.map(labels)).split(counts)
-        boxes = torch.from_numpy(boxes).split(counts)
-        targets = [{"boxes": b, "labels": lab, "image_id": int(i)} for b, lab, i in zip(boxes, labels, planned.image_ids)]
-        if self.fields:
-            for name, column in fields.items():
-                for target, value in zip(targets, torch.from_numpy(column).split(counts)):
-                    target[name] = value
+        form = "dict" if self.targets == "tv_tensors" else self.targets
+        targets = build_targets(counts, boxes, self.label_mapping.map(labels), fields if self.fields else {},
+                                planned.image_ids, self.device, form, self.max_boxes)
         if self.targets == "tv_tensors":
             batch, targets = _as_tv_tensors(batch, targets)
         return batch, targets
@@ -498,7 +543,17 @@ class _Carry:
 
 
 #: ``targets=`` of :class:`DetectionLoader`.
-TARGET_KINDS = ("dict", "tv_tensors")
+TARGET_KINDS = (TARGET_FORMS[0], "tv_tensors", *TARGET_FORMS[1:])
+
+
+def _tensors_of(images: Any, targets: Any) -> list[torch.Tensor]:
+    """One tensor per allocation of a batch: the images (one, or one per image) and the one
+    buffer every target tensor is a view of (:mod:`detaug.handover`)."""
+    tensors = [images] if isinstance(images, torch.Tensor) else list(images)
+    first = targets[0] if isinstance(targets, list) and targets else targets
+    if isinstance(first, dict) and isinstance(first.get("boxes"), torch.Tensor):
+        tensors.append(first["boxes"])
+    return tensors
 
 
 def _tv_tensors() -> Any:
@@ -522,38 +577,3 @@ def _as_tv_tensors(batch: Any, targets: list[Target]) -> tuple[Any, list[Target]
     if isinstance(batch, torch.Tensor):
         return tv.Image(batch), targets
     return [tv.Image(image) for image in batch], targets
-
-
-def dali_images_to_torch(images: Any, device: torch.device, *, copy: bool = True) -> torch.Tensor | list[torch.Tensor]:
-    """A DALI ``TensorList`` as one ``torch`` tensor (uniform shapes) or a list of tensors, on
-    ``device`` (the pipeline's: the GPU's outputs stay there, the CPU's on the host).
-
-    GPU outputs are always copied into tensors of PyTorch's, on PyTorch's current stream: PyTorch
-    reuses the memory of a freed tensor only in that stream's order, while a DALI buffer handed
-    over through DLPack goes back to DALI's pool when the last tensor on it is freed, whatever the
-    GPU still has queued that reads it. Host outputs are copied too unless ``copy=False``: then
-    the tensors are DALI's own output buffers, handed over through DLPack (no copy, no new
-    memory), which only a pipeline whose outputs outlive their run allows
-    (:func:`detaug.pipeline.outputs_outlive_runs`: DALI's default executor)."""
-    from nvidia.dali.backend import TensorListGPU
-
-    if isinstance(images, TensorListGPU):
-        from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
-
-        stream = torch.cuda.current_stream(device)
-        if images.is_dense_tensor():
-            tensor = images.as_tensor()
-            out = torch.empty(tensor.shape(), dtype=to_torch_type[tensor.dtype], device=device)
-            feed_ndarray(tensor, out, cuda_stream=stream)
-            return out
-        result = []
-        for i in range(len(images)):
-            t = images[i]
-            out = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device=device)
-            feed_ndarray(t, out, cuda_stream=stream)
-            result.append(out)
-        return result
-    host = (lambda t: torch.from_numpy(np.array(t))) if copy else torch.from_dlpack
-    if images.is_dense_tensor():
-        return host(images.as_tensor())
-    return [host(images[i]) for i in range(len(images))]

@@ -222,7 +222,9 @@ def test_the_batches_planned_ahead_keep_within_the_byte_budget(samples, monkeypa
 
     def ahead_of_consumer(budget):
         monkeypatch.setattr("detaug.plan_ahead.AHEAD_BYTES", budget)
-        loader = DetectionLoader(source, recipe, 1, device="cpu", shuffle=True, seed=4, num_workers=2)
+        # no background feed: the batches it keeps ready would count as submitted ahead
+        loader = DetectionLoader(source, recipe, 1, device="cpu", shuffle=True, seed=4, num_workers=2,
+                                 ready_batches=0)
         submitted, most, ids = [], 0, []
         submit_many = loader._pool.submit_many
         loader._pool.submit_many = lambda e, steps, *a, **k: (submitted.extend(steps), submit_many(e, steps, *a, **k))[1]
@@ -428,3 +430,52 @@ def test_dali_images_to_torch_with_and_without_a_copy(ragged):
         # the host's images are DALI's buffers; the GPU's are copies
         assert all((h.data_ptr() == d.data_ptr()) == (device_id is None) for h, d in zip(handed, dali))
         assert [int(s.flatten()[0]) for s in shared] == [10 * run + k + 1 for k in range(3)]
+
+
+@pytest.mark.parametrize("ready", [0, 1, 3])
+def test_the_background_feed_changes_nothing_but_timing(samples, ready):
+    """Batches made in the background thread (``ready_batches``) are the batches made inside
+    ``next()``; an epoch left early and resumed from its state, too."""
+    recipe = T.Compose([T.RandomIoUCrop(), T.RandomHorizontalFlip(), T.Resize((48, 64))])
+    source = SampleListSource(samples)
+    inline = DetectionLoader(source, recipe, 3, device=DEVICE, shuffle=True, seed=6, ready_batches=0)
+    want = _batches(inline) + _batches(inline)
+    loader = DetectionLoader(source, recipe, 3, device=DEVICE, shuffle=True, seed=6, ready_batches=ready)
+    got = _batches(loader, 2)
+    state = loader.state_dict()
+    assert state["step"] == 2  # batches made ahead are not counted as taken
+    resumed = DetectionLoader(source, recipe, 3, device=DEVICE, shuffle=True, seed=6, ready_batches=ready)
+    resumed.load_state_dict(state)
+    got += _batches(resumed) + _batches(resumed)
+    _same_batches([(i, im.cpu(), [b.cpu() for b in bx]) for i, im, bx in got],
+                  [(i, im.cpu(), [b.cpu() for b in bx]) for i, im, bx in want])
+    for item in (loader, resumed, inline):
+        item.close()
+    assert not any(t.name == "detaug-feed" for t in __import__("threading").enumerate())
+
+
+@pytest.mark.parametrize("form", ["padded", "concat"])
+def test_batched_targets_hold_the_per_image_targets(coco_dir, form):
+    """``targets="padded"`` / ``"concat"`` carry exactly the boxes, labels and fields of the
+    per-image dicts of the same seed, on the images' device."""
+    source = CocoSource(coco_dir / "annotations.json", coco_dir / "images")
+    recipe = T.Compose([T.RandomIoUCrop(), T.RandomHorizontalFlip(), T.Resize((48, 64))])
+    per_image = DetectionLoader(source, recipe, 4, device=DEVICE, seed=2, label_map="contiguous")
+    batched = DetectionLoader(source, recipe, 4, device=DEVICE, seed=2, label_map="contiguous", targets=form)
+    assert "iscrowd" in per_image.fields and "area" in per_image.fields  # a CocoSource's fields ride along
+    for (_, dicts), (images, joined) in zip(per_image, batched):
+        assert joined["boxes"].device == images.device
+        counts = [len(t["boxes"]) for t in dicts]
+        assert joined["num_boxes"].tolist() == counts
+        assert joined["image_id"].tolist() == [t["image_id"] for t in dicts]
+        for name in ["boxes", "labels", *per_image.fields]:
+            if form == "concat":
+                assert torch.equal(joined[name], torch.cat([t[name] for t in dicts]))
+            else:
+                for k, t in enumerate(dicts):
+                    assert torch.equal(joined[name][k, : counts[k]], t[name])
+                    assert (joined[name][k, counts[k]:] == -1).all()
+        if form == "concat":
+            assert joined["batch_index"].tolist() == [k for k, c in enumerate(counts) for _ in range(c)]
+    per_image.close()
+    batched.close()

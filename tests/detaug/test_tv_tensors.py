@@ -49,5 +49,5 @@ def test_tv_tensor_targets_feed_torchvision_v2():
 
 
 def test_targets_is_checked():
-    with pytest.raises(ValueError, match="targets must be one of 'dict', 'tv_tensors'"):
+    with pytest.raises(ValueError, match="targets must be one of 'dict', 'tv_tensors', 'padded', 'concat'"):
         DetectionLoader(source(), T.Compose([]), 2, device="cpu", targets="tensors")

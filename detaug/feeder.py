@@ -1,0 +1,105 @@
+"""A background feed: the next batches made in a thread while the caller trains on this one.
+
+:class:`BackgroundFeed` runs a generator of batches in a daemon thread and keeps up to ``depth``
+finished batches in a queue. On a CUDA device the thread makes its tensors on a stream of its own
+(the feed stream) and waits for that stream alone before it queues a batch, so that:
+
+- the training thread never waits for the feed's copies, nor the feed for the training step;
+- a batch taken from the queue is complete: the caller reads it on its own stream without a wait;
+- the caller marks each tensor as used on its stream (:meth:`BackgroundFeed.hand_over`,
+  ``Tensor.record_stream``), so that PyTorch's allocator reuses its memory only once the
+  caller's kernels that read it have run.
+
+Errors raised by the generator come out of :meth:`BackgroundFeed.__iter__` at the position where
+they happened (after the batches made before them). :meth:`BackgroundFeed.stop` ends the thread
+and closes the generator *in that thread* (its ``finally`` blocks run there), whatever it was doing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from typing import Any, Callable, Iterator
+
+import torch
+
+__all__ = ["BackgroundFeed"]
+
+_ITEM, _END, _ERROR = "item", "end", "error"
+
+
+class BackgroundFeed:
+    """Run ``produce()`` (a generator of batches) in a thread, ``depth`` batches ahead.
+
+    Args:
+        produce: called once in the thread; its items are yielded by :meth:`__iter__` in order.
+        depth: finished items kept ready (``>= 1``).
+        device: the device of the items' tensors; a CUDA device gets a feed stream.
+    """
+
+    def __init__(self, produce: Callable[[], Iterator[Any]], depth: int, device: torch.device) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+        self._stopping = threading.Event()
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._thread = threading.Thread(target=self._run, args=(produce,), name="detaug-feed", daemon=True)
+        self._thread.start()
+
+    def _run(self, produce: Callable[[], Iterator[Any]]) -> None:
+        try:
+            context = (torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext())
+            with context:
+                items = produce()
+                try:
+                    for item in items:
+                        if self.stream is not None:
+                            self.stream.synchronize()  # this batch's copies only, not the trainer's work
+                        if not self._put((_ITEM, item)):
+                            break
+                finally:
+                    items.close()  # runs the generator's clean-up here, in its own thread
+            self._put((_END, None))
+        except BaseException as err:  # noqa: BLE001 - handed to the caller, raised there
+            self._put((_ERROR, err))
+
+    def _put(self, message: tuple[str, Any]) -> bool:
+        """Queue ``message`` unless the feed is stopping (then ``False``)."""
+        while not self._stopping.is_set():
+            try:
+                self._queue.put(message, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            kind, value = self._queue.get()
+            if kind == _END:
+                return
+            if kind == _ERROR:
+                raise value
+            yield value
+
+    def hand_over(self, tensors: list[torch.Tensor]) -> None:
+        """Mark ``tensors`` (made on the feed stream) as used by the caller's current stream."""
+        if self.stream is None:
+            return
+        current = torch.cuda.current_stream(self.device)
+        for tensor in tensors:
+            tensor.record_stream(current)
+
+    def stop(self) -> None:
+        """End the thread (the generator is closed in it) and drop the batches not taken."""
+        self._stopping.set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._queue.get_nowait()
+        self._thread.join()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()

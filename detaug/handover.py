@@ -1,0 +1,169 @@
+"""The hand-over of a batch to PyTorch: DALI's images and the planner's targets as tensors on the
+images' device.
+
+Images: a DALI ``TensorList`` becomes one tensor ``[B, ...]`` (uniform shapes) or a list of
+tensors (:func:`dali_images_to_torch`).
+
+Targets: the batch's columns (``boxes`` float32 ``[N, 4]`` xyxy, ``labels`` int64 ``[N]`` class
+indices, per-box fields ``[N, ...]``, in sample order) are written into one host buffer (pinned
+memory for a CUDA device), copied to the device in **one** non-blocking copy, and every target
+tensor is a view of that one device buffer (:func:`columns_to_device`). Three forms
+(:data:`TARGET_FORMS`, :func:`build_targets`):
+
+- ``"dict"``: torchvision's list of per-image dicts ``{"boxes": [N_i, 4], "labels": [N_i],
+  "image_id": int, **fields}`` (views of the batch's columns);
+- ``"padded"``: one dict ``{"boxes": float32 [B, M, 4], "labels": int64 [B, M], "num_boxes":
+  int64 [B], "image_id": int64 [B], **fields [B, M, ...]}``, rows past an image's boxes
+  :data:`PAD_VALUE` (as Keras' targets), ``M`` = ``max_boxes`` or the batch's largest count;
+- ``"concat"``: one dict ``{"boxes": float32 [N, 4], "labels": int64 [N], "batch_index": int64
+  [N], "num_boxes": int64 [B], "image_id": int64 [B], **fields [N, ...]}``, the form YOLO-style
+  losses take (``batch_index[j]``: the image of box ``j``).
+
+Nothing here knows transforms, sources or pipelines: it is the bottom of the adapters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["PAD_VALUE", "TARGET_FORMS", "build_targets", "columns_to_device", "dali_images_to_torch"]
+
+#: The forms of :func:`build_targets` (``DetectionLoader(targets=...)``, besides ``"tv_tensors"``).
+TARGET_FORMS = ("dict", "padded", "concat")
+
+#: The value of padded rows of the ``"padded"`` form (boxes, labels and fields), as in Keras' targets.
+PAD_VALUE = -1
+
+#: Byte alignment of each column in the packed buffer (any dtype's element size divides it).
+_ALIGN = 16
+
+
+def columns_to_device(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    """``{name: array}`` as tensors on ``device``, of the arrays' dtypes and shapes.
+
+    On the CPU the tensors share the arrays' memory (no copy). On a CUDA device the arrays are
+    packed into one pinned host buffer (each column at a 16-byte aligned offset) and copied in
+    one ``non_blocking`` copy on the current stream, so the host never waits for the GPU; each
+    tensor is a view of that one device buffer. (Pinned buffers come from PyTorch's caching host
+    allocator, which reuses one only once its copy has run.)
+    """
+    arrays = {name: np.ascontiguousarray(a) for name, a in arrays.items()}
+    if device.type != "cuda":
+        return {name: torch.from_numpy(a) for name, a in arrays.items()}
+    offsets, total = {}, 0
+    for name, a in arrays.items():
+        total = -(-total // _ALIGN) * _ALIGN
+        offsets[name] = total
+        total += a.nbytes
+    host = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=True)
+    raw = host.numpy()
+    for name, a in arrays.items():
+        raw[offsets[name] : offsets[name] + a.nbytes] = a.reshape(-1).view(np.uint8)
+    on_device = host.to(device, non_blocking=True)
+    out = {}
+    for name, a in arrays.items():
+        view = on_device[offsets[name] : offsets[name] + a.nbytes]
+        out[name] = view.view(torch.from_numpy(a[:0].reshape(-1)).dtype).view(a.shape)
+    return out
+
+
+def build_targets(
+    counts: list[int] | np.ndarray,
+    boxes: np.ndarray,
+    labels: np.ndarray,
+    fields: dict[str, np.ndarray],
+    image_ids: np.ndarray,
+    device: torch.device,
+    form: str = "dict",
+    max_boxes: int | None = None,
+) -> list[dict[str, Any]] | dict[str, torch.Tensor]:
+    """A batch's targets on ``device`` in one copy, in ``form`` (:data:`TARGET_FORMS`).
+
+    Args:
+        counts: ``counts[i]``, image ``i``'s boxes (``B`` entries).
+        boxes: float32 ``[N, 4]`` xyxy output-image pixels, images in order (``N = sum(counts)``).
+        labels: int64 ``[N]`` class indices.
+        fields: ``{name: [N, ...]}`` per-box fields, in their dtypes.
+        image_ids: int ``[B]``.
+        device: where the tensors go (the images' device).
+        form: ``"dict"``, ``"padded"`` or ``"concat"`` (see the module docstring).
+        max_boxes: ``"padded"`` only: rows per image (``None``: the batch's largest count). An
+            image with more boxes is a ``ValueError`` naming it.
+
+    Returns:
+        ``"dict"``: a list of ``B`` dicts; else one dict of batched tensors.
+    """
+    counts = np.asarray(counts, dtype=np.int64).reshape(-1)
+    image_ids = np.asarray(image_ids, dtype=np.int64).reshape(-1)
+    boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+    if form == "dict":
+        columns = columns_to_device({"boxes": boxes, "labels": labels, **fields}, device)
+        split = {name: torch.split(t, counts.tolist()) for name, t in columns.items()}
+        targets = [{"boxes": b, "labels": lab, "image_id": int(i)}
+                   for b, lab, i in zip(split["boxes"], split["labels"], image_ids.tolist())]
+        for name in fields:
+            for target, value in zip(targets, split[name]):
+                target[name] = value
+        return targets
+    if form == "concat":
+        batch_index = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        return columns_to_device({"boxes": boxes, "labels": labels, "batch_index": batch_index,
+                                  "num_boxes": counts, "image_id": image_ids, **fields}, device)
+    if form == "padded":
+        most = int(counts.max()) if counts.size else 0
+        rows_per_image = most if max_boxes is None else int(max_boxes)
+        if most > rows_per_image:
+            k = int(np.argmax(counts))
+            raise ValueError(f"image {int(image_ids[k])} has {most} boxes, more than max_boxes={rows_per_image} "
+                             "of the padded targets: raise max_boxes (or leave it None for the batch's largest count)")
+        rows = np.repeat(np.arange(len(counts)), counts)
+        slots = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+
+        def padded(values: np.ndarray) -> np.ndarray:
+            out = np.full((len(counts), rows_per_image, *values.shape[1:]), PAD_VALUE, dtype=values.dtype)
+            out[rows, slots] = values
+            return out
+
+        return columns_to_device({"boxes": padded(boxes), "labels": padded(labels), "num_boxes": counts,
+                                  "image_id": image_ids, **{name: padded(np.asarray(v)) for name, v in fields.items()}},
+                                 device)
+    raise ValueError(f"form must be one of {', '.join(map(repr, TARGET_FORMS))}, got {form!r}")
+
+
+def dali_images_to_torch(images: Any, device: torch.device, *, copy: bool = True) -> torch.Tensor | list[torch.Tensor]:
+    """A DALI ``TensorList`` as one ``torch`` tensor (uniform shapes) or a list of tensors, on
+    ``device`` (the pipeline's: the GPU's outputs stay there, the CPU's on the host).
+
+    GPU outputs are always copied into tensors of PyTorch's, on PyTorch's current stream
+    (non-blocking): PyTorch reuses the memory of a freed tensor only in that stream's order,
+    while a DALI buffer handed over through DLPack goes back to DALI's pool when the last tensor
+    on it is freed, whatever the GPU still has queued that reads it. Host outputs are copied too
+    unless ``copy=False``: then the tensors are DALI's own output buffers, handed over through
+    DLPack (no copy, no new memory), which only a pipeline whose outputs outlive their run allows
+    (:func:`detaug.pipeline.outputs_outlive_runs`: DALI's default executor)."""
+    from nvidia.dali.backend import TensorListGPU
+
+    if isinstance(images, TensorListGPU):
+        from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+        stream = torch.cuda.current_stream(device)
+        if images.is_dense_tensor():
+            tensor = images.as_tensor()
+            out = torch.empty(tensor.shape(), dtype=to_torch_type[tensor.dtype], device=device)
+            feed_ndarray(tensor, out, cuda_stream=stream)
+            return out
+        result = []
+        for i in range(len(images)):
+            t = images[i]
+            out = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device=device)
+            feed_ndarray(t, out, cuda_stream=stream)
+            result.append(out)
+        return result
+    host = (lambda t: torch.from_numpy(np.array(t))) if copy else torch.from_dlpack
+    if images.is_dense_tensor():
+        return host(images.as_tensor())
+    return [host(images[i]) for i in range(len(images))]
