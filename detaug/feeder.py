@@ -10,16 +10,19 @@ finished batches in a queue. On a CUDA device the thread makes its tensors on a 
   ``Tensor.record_stream``), so that PyTorch's allocator reuses its memory only once the
   caller's kernels that read it have run.
 
-Errors raised by the generator come out of :meth:`BackgroundFeed.__iter__` at the position where
+Errors raised by the generator come out of :meth:`BackgroundFeed.take` at the position where
 they happened (after the batches made before them). :meth:`BackgroundFeed.stop` ends the thread
-and closes the generator *in that thread* (its ``finally`` blocks run there), whatever it was doing.
+and closes the generator *in that thread* (its ``finally`` blocks run there), whatever it was
+doing; feeds still running when the interpreter exits are stopped first (``atexit``).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import queue
 import threading
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -27,6 +30,9 @@ import torch
 __all__ = ["BackgroundFeed"]
 
 _ITEM, _END, _ERROR = "item", "end", "error"
+
+#: Feeds whose thread may still run: stopped at exit, before DALI's and CUDA's own clean-up.
+_LIVE: weakref.WeakSet[BackgroundFeed] = weakref.WeakSet()
 
 
 class BackgroundFeed:
@@ -45,8 +51,10 @@ class BackgroundFeed:
         self._stopping = threading.Event()
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._done = False
         self._thread = threading.Thread(target=self._run, args=(produce,), name="detaug-feed", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     def _run(self, produce: Callable[[], Iterator[Any]]) -> None:
         try:
@@ -75,14 +83,25 @@ class BackgroundFeed:
                 continue
         return False
 
+    def take(self) -> Any:
+        """The next item (waits for it); ``StopIteration`` once the generator has ended, or the
+        generator's error, raised here."""
+        if self._done:
+            raise StopIteration
+        kind, value = self._queue.get()
+        if kind == _ITEM:
+            return value
+        self._done = True
+        if kind == _ERROR:
+            raise value
+        raise StopIteration
+
     def __iter__(self) -> Iterator[Any]:
         while True:
-            kind, value = self._queue.get()
-            if kind == _END:
+            try:
+                yield self.take()
+            except StopIteration:
                 return
-            if kind == _ERROR:
-                raise value
-            yield value
 
     def hand_over(self, tensors: list[torch.Tensor]) -> None:
         """Mark ``tensors`` (made on the feed stream) as used by the caller's current stream."""
@@ -95,11 +114,21 @@ class BackgroundFeed:
     def stop(self) -> None:
         """End the thread (the generator is closed in it) and drop the batches not taken."""
         self._stopping.set()
+        if threading.current_thread() is self._thread:  # a finalizer run by the feed's own thread
+            return
         with contextlib.suppress(queue.Empty):
             while True:
                 self._queue.get_nowait()
         self._thread.join()
+        self._done = True
+        _LIVE.discard(self)
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+
+@atexit.register
+def _stop_live_feeds() -> None:
+    for feed in list(_LIVE):
+        feed.stop()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -95,7 +97,9 @@ class DetectionLoader:
             batches are fed to DALI, collected, copied and given their targets while the caller
             trains on this one (:mod:`detaug.feeder`: on the GPU on a stream of the loader's,
             handed over to the caller's current stream without a wait). ``0``: no thread, each
-            batch is made inside ``next()``.
+            batch is made inside ``next()``. After an epoch the thread runs on into the next
+            one (taken over by the next iteration if it starts there; :meth:`close`, or
+            collecting the loader, stops it).
         num_classes: the model's ``num_classes`` (torchvision's, counting the background); when
             given, the loader checks when it is built that every class index fits, ``1 <=
             label < num_classes``, for every category of the source (also one without boxes),
@@ -237,6 +241,10 @@ class DetectionLoader:
         self._abandoned = False  # an iteration stopped early: the next one starts the next epoch
         self._current: Iterator[Any] | None = None
         self._carry: _Carry | None = None  # batches of the next epoch in flight when an epoch ended
+        self._kept_feed: BackgroundFeed | None = None  # the background feed, kept running into the next epoch
+        self._feed_at: tuple[int, int] | None = None  # where the kept feed's next batch is
+        self._live_feeds: list[BackgroundFeed] = []  # stopped when the loader is collected
+        weakref.finalize(self, _stop_feeds, self._live_feeds)
 
     @property
     def class_names(self) -> list[str | None]:
@@ -304,17 +312,48 @@ class DetectionLoader:
 
     def _consume(self, epoch: int, start: int) -> Iterator[tuple[Any, Any]]:
         """The caller's side: batches made by :meth:`_produce` (in a background thread unless
-        ``ready_batches=0``), recorded and counted here, in the caller's thread, as they are taken."""
-        feed = None
-        if self.ready_batches:
-            feed = BackgroundFeed(lambda: self._produce(epoch, start), self.ready_batches, self.device)
-            made: Iterator[Any] = iter(feed)
-        else:
-            made = self._produce(epoch, start)
+        ``ready_batches=0``), recorded and counted here, in the caller's thread, as they are
+        taken. The thread runs on into the next epoch; when this epoch completes it is kept for
+        the next iteration (:meth:`_take_feed`), so no epoch starts with an empty queue."""
+        steps = len(self)
+        if not self.ready_batches:
+            yield from self._consume_inline(epoch, start)
+            return
+        feed = self._take_feed((epoch, start))
+        if feed is None and start < steps:
+            proxy = weakref.proxy(self)
+            feed = BackgroundFeed(lambda: _produce_on(proxy, epoch, start), self.ready_batches, self.device)
+            self._live_feeds.append(feed)
+        completed = False
+        try:
+            for _ in range(start, steps):
+                try:
+                    item_epoch, step, planned, images, targets = feed.take()
+                except StopIteration:  # the producer runs on forever; only a bug ends it
+                    raise RuntimeError("the loader's background feed ended before the epoch did") from None
+                assert item_epoch == epoch, (item_epoch, epoch)
+                feed.hand_over(_tensors_of(images, targets))
+                self._record(planned)
+                self._step = step + 1
+                yield images, targets
+            self._epoch, self._step, self._abandoned = epoch + 1, 0, False
+            completed = True
+        except KeyboardInterrupt:  # a Ctrl-C inside a future's wait can leave the pool unusable
+            if self._pool is not None:
+                self._pool.close(wait=False)  # the next iteration starts new workers
+            raise
+        finally:
+            if feed is not None:
+                if completed:
+                    self._kept_feed, self._feed_at = feed, (epoch + 1, 0)  # already making the next epoch
+                else:
+                    _stop_feed(feed, self._live_feeds)  # closes _produce in its thread, which drops the batches in flight
+
+    def _consume_inline(self, epoch: int, start: int) -> Iterator[tuple[Any, Any]]:
+        """:meth:`_consume` without a thread: each batch made inside ``next()``."""
+        made = _produce(self, epoch, start)
         try:
             for step, planned, images, targets in made:
-                if feed is not None:
-                    feed.hand_over(_tensors_of(images, targets))
                 self._record(planned)
                 self._step = step + 1
                 yield images, targets
@@ -324,68 +363,17 @@ class DetectionLoader:
                 self._pool.close(wait=False)  # the next iteration starts new workers
             raise
         finally:
-            if feed is not None:
-                feed.stop()  # closes _produce in its thread: batches in flight are dropped there
-            else:
-                made.close()
+            made.close()
 
-    def _produce(self, epoch: int, start: int) -> Iterator[tuple[int, PlannedBatch, Any, Any]]:
-        """``(step, planned, images, targets)`` of the batches from ``(epoch, start)`` to the
-        end of the epoch: plans submitted ahead, fed to DALI ahead, outputs converted. At the
-        end of the epoch the next epoch's first batches stay in flight (:class:`_Carry`)."""
-        steps = len(self)
-        # Workers plan groups of consecutive batches (one plan_batch call each: less CPU a
-        # sample); each worker gets one group to plan and one queued, within a byte budget.
-        group = group_size(self.batch_size) if self._pool is not None else 1
-        carry = self._take_carry((epoch, start))
-        if self._broken:  # the pipeline failed while batches nobody wanted were dropped
-            if carry is not None:
-                self._discard(carry.pending, deque())  # its batches in flight went with the pipeline
-            carry, self.pipeline, self._broken = None, self._build(), False
-        # pending: (epoch, step, future or None) submitted to the workers; inflight: fed to the
-        # pipeline, outputs not taken (None: a filler); next_key: the next batch to submit. At the
-        # end of an epoch they run on into the next one (the pipeline does not run dry between
-        # epochs), kept for the next iteration if it starts there (_Carry).
-        pending: deque[tuple[int, int, Any]] = carry.pending if carry else deque()
-        inflight: deque[PlannedBatch | None] = carry.inflight if carry else deque()
-        next_key: tuple[int, int] | None = carry.next_key if carry else ((epoch, start) if steps else None)
-
-        def top_up() -> None:
-            """Submit plans up to ``ahead`` and feed the pipeline up to its depth."""
-            nonlocal next_key
-            ahead = batches_ahead(self._depth, self.num_workers, group, self._batch_bytes)
-            while next_key is not None and len(pending) + len(inflight) < ahead:
-                e, s = next_key
-                group_steps = list(range(s, min(s + group, steps)))  # within the epoch
-                futures = self._pool.submit_many(e, group_steps, dict(self._bad)) if self._pool is not None else None
-                pending.extend((e, k, futures[i] if futures else None) for i, k in enumerate(group_steps))
-                next_key = self.spec.after(e, group_steps[-1])
-            batches = []
-            try:
-                while pending and len(inflight) + len(batches) < self._depth:
-                    batches.append(self._result(*pending[0]))  # left pending if it raises
-                    pending.popleft()
-            finally:
-                self._feed(batches, inflight)
-
-        completed = False
-        try:
-            for step in range(start, steps):
-                top_up()
-                images, planned = self._outputs(inflight)
-                # The next batch goes in before this one is converted, so that the pipeline
-                # always holds ``prefetch_queue_depth`` batches (DALI keeps these outputs until
-                # the next ``outputs()``).
-                try:
-                    top_up()
-                except ImageError:  # raised again by the next top_up, once this batch is yielded
-                    pass
-                yield (step, planned, *self._to_torch(images, planned))
-            self._carry = _Carry((epoch + 1, 0), pending, inflight, next_key)
-            completed = True
-        finally:
-            if not completed:
-                self._discard(pending, inflight)
+    def _take_feed(self, at: tuple[int, int]) -> BackgroundFeed | None:
+        """The background feed kept from the last epoch if this iteration starts where it
+        runs (``at``: ``(epoch, step)``), else none (a kept one is stopped)."""
+        feed, self._kept_feed = self._kept_feed, None
+        if feed is not None and self._feed_at == at:
+            return feed
+        if feed is not None:
+            _stop_feed(feed, self._live_feeds)
+        return None
 
     def _take_carry(self, at: tuple[int, int]) -> _Carry | None:
         """The batches carried over from the last epoch if the iteration starts where they do
@@ -518,6 +506,7 @@ class DetectionLoader:
         """Stop the planning workers and release the pipeline (and its GPU memory); a later
         iteration starts them again. Also done when the loader is collected."""
         self._close_current()
+        self._take_feed((-1, -1))  # stops a feed kept for the next epoch
         if self.pipeline is not None and not self._broken:
             self._discard_carry()
         self._carry = None
@@ -528,6 +517,81 @@ class DetectionLoader:
     def __repr__(self) -> str:
         return (f"DetectionLoader({self.spec.n} samples, shard {self.shard_id}/{self.num_shards}, "
                 f"batch_size={self.batch_size}, {len(self)} batches, epoch={self._epoch}, step={self._step})")
+
+
+def _produce(self: DetectionLoader, epoch: int, start: int) -> Iterator[tuple[int, PlannedBatch, Any, Any]]:
+    """``(step, planned, images, targets)`` of the batches from ``(epoch, start)`` to the
+    end of the epoch: plans submitted ahead, fed to DALI ahead, outputs converted. At the
+    end of the epoch the next epoch's first batches stay in flight (:class:`_Carry`).
+
+    A function, not a method: in the background feed's thread ``self`` is a weak proxy of the
+    loader, so that a loader nobody holds is collected (and its feed stopped) even while the
+    feed waits to hand over the next epoch's batches."""
+    steps = len(self)
+    # Workers plan groups of consecutive batches (one plan_batch call each: less CPU a
+    # sample); each worker gets one group to plan and one queued, within a byte budget.
+    group = group_size(self.batch_size) if self._pool is not None else 1
+    carry = self._take_carry((epoch, start))
+    if self._broken:  # the pipeline failed while batches nobody wanted were dropped
+        if carry is not None:
+            self._discard(carry.pending, deque())  # its batches in flight went with the pipeline
+        carry, self.pipeline, self._broken = None, self._build(), False
+    # pending: (epoch, step, future or None) submitted to the workers; inflight: fed to the
+    # pipeline, outputs not taken (None: a filler); next_key: the next batch to submit. At the
+    # end of an epoch they run on into the next one (the pipeline does not run dry between
+    # epochs), kept for the next iteration if it starts there (_Carry).
+    pending: deque[tuple[int, int, Any]] = carry.pending if carry else deque()
+    inflight: deque[PlannedBatch | None] = carry.inflight if carry else deque()
+    next_key: tuple[int, int] | None = carry.next_key if carry else ((epoch, start) if steps else None)
+
+    def top_up() -> None:
+        """Submit plans up to ``ahead`` and feed the pipeline up to its depth."""
+        nonlocal next_key
+        ahead = batches_ahead(self._depth, self.num_workers, group, self._batch_bytes)
+        while next_key is not None and len(pending) + len(inflight) < ahead:
+            e, s = next_key
+            group_steps = list(range(s, min(s + group, steps)))  # within the epoch
+            futures = self._pool.submit_many(e, group_steps, dict(self._bad)) if self._pool is not None else None
+            pending.extend((e, k, futures[i] if futures else None) for i, k in enumerate(group_steps))
+            next_key = self.spec.after(e, group_steps[-1])
+        batches = []
+        try:
+            while pending and len(inflight) + len(batches) < self._depth:
+                batches.append(self._result(*pending[0]))  # left pending if it raises
+                pending.popleft()
+        finally:
+            self._feed(batches, inflight)
+
+    completed = False
+    try:
+        for step in range(start, steps):
+            top_up()
+            images, planned = self._outputs(inflight)
+            # The next batch goes in before this one is converted, so that the pipeline
+            # always holds ``prefetch_queue_depth`` batches (DALI keeps these outputs until
+            # the next ``outputs()``).
+            try:
+                top_up()
+            except ImageError:  # raised again by the next top_up, once this batch is yielded
+                pass
+            yield (step, planned, *self._to_torch(images, planned))
+        self._carry = _Carry((epoch + 1, 0), pending, inflight, next_key)
+        completed = True
+    finally:
+        if not completed:
+            with contextlib.suppress(ReferenceError):  # the loader was collected: nothing to drop
+                self._discard(pending, inflight)
+
+
+def _produce_on(self: DetectionLoader, epoch: int, start: int) -> Iterator[tuple[int, int, PlannedBatch, Any, Any]]:
+    """``(epoch, step, planned, images, targets)`` from ``(epoch, start)`` on, epoch after
+    epoch: the background feed's generator (``self`` a weak proxy); it ends only when stopped."""
+    if not len(self):
+        return
+    while True:
+        for item in _produce(self, epoch, start):
+            yield (epoch, *item)
+        epoch, start = epoch + 1, 0
 
 
 @dataclass
@@ -544,6 +608,18 @@ class _Carry:
 
 #: ``targets=`` of :class:`DetectionLoader`.
 TARGET_KINDS = (TARGET_FORMS[0], "tv_tensors", *TARGET_FORMS[1:])
+
+
+def _stop_feed(feed: BackgroundFeed, live: list[BackgroundFeed]) -> None:
+    feed.stop()
+    with contextlib.suppress(ValueError):
+        live.remove(feed)
+
+
+def _stop_feeds(live: list[BackgroundFeed]) -> None:
+    """The finalizer of a collected loader: stop its background feeds."""
+    for feed in list(live):
+        _stop_feed(feed, live)
 
 
 def _tensors_of(images: Any, targets: Any) -> list[torch.Tensor]:

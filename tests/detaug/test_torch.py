@@ -265,8 +265,9 @@ def test_the_next_epoch_runs_on_in_the_pipeline_and_a_jump_drops_it(samples, num
     recipe = T.Compose([T.RandomIoUCrop(), T.RandomHorizontalFlip(), T.Resize((48, 64))])
     source = SampleListSource(samples)
 
-    def loader_at(epoch, workers=0):
-        loader = DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=5, num_workers=workers)
+    def loader_at(epoch, workers=0):  # no background feed: it would take the carry over in its thread
+        loader = DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=5, num_workers=workers,
+                                 ready_batches=0)
         loader.set_epoch(epoch)
         return loader
 
@@ -479,3 +480,34 @@ def test_batched_targets_hold_the_per_image_targets(coco_dir, form):
             assert joined["batch_index"].tolist() == [k for k, c in enumerate(counts) for _ in range(c)]
     per_image.close()
     batched.close()
+
+
+def test_the_background_feed_runs_into_the_next_epoch_and_goes_with_the_loader(samples):
+    """After an epoch the feed thread keeps making the next epoch's batches (they are the
+    batches of that epoch); a jump drops them; a loader nobody holds is collected with it."""
+    import gc
+    import threading
+    import weakref
+
+    recipe = T.Compose([T.RandomIoUCrop(), T.RandomHorizontalFlip(), T.Resize((48, 64))])
+    source = SampleListSource(samples)
+
+    def feeds():
+        return [t for t in threading.enumerate() if t.name == "detaug-feed"]
+
+    inline = DetectionLoader(source, recipe, 4, device=DEVICE, shuffle=True, seed=8, ready_batches=0)
+    want = [_batches(inline) for _ in range(4)]
+    loader = DetectionLoader(source, recipe, 4, device=DEVICE, shuffle=True, seed=8)
+    _same_batches(_batches(loader), want[0])
+    kept = loader._kept_feed
+    assert kept is not None and loader._feed_at == (1, 0) and len(feeds()) == 1
+    _same_batches(_batches(loader), want[1])  # epoch 1 from the kept feed
+    assert loader._kept_feed is kept
+    loader.set_epoch(3)  # a jump: the kept feed (at epoch 2) is stopped, epoch 3 made anew
+    _same_batches(_batches(loader), want[3])
+    assert loader._kept_feed is not kept and not kept.alive
+    ref = weakref.ref(loader)
+    del loader
+    gc.collect()
+    assert ref() is None and feeds() == []
+    inline.close()
