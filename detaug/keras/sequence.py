@@ -466,13 +466,15 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             if self._planner is not None:
                 self._planner.close()
 
-    def to_tf_dataset(self, prefetch: int | None = -1) -> Any:
+    def to_tf_dataset(self, prefetch: int | None = -1, pad_last: bool = False) -> Any:
         """A ``tf.data.Dataset`` of this sequence's batches, for ``model.fit(ds)`` where a Keras
         ``PyDataset`` is not taken (KerasHub detectors, plain TensorFlow loops); see
-        :func:`detaug.keras.data.to_tf_dataset` (each iteration of the dataset is one epoch)."""
+        :func:`detaug.keras.data.to_tf_dataset` (each iteration of the dataset is one epoch;
+        ``pad_last=True`` pads a smaller last batch to ``batch_size``, for ``model.predict`` of
+        models that need a static batch size, such as KerasHub's detectors)."""
         from detaug.keras.data import to_tf_dataset
 
-        return to_tf_dataset(self, prefetch=prefetch)
+        return to_tf_dataset(self, prefetch=prefetch, pad_last=pad_last)
 
     def grain_source(self, epochs: int = 1, first_epoch: int | None = None) -> Any:
         """A Grain random-access source of this sequence's batches over ``epochs`` epochs, for
