@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         # epochs as Keras does (fit(initial_epoch=...) then resumes the same augmentations).
         history = model.fit(seq, epochs=args.epochs, shuffle=False, callbacks=[seq.epoch_callback()], verbose=2)
         elapsed = time.perf_counter() - start
-        seen = args.epochs * (seq.end - seq.begin)
+        seen = args.epochs * sum(len(seq.batch_indices(i)) for i in range(len(seq)))  # images per epoch, the last batch's too
         print(f"fit: {args.epochs} epochs, {seen} images in {elapsed:.1f} s on {device} "
               f"({seen / elapsed:.0f} images/s); loss {[round(v, 4) for v in history.history['loss']]}")
         print(f"batches planned ahead {seq.planned_ahead}, in the calling thread {seq.planned_inline}; "

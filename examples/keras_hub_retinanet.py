@@ -16,7 +16,9 @@ Needs ``pip install -e ".[tf]"`` (TensorFlow, KerasHub; Grain for ``--loader gra
 3. a RetinaNet from a small ResNet built from scratch (no pretrained weights, nothing
    downloaded), fitted for a few steps through ``seq.to_tf_dataset()`` (KerasHub detectors do
    not take a ``PyDataset``) or a Grain ``MapDataset`` over ``seq.grain_source()``;
-4. ``model.predict`` on the validation split (no augmentation: a plain resize), predictions
+4. ``model.predict`` on the validation split (no augmentation: a plain resize; its last batch
+   padded to the batch size, ``to_tf_dataset(pad_last=True)``, as KerasHub's non-max
+   suppression needs a static batch size, and the padding's predictions dropped), predictions
    scaled back to the original image size, their labels mapped back to COCO category ids with
    ``seq.label_mapping.to_category_ids``, and COCOeval against the converted COCO file.
 
@@ -184,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     history = model.fit(data, epochs=epochs, steps_per_epoch=steps, verbose=2, shuffle=False)  # the sequence (or Grain) shuffles  # whole epochs: ceil(steps / len(train)) of them
     losses = [float(v) for v in history.history["loss"]]
 
-    outputs = model.predict(val.to_tf_dataset(), verbose=0)
-    outputs = {k: np.asarray(v) for k, v in outputs.items()}
+    # pad_last: KerasHub's non-max suppression needs a static batch size, which a smaller last
+    # batch would take away; the padded images come last, and only the real ones are kept.
+    outputs = model.predict(val.to_tf_dataset(pad_last=True), verbose=0)
+    num_val = sum(len(val.batch_indices(i)) for i in range(len(val)))
+    outputs = {k: np.asarray(v)[:num_val] for k, v in outputs.items()}
     gt = COCO(str(val_json))
     sizes = {i["id"]: (i["height"], i["width"]) for i in gt.dataset["images"]}
     results = predictions_to_coco(val, outputs, sizes, size)

@@ -37,10 +37,11 @@ feeds and runs a pipeline and copies out the images (little Python in the callin
 share one interpreter lock with Keras'). A batch whose plan is not ready is planned in the
 calling thread, as with ``plan_workers=0``: the results are the same either way.
 
-Targets (:mod:`detaug.keras.targets`) are padded to ``max_boxes`` with ``-1`` as Keras 3 and
-KerasHub detectors take them, per-box fields (``fields=``) too. A sample with more boxes than ``max_boxes`` is handled by
-``overflow``: ``"raise"`` (default), ``"warn"`` or ``"truncate"`` (both keep the first
-``max_boxes`` boxes, in annotation order, and count what they cut).
+Targets (:mod:`detaug.keras.targets`) are ``{"boxes", "labels"}`` padded to ``max_boxes`` with
+``-1``, as Keras 3 and KerasHub detectors take them; per-box fields only when asked for
+(``fields=``). A sample with more boxes than ``max_boxes`` is handled by ``overflow``:
+``"raise"`` (default), ``"warn"`` or ``"truncate"`` (both keep the first ``max_boxes`` boxes,
+in annotation order, and count what they cut).
 
 Importing this module imports the Keras that :data:`~detaug.keras.flavor.KERAS_FLAVOR` names
 (its base class is chosen here); :mod:`detaug.keras` imports it when ``DetectionSequence`` is
@@ -166,21 +167,24 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             readable sample of the shard's epoch order (named in a :class:`~detaug.DataWarning`
             and listed in :attr:`skipped`), ``"raise"`` raises :class:`~detaug.ImageError`.
         fields: the per-box fields the targets carry besides boxes and labels
-            (:func:`detaug.planning.select_fields`): ``"all"`` (default) every field of the
-            source (a ``CocoSource``: ``iscrowd`` and ``area``; a ``VocSource``: ``iscrowd`` and
-            ``difficult``; a sample list: its ``fields``), ``"none"`` none (``{"boxes",
-            "labels"}`` only, what a detector's ``fit`` takes), or a list of names (``"area"``
-            is available for any source). They follow their boxes through every transform
-            and filter (and ``overflow`` cuts); ``area`` is recomputed on the output boxes.
+            (:func:`detaug.planning.select_fields`): ``"none"`` (default) none, the targets are
+            ``{"boxes", "labels"}`` only, the structure of a detector's outputs that Keras'
+            ``fit`` compares them with; ``"all"`` every field of the source (a ``CocoSource``:
+            ``iscrowd`` and ``area``; a ``VocSource``: ``iscrowd`` and ``difficult``; a sample
+            list: its ``fields``), or a list of names (``"area"`` is available for any source).
+            They follow their boxes through every transform and filter (and ``overflow`` cuts);
+            ``area`` is recomputed on the output boxes. (The PyTorch ``DetectionLoader``'s
+            default is ``"all"``: its targets are per-image dicts that models read by key.)
 
     ``seq[i]`` returns ``(images, targets)``:
 
     * ``images``: float32 ``[B, H, W, 3]``, channels last: normalised when the recipe ends with
       ``Normalize``, else ``0..255``. A NumPy array, or with ``images_on_device`` a GPU tensor of
       Keras' backend (``keras.ops.convert_to_numpy(images)`` gives the array).
-    * ``targets``: ``{"boxes": float32 [B, max_boxes, 4], "labels": int32 [B, max_boxes],
-      **fields}``, boxes in ``bounding_box_format`` on the output image, labels the class indices
-      of ``label_map`` (the source's category ids by default), each field ``[B, max_boxes, ...]``
+    * ``targets``: ``{"boxes": float32 [B, max_boxes, 4], "labels": int32 [B, max_boxes]}``
+      (and, when asked for with ``fields=``, ``**fields``), boxes in ``bounding_box_format`` on
+      the output image, labels the class indices of ``label_map`` (the source's category ids by
+      default), each field ``[B, max_boxes, ...]``
       (float32 for float fields such as ``area``, int32 for the others, such as ``iscrowd``:
       :func:`~detaug.keras.targets.keras_field_dtype`); rows past a sample's boxes are ``-1``.
       NumPy arrays, or with ``images_on_device`` GPU tensors of Keras' backend, as the images.
@@ -193,8 +197,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         prefetch_hits, prefetch_wasted: prefetched batches that were / were not asked for next.
         planned_ahead, planned_inline: batches fed with a worker's plan / planned in the calling
             thread (``plan_workers=0``, a plan not ready yet, a batch fed a second time).
-        fields: the names of the per-box fields of the targets, in order.
-        field_specs: ``{name: (dtype, shape)}``: each field's Keras dtype and trailing shape.
+        fields: the names of the per-box fields of the targets, in order (``()`` by default).
+        field_specs: ``{name: (dtype, shape)}``: each field's Keras dtype and trailing shape (``{}`` by default).
         class_names: ``list``, the name of each class index: ``class_names[label]``; with
             ``label_map=None`` an index that is no category id is ``None``. ``len(class_names)``
             is the smallest ``num_classes`` that fits the labels.
@@ -231,7 +235,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         on_error: str = "skip",
         label_map: str | None = None,
         num_classes: int | None = None,
-        fields: Any = "all",
+        fields: Any = "none",
     ) -> None:
         # 1. Arguments.
         device = pick_device(device)
@@ -462,13 +466,15 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             if self._planner is not None:
                 self._planner.close()
 
-    def to_tf_dataset(self, prefetch: int | None = -1) -> Any:
+    def to_tf_dataset(self, prefetch: int | None = -1, pad_last: bool = False) -> Any:
         """A ``tf.data.Dataset`` of this sequence's batches, for ``model.fit(ds)`` where a Keras
         ``PyDataset`` is not taken (KerasHub detectors, plain TensorFlow loops); see
-        :func:`detaug.keras.data.to_tf_dataset` (each iteration of the dataset is one epoch)."""
+        :func:`detaug.keras.data.to_tf_dataset` (each iteration of the dataset is one epoch;
+        ``pad_last=True`` pads a smaller last batch to ``batch_size``, for ``model.predict`` of
+        models that need a static batch size, such as KerasHub's detectors)."""
         from detaug.keras.data import to_tf_dataset
 
-        return to_tf_dataset(self, prefetch=prefetch)
+        return to_tf_dataset(self, prefetch=prefetch, pad_last=pad_last)
 
     def grain_source(self, epochs: int = 1, first_epoch: int | None = None) -> Any:
         """A Grain random-access source of this sequence's batches over ``epochs`` epochs, for

@@ -177,7 +177,7 @@ def test_keras_targets_pad_the_fields_like_the_labels(source):
     from detaug.keras import DetectionSequence
 
     seq = DetectionSequence(source, CROP_FLIP, 4, max_boxes=6, seed=SEED, device="cpu", num_threads=2,
-                            images_on_device=False, plan_workers=0)
+                            images_on_device=False, plan_workers=0, fields="all")  # the Keras default: "none"
     assert seq.field_specs == {"track_id": (np.int32, ()), "iscrowd": (np.int32, ()), "area": (np.float32, ()),
                                "score": (np.float32, (2,))}
     images, targets = seq[1]

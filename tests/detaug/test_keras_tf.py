@@ -63,6 +63,7 @@ def test_keras3_on_torch_fits(tmp_path):
     assert report["backend"] == "torch"
     check_training(report)
     check_targets(report)
+    check_contract(report)
 
 
 @pytest.mark.skipif(not (HAS_KERAS and importlib.util.find_spec("jax") is not None), reason="Keras 3 or JAX is not installed (pip install jax)")
@@ -85,6 +86,7 @@ def test_keras3_on_tensorflow_fits_sequence_and_tf_dataset(tmp_path):
     assert "tensorflow" in report["dlpack"]["type"]
     check_training(report)
     check_targets(report)
+    check_contract(report)
     # to_tf_dataset: the same batches as seq.batch(i, e), one epoch per iteration, and fit takes it.
     ds = report["tf_dataset"]
     assert ds["spec"] == {
@@ -95,6 +97,11 @@ def test_keras3_on_tensorflow_fits_sequence_and_tf_dataset(tmp_path):
     assert ds["cardinality"] == 2 and ds["epochs_seen"] == [[0, 0], [1, 1]]
     assert ds["identical"] is True and ds["epochs_differ"] is True
     assert ds["fit_steps"] == 2 and ds["fit_loss_finite"] is True
+    # pad_last=True: every batch holds BATCH samples (static), the last one padded after its real ones,
+    # and a model that needs a static batch size predicts on it (unpadded, the smaller last batch fails)
+    pad = ds["pad_last"]
+    assert pad["batch_dim"] == BATCH and pad["sizes"] == [BATCH, BATCH] and pad["padding_ok"] is True
+    assert pad["unpadded_predict"] != "ran" and pad["padded_predict_rows"] == 2 * BATCH
     if HAS_GRAIN:
         grain = report["grain"]
         assert grain["len"] == 2 * 2 and grain["identical"] is True and grain["shuffled_all"] is True
@@ -110,6 +117,7 @@ def test_legacy_keras_fit_and_fit_generator(tmp_path):
     gen = report["fit_generator"]
     assert gen["steps"] == 2 and all(math.isfinite(loss) for loss in gen["losses"])
     check_targets(report)
+    check_contract(report, fit_generator=True)
 
 
 @needs_tf_keras
@@ -127,6 +135,18 @@ def test_detaug_keras_env_picks_tf_keras(tmp_path):
                             check=False, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=REPO)
     assert keras3.returncode == 0, keras3.stderr[-3000:]
     assert keras3.stdout.split() == ["keras", "keras.src.trainers.data_adapters.py_dataset_adapter.PyDataset"]
+
+
+def check_contract(report: dict, fit_generator: bool = False) -> None:
+    """The README's contract, on a VOC folder (whose samples have ``iscrowd`` and ``difficult``):
+    a default sequence's targets are ``{"boxes", "labels"}`` only, and a model whose outputs are
+    ``{"boxes", "labels"}``, compiled with a loss per output, trains on it (``fit``, and
+    ``fit_generator`` on legacy Keras 2) over an epoch that ends with a partial batch."""
+    contract = report["contract"]
+    assert contract["keys"] == ["boxes", "labels"] and contract["batch_sizes"] == [BATCH, NUM_IMAGES - BATCH]
+    runs = ["fit", "fit_generator"] if fit_generator else ["fit"]
+    assert sorted(contract["losses"]) == sorted(runs)
+    assert all(len(losses) == 1 and math.isfinite(losses[0]) for losses in contract["losses"].values())
 
 
 def check_targets(report: dict) -> None:
@@ -221,6 +241,35 @@ def _model(keras_module, max_boxes: int, ops):
     return model
 
 
+def _contract(keras_module, out: Path, legacy: bool = False) -> dict:
+    """A default sequence over a generated VOC folder, and ``fit`` (and ``fit_generator`` with
+    ``legacy``) of a functional model whose outputs are ``{"boxes", "labels"}``, a loss each."""
+    import detaug.transforms as T
+    from detaug.keras import DetectionSequence
+    from detaug.sources import VocSource
+    from detaug.synthetic import write_voc_dataset
+
+    root = out.parent / f"{out.stem}-voc"
+    write_voc_dataset(root, num_images=NUM_IMAGES, size=((80, 96), (60, 72)), max_objects=MAX_BOXES,
+                      splits={"train": 1.0})
+    seq = DetectionSequence(VocSource(root, "train"), T.Compose([T.RandomHorizontalFlip(), T.Resize(OUT_HW)]),
+                            BATCH, device="cpu", num_threads=1, plan_workers=0)
+    batches = [seq[i] for i in range(len(seq))]
+    images = keras_module.Input((*OUT_HW, 3))
+    x = keras_module.layers.Conv2D(4, 3, strides=4, activation="relu")(keras_module.layers.Rescaling(1 / 255.0)(images))
+    x = keras_module.layers.GlobalAveragePooling2D()(x)
+    boxes = keras_module.layers.Reshape((seq.max_boxes, 4), name="boxes")(keras_module.layers.Dense(seq.max_boxes * 4)(x))
+    labels = keras_module.layers.Dense(seq.max_boxes, name="labels")(x)
+    model = keras_module.Model(images, {"boxes": boxes, "labels": labels})
+    model.compile(optimizer=keras_module.optimizers.SGD(1e-3), loss={"boxes": "mae", "labels": "mse"})
+    losses = {"fit": [float(v) for v in model.fit(seq, epochs=1, verbose=0).history["loss"]]}
+    if legacy:
+        history = model.fit_generator(seq, steps_per_epoch=len(seq), epochs=1, verbose=0)
+        losses["fit_generator"] = [float(v) for v in history.history["loss"]]
+    seq.close()
+    return {"keys": list(batches[0][1]), "batch_sizes": [len(b[0]) for b in batches], "losses": losses}
+
+
 def _check_dlpack(backend: str) -> dict:
     """The GPU hand-over (``images_on_device``) run on host memory: values equal, memory shared."""
     import numpy as np
@@ -265,6 +314,7 @@ def _main(mode: str, out: str) -> None:
         report["losses"] = [float(v) for v in history.history["loss"]]
         history = model.fit_generator(train, steps_per_epoch=len(train), epochs=1, verbose=0)
         report["fit_generator"] = {"steps": len(train), "losses": [float(v) for v in history.history["loss"]]}
+        report["contract"] = _contract(tf_keras, Path(out), legacy=True)
     else:
         import keras
 
@@ -276,6 +326,7 @@ def _main(mode: str, out: str) -> None:
         history = model.fit(train, epochs=1, verbose=0)
         report["steps"] = len(train)
         report["losses"] = [float(v) for v in history.history["loss"]]
+        report["contract"] = _contract(keras, Path(out))
         if report["backend"] == "tensorflow":
             report["tf_dataset"] = _check_tf_dataset(_sequence(source, aug), model)
             if importlib.util.find_spec("grain") is not None:
@@ -315,6 +366,48 @@ def _check_tf_dataset(seq, model) -> dict:
         "spec": spec, "cardinality": int(ds.cardinality()), "epochs_seen": epochs_seen, "identical": identical,
         "epochs_differ": differ, "fit_steps": len(seq),
         "fit_loss_finite": all(np.isfinite(v) for v in history.history["loss"]),
+        "pad_last": _check_pad_last(seq),
+    }
+
+
+def _check_pad_last(seq) -> dict:
+    """``to_tf_dataset(pad_last=True)``: a static batch size, the last batch padded (zero images,
+    ``-1`` targets) after the real samples, and ``predict`` of a model that needs a static batch
+    size (as KerasHub's non-max suppression) works, where the unpadded dataset fails."""
+    import keras
+    import numpy as np
+
+    class NeedsStaticBatch(keras.Model):
+        def call(self, images):
+            return keras.ops.mean(images, axis=(1, 2, 3))
+
+        def predict_step(self, data):
+            images, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+            return self(images) + keras.ops.zeros([images.shape[0]])  # KerasHub's NMS does ops.zeros([batch_size])
+
+    padded = seq.to_tf_dataset(pad_last=True)
+    got = [(images.numpy(), {k: v.numpy() for k, v in targets.items()}) for images, targets in padded]
+    epoch = seq.epoch
+    want = [seq.batch(i, epoch) for i in range(len(seq))]
+    real = len(want[-1][0])
+    last_images, last_targets = got[-1]
+    padding_ok = (
+        not last_images[real:].any()
+        and all((value[real:] == -1).all() for value in last_targets.values())
+        and _same((last_images[:real], {k: v[:real] for k, v in last_targets.items()}), want[-1])
+        and all(_same(g, w) for g, w in zip(got[:-1], want[:-1]))
+    )
+    model = NeedsStaticBatch()
+    try:
+        model.predict(seq.to_tf_dataset(), verbose=0)
+        unpadded = "ran"
+    except Exception as error:  # noqa: BLE001 - the failure KerasHub users saw
+        unpadded = type(error).__name__
+    predictions = model.predict(seq.to_tf_dataset(pad_last=True), verbose=0)
+    return {
+        "batch_dim": padded.element_spec[0].shape.as_list()[0], "sizes": [len(g[0]) for g in got],
+        "padding_ok": bool(padding_ok), "unpadded_predict": unpadded,
+        "padded_predict_rows": int(np.asarray(predictions).shape[0]),
     }
 
 

@@ -1,29 +1,40 @@
 """examples/draw_previews.py: the pictures of docs/mixing.md are drawn, on the CPU, from
-synthetic scenes, and the same on every run (one seed, one picture)."""
+synthetic scenes, and the same on every run (one seed, one picture). The script runs as shipped,
+twice, in a subprocess (``--out`` a temporary folder, ``--num 2``)."""
 
 from __future__ import annotations
 
-import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "draw_previews.py"
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "draw_previews.py"
+PICTURES = ["mosaic-yolo.png", "perspective-rotation.png"]
+TIMEOUT_S = 300
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("draw_previews", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def draw(out: Path) -> list[Path]:
+    """``python examples/draw_previews.py --out OUT --num 2``; the pictures it wrote (and said so)."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, str(EXAMPLE), "--out", str(out), "--num", "2"], cwd=out.parent, env=env,
+                         capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+    written = sorted(out.glob("*.png"))
+    assert all(f"wrote {path}\n" in run.stdout for path in written), run.stdout[-2000:]
+    return written
 
 
 def test_the_docs_pictures_are_drawn_and_reproducible(tmp_path):
-    example = _load()
-    first = example.draw(tmp_path / "a", num=2)
-    second = example.draw(tmp_path / "b", num=2)
-    assert [p.name for p in first] == list(example.PICTURES) == ["mosaic-yolo.png", "perspective-rotation.png"]
+    first = draw(tmp_path / "a")
+    second = draw(tmp_path / "b")
+    assert [p.name for p in first] == [p.name for p in second] == PICTURES
+    assert all(p.parent == tmp_path / "a" for p in first)
     pictures = [np.asarray(Image.open(p).convert("RGB")) for p in first]
     for a, b in zip(pictures, (np.asarray(Image.open(p).convert("RGB")) for p in second)):
         np.testing.assert_array_equal(a, b)

@@ -1,0 +1,98 @@
+"""Every script of ``examples/`` runs as shipped, on the CPU, each in a subprocess with its
+documented flags, on a small generated dataset, with an epoch whose last batch is partial.
+
+:data:`RUNS` says where each example runs: here (:data:`HERE`), or in the test module that
+already runs it with more checks (:data:`ELSEWHERE`); a new example that is in neither fails
+:func:`test_every_example_is_run`. An example whose packages do not import here (torchvision for
+the torch examples' Faster R-CNN and for ``compare_presets.py``'s policies, TensorFlow and KerasHub
+for the KerasHub example) skips, naming the package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+TIMEOUT_S = 300
+
+#: examples run by another test module (their checks go further than "it runs"), with its path
+ELSEWHERE = {
+    "keras_hub_retinanet.py": "tests/examples/test_keras_hub.py",  # tf.data and Grain, partial last batches
+    "torch_ddp_train.py": "tests/examples/test_ddp.py",  # 2 CPU ranks, --model tiny, partial last batches
+    "draw_previews.py": "tests/examples/test_draw_previews.py",  # --out, twice: the same pictures
+}
+#: examples run here: the packages they need besides detaug's core
+HERE = {
+    "keras_fit.py": ("keras",),
+    "torch_train.py": ("torchvision",),
+    "compare_presets.py": ("torchvision",),
+}
+
+
+def missing(packages: tuple[str, ...]) -> list[str]:
+    """The packages of ``packages`` that do not import in a fresh interpreter (torchvision may be
+    installed for another torch build and fail on import; Keras is imported on torch, as the
+    examples do)."""
+    absent = [name for name in packages if importlib.util.find_spec(name) is None]
+    for name in (name for name in packages if name not in absent):
+        env = dict(os.environ, KERAS_BACKEND="torch")
+        run = subprocess.run([sys.executable, "-c", f"import {name}"], env=env, capture_output=True, text=True,
+                             timeout=TIMEOUT_S)
+        if run.returncode != 0:
+            absent.append(name)
+    return absent
+
+
+def run_example(name: str, *args: str, tmp_path: Path) -> str:
+    """Run ``examples/NAME ARGS`` as a user would (a fresh process, the repository on the path,
+    no GPU); its standard output, after checking that it exited 0."""
+    skip = missing(HERE[name])
+    if skip:
+        pytest.skip(f"examples/{name} needs {', '.join(skip)}, which does not import here")
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "TF_USE_LEGACY_KERAS", "DETAUG_KERAS")}
+    env.update(CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert run.returncode == 0, f"examples/{name}: exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+    return run.stdout
+
+
+def test_every_example_is_run():
+    scripts = sorted(p.name for p in EXAMPLES.glob("*.py"))
+    assert scripts and sorted({*ELSEWHERE, *HERE}) == scripts, "add the new example to HERE or ELSEWHERE"
+    for name, module in ELSEWHERE.items():
+        assert f'"examples" / "{name}"' in (REPO / module).read_text(), f"{module} does not run examples/{name}"
+
+
+def test_keras_fit(tmp_path):
+    """10 images at batch 4: batches of 4, 4 and 2, fitted for an epoch; the report counts all 10."""
+    out = run_example("keras_fit.py", "--device", "cpu", "--images", "10", "--batch-size", "4", "--epochs", "1",
+                      "--size", "64", tmp_path=tmp_path)
+    assert "seq[0]: images float32 (4, 64, 64, 3)" in out
+    assert re.search(r"^fit: 1 epochs, 10 images in .* loss \[[0-9.]+\]$", out, re.M), out[-2000:]
+
+
+def test_torch_train(tmp_path):
+    """32 generated images at batch 5: the 7th step is the epoch's last batch, of 2 images."""
+    out = run_example("torch_train.py", "--device", "cpu", "--size", "128", "--batch-size", "5",
+                      "--iterations", "7", tmp_path=tmp_path)
+    assert re.search(r"^step   7  loss [0-9.]+", out, re.M) and "7 iterations in" in out, out[-2000:]
+
+
+def test_compare_presets(tmp_path):
+    """One preset, one pass over 20 generated photos: detaug's batches of 16 and 4."""
+    from detaug.synthetic import write_voc_dataset
+
+    write_voc_dataset(tmp_path / "voc", num_images=20, size=((96, 160), (96, 160)), max_objects=3)
+    out = run_example("compare_presets.py", "--voc", str(tmp_path / "voc"), "--preset", "hflip", "--repeats", "1",
+                      "--workers", "0", "--device", "cpu", "--json", str(tmp_path / "presets.json"), tmp_path=tmp_path)
+    assert "20 photos with boxes" in out and (tmp_path / "presets.json").is_file()
