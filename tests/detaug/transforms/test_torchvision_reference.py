@@ -19,6 +19,9 @@ detaug's side is its planner (the boxes every loader and eager call hand out) th
 reference for the parameters it drew, read back from its matrix, and those parameters against
 torchvision's ranges. Deliberate differences (docs/migrating.md) are named where they apply:
 continuous translations, and ``expand=True`` boxes placed with the image centred on the canvas.
+
+Where albumentations is installed, its flips, resize, centre crop and ``min_visibility`` are
+checked against detaug the same way, and its ``Rotate`` and ``Affine`` shears for direction.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import numpy as np
 import pytest
 
 import detaug.transforms as T
+from detaug.seeds import sample_keys
+from detaug.transforms import Compose
 from tests.detaug.transforms.test_affine import torchvision_expanded_size
 from tests.detaug.transforms.test_crop import plan_many, plan_one
 
@@ -209,7 +214,8 @@ def test_one_sided_ranges_turn_and_shear_the_way_torchvisions_do(degrees, shear)
     assert fixed is not None or shear[2:] == (0, 0)  # the angle can be read back
     a, sx, sy = angle_and_shears(m[:, :, :2], fixed)
     for name, v, (lo, hi) in (("angle", a, degrees), ("x-shear", sx, shear[:2]), ("y-shear", sy, shear[2:])):
-        assert (v >= lo - 1e-6).all() and (v <= hi + 1e-6).all(), f"{name} in [{v.min():.3f}, {v.max():.3f}], not {lo, hi}"
+        assert (v >= lo - 1e-6).all() and (v <= hi + 1e-6).all(), (
+            f"{name} in [{v.min():.3f}, {v.max():.3f}], not {lo, hi}")
 
 
 def test_random_affine_translation_draws_are_torchvisions_ranges():
@@ -506,36 +512,68 @@ def test_random_resized_crop_is_torchvisions():
 
 
 def test_against_albumentations_where_installed():
-    """albumentations' flips, resize, crops and pad on pascal_voc boxes, deterministic cases."""
+    """albumentations' flips, resize and crops on pascal_voc boxes, deterministic cases, with and
+    without ``min_visibility`` (its boxes clipped to the canvas, those with nothing left, or too
+    little, dropped, as detaug's)."""
     A = pytest.importorskip("albumentations", reason="albumentations is not installed")
     rng = np.random.default_rng(13)
-    for k in range(30):
+    checked = 0
+    for k in range(40):
         hw = (int(rng.integers(40, 300)), int(rng.integers(40, 300)))
         image = np.zeros((*hw, 3), np.uint8)
         boxes = random_boxes(rng, hw, 4, inner=0.8)
         out_hw = (int(rng.integers(8, 400)), int(rng.integers(8, 400)))
-        crop = (int(rng.integers(1, hw[0] + 1)), int(rng.integers(1, hw[1] + 1)))
-        x0, y0 = int(rng.integers(0, hw[1] - crop[1] + 1)), int(rng.integers(0, hw[0] - crop[0] + 1))
+        # albumentations centres at (H - h) // 2, torchvision (and detaug) at round((H - h) / 2): the
+        # same where the differences are even
+        crop = (hw[0] - 2 * int(rng.integers(0, hw[0] // 2)), hw[1] - 2 * int(rng.integers(0, hw[1] // 2)))
+        min_visibility = float(rng.choice([0.0, 0.3, 0.7]))
         pairs = [
             (A.HorizontalFlip(p=1.0), T.RandomHorizontalFlip(p=1.0)),
             (A.VerticalFlip(p=1.0), T.RandomVerticalFlip(p=1.0)),
             (A.Resize(*out_hw), T.Resize(out_hw)),
             (A.CenterCrop(*crop), T.CenterCrop(crop)),
-            (A.Crop(x_min=x0, y_min=y0, x_max=x0 + crop[1], y_max=y0 + crop[0]), None),
         ]
         for a_t, d_t in pairs:
-            got = A.Compose([a_t], bbox_params=A.BboxParams(format="pascal_voc", label_fields=["labels"],
-                                                             min_area=0, min_visibility=0, clip=True))(
+            got = A.Compose([a_t], bbox_params=A.BboxParams(format="pascal_voc", label_fields=["labels"], min_area=0,
+                                                             min_visibility=min_visibility, clip=True))(
                 image=image, bboxes=boxes.astype(np.float32), labels=np.arange(1, 5))
             a_boxes = np.asarray(got["bboxes"], np.float64).reshape(-1, 4)
             a_labels = np.asarray(got["labels"]).astype(int)
-            if d_t is None:  # a fixed window: a translation as RandomCrop's, drawn here
-                matrix = np.array([[1, 0, -x0], [0, 1, -y0]], np.float64)
-                expected = reference_affine_bounding_boxes_helper(boxes, affine_matrix=matrix, canvas_size=crop)
-                d_labels = np.flatnonzero((expected[:, 2] > expected[:, 0]) & (expected[:, 3] > expected[:, 1])) + 1
-                d_boxes = expected[d_labels - 1]
-            else:
-                _, _, d_boxes, d_labels = planned([d_t], boxes, hw)
+            d_boxes, d_labels = planned_boxes(Compose([d_t], min_size=0.0, min_visibility=min_visibility), boxes, hw)
             order = np.argsort(a_labels)
-            assert a_labels[order].tolist() == sorted(d_labels.tolist()), (k, a_t)
+            assert a_labels[order].tolist() == sorted(d_labels.tolist()), (k, a_t, min_visibility)
             np.testing.assert_allclose(a_boxes[order], d_boxes[np.argsort(d_labels)], atol=2e-2, err_msg=f"{k} {a_t}")
+            checked += len(a_labels)
+    assert checked > 300
+
+
+def planned_boxes(recipe: Compose, boxes: np.ndarray, hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Boxes ``[M, 4]`` and labels ``[M]`` (1-based input rows) ``recipe`` plans for one sample."""
+    out = recipe.plan_batch([np.array([hw[0], hw[1], 3])], [np.asarray(boxes, np.float32)],
+                            [np.arange(1, len(boxes) + 1)], sample_keys(0, 0, [7]))
+    return np.asarray(out[1][0], np.float64), np.asarray(out[2][0])
+
+
+def test_directions_against_albumentations_where_installed():
+    """albumentations turns ``Rotate`` as ``RandomRotation`` (counter-clockwise) and shears
+    ``Affine`` as ``RandomAffine`` (torchvision's ``F.affine``)."""
+    A = pytest.importorskip("albumentations", reason="albumentations is not installed")
+    rng = np.random.default_rng(14)
+    for k in range(20):
+        hw = (int(rng.integers(60, 300)), int(rng.integers(60, 300)))
+        image = np.zeros((*hw, 3), np.uint8)
+        boxes = random_boxes(rng, hw, 3, inner=0.3)
+        quarter = float(rng.choice([90, -90, 180]))
+        sx, sy = float(rng.uniform(-25, 25)), float(rng.uniform(-25, 25))
+        pairs = [
+            (A.Rotate(limit=(quarter, quarter), p=1.0), T.RandomRotation((quarter, quarter))),
+            (A.Affine(shear={"x": (sx, sx), "y": (0, 0)}, p=1.0), T.RandomAffine(shear=(sx, sx))),
+            (A.Affine(shear={"x": (0, 0), "y": (sy, sy)}, p=1.0), T.RandomAffine(shear=(0, 0, sy, sy))),
+        ]
+        for a_t, d_t in pairs:
+            got = A.Compose([a_t], bbox_params=A.BboxParams(format="pascal_voc", label_fields=["labels"]))(
+                image=image, bboxes=boxes.astype(np.float32), labels=np.arange(1, 4))
+            d_boxes, d_labels = planned_boxes(Compose([d_t], min_size=0.0), boxes, hw)
+            a_boxes = np.asarray(got["bboxes"], np.float64).reshape(-1, 4)
+            assert np.asarray(got["labels"]).tolist() == d_labels.tolist() == [1, 2, 3], (k, a_t)
+            np.testing.assert_allclose(a_boxes, d_boxes, atol=1e-3, err_msg=f"{k} {a_t}")
