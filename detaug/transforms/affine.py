@@ -2,8 +2,8 @@
 
 Angles are in degrees, as torchvision: ``RandomRotation`` turns counter-clockwise on screen for
 positive angles (``F.rotate``), ``RandomAffine`` clockwise (``F.affine``, whose matrix is
-``_get_inverse_affine_matrix``'s). The boxes are exact (see :mod:`detaug.plan`): a rotated box cut by the border gets
-the bounding box of its visible part, not of its clamped corners.
+``_get_inverse_affine_matrix``'s). The boxes are exact (see :mod:`detaug.plan`): a rotated box
+cut by the border gets the bounding box of its visible part, not of its clamped corners.
 """
 
 from __future__ import annotations
