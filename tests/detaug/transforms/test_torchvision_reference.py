@@ -20,13 +20,20 @@ reference for the parameters it drew, read back from its matrix, and those param
 torchvision's ranges. Deliberate differences (docs/migrating.md) are named where they apply:
 continuous translations, and ``expand=True`` boxes placed with the image centred on the canvas.
 
+The ports themselves are checked against the library: ``torchvision_0.26_geometry.json`` holds
+the outputs of the real torchvision 0.26 on random cases (sizes of ``Resize``, ``ScaleJitter``,
+``RandomZoomOut``, ``RandomShortestSize``, ``rotate(expand=True)``; ``F.affine`` and ``F.rotate``
+boxes), recorded where it imports, and detaug must give them.
+
 Where albumentations is installed, its flips, resize, centre crop and ``min_visibility`` are
 checked against detaug the same way, and its ``Rotate`` and ``Affine`` shears for direction.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -577,3 +584,56 @@ def test_directions_against_albumentations_where_installed():
             a_boxes = np.asarray(got["bboxes"], np.float64).reshape(-1, 4)
             assert np.asarray(got["labels"]).tolist() == d_labels.tolist() == [1, 2, 3], (k, a_t)
             np.testing.assert_allclose(a_boxes, d_boxes, atol=1e-3, err_msg=f"{k} {a_t}")
+
+
+# -- torchvision's own outputs, recorded ----------------------------------------------------------
+
+#: Outputs of the real torchvision 0.26 (torch 2.11) on random cases, recorded on a machine where it
+#: imports: the ports above, checked against the library itself (each entry's layout: its "kinds").
+RECORDED = Path(__file__).with_name("torchvision_0.26_geometry.json")
+
+
+def _recorded(kind: str) -> list[list]:
+    cases = [c[1:] for c in json.loads(RECORDED.read_text(encoding="utf-8"))["cases"] if c[0] == kind]
+    assert len(cases) >= 50, kind
+    return cases
+
+
+def _size(transforms, hw) -> list[int]:
+    return list(planned(transforms, [], hw)[1])
+
+
+def test_recorded_torchvision_sizes():
+    for h, w, size, max_size, tv in _recorded("rs"):
+        if min(tv) >= 1:
+            assert list(T.Resize(size, max_size=max_size).out_size((h, w))) == tv, (h, w, size, max_size)
+    for h, w, target, s, tv in _recorded("sj"):
+        if min(tv) >= 1:
+            assert _size([T.ScaleJitter(tuple(target), scale_range=(s, s))], (h, w)) == tv, (h, w, target, s)
+    for h, w, r, tv in _recorded("zo"):
+        assert _size([T.RandomZoomOut(side_range=(r, r), p=1.0)], (h, w)) == tv, (h, w, r)
+    for h, w, m_size, max_size, tv in _recorded("ss"):
+        if min(tv) >= 1:
+            assert _size([T.RandomShortestSize(m_size, max_size=max_size)], (h, w)) == tv, (h, w, m_size, max_size)
+    for h, w, angle, tv in _recorded("ex"):
+        assert _size([T.RandomRotation((angle, angle), expand=True)], (h, w)) == tv, (h, w, angle)
+
+
+def test_recorded_torchvision_affine_and_rotate_boxes():
+    checked = 0
+    for kind in ("af", "ro"):
+        for case in _recorded(kind):
+            if kind == "af":
+                h, w, angle, scale, shear, box, tv = case
+                t = T.RandomAffine(degrees=(angle, angle), scale=(scale, scale),
+                                   shear=(shear[0], shear[0], shear[1], shear[1]))
+            else:
+                h, w, angle, box, tv = case
+                t = T.RandomRotation((angle, angle))
+            tv = np.asarray(tv, np.float64)
+            if not inside(tv, (h, w)).all():
+                continue  # clipped: detaug's exact border rule differs on purpose
+            _, _, out, _ = planned([t], box, (h, w))
+            assert_boxes(out, tv, f"{kind} {case[:5]}")
+            checked += 1
+    assert checked > 100
