@@ -127,7 +127,8 @@ class ScaleJitter(GeometricTransform):
 
     schema = (
         Param("target_size", "size", REQUIRED,
-              "base size (width, height) the image is fitted into, as torchvision; an int for a square"),
+              "base size (width, height) the image is fitted into, as torchvision; an int for a square",
+              pair="width, height"),
         Param("scale_range", "range", (0.1, 2.0), "range of the random factor on the fitted size", low=1e-6),
     )
 
