@@ -1,8 +1,9 @@
 """Affine warps about the image centre: ``RandomAffine`` and ``RandomRotation``.
 
-Angles are in degrees, positive angles rotate counter-clockwise on screen (torchvision's
-convention). The boxes are exact (see :mod:`detaug.plan`): a rotated box cut by the border gets
-the bounding box of its visible part, not of its clamped corners.
+Angles are in degrees, as torchvision: ``RandomRotation`` turns counter-clockwise on screen for
+positive angles (``F.rotate``), ``RandomAffine`` clockwise (``F.affine``, whose matrix is
+``_get_inverse_affine_matrix``'s). The boxes are exact (see :mod:`detaug.plan`): a rotated box
+cut by the border gets the bounding box of its visible part, not of its clamped corners.
 """
 
 from __future__ import annotations
@@ -23,23 +24,31 @@ CENTER = Param("center", "numbers", None, "rotation centre (x, y) in pixels; the
 
 @register
 class RandomAffine(GeometricTransform):
-    """Random rotation, translation, scale and shear about the image centre; canvas size kept.
+    """Random rotation, translation, scale and shear about the image centre; canvas size kept
+    (torchvision ``RandomAffine``: positive angles turn clockwise on screen, unlike ``RandomRotation``).
 
     Args:
-        degrees: rotation range; ``d`` means ``(-d, d)``.
-        translate: maximal absolute fractions ``(a, b)``: ``tx ~ U(-a W, a W)``, ``ty ~ U(-b H, b H)``.
+        degrees: rotation range; ``d`` means ``(-d, d)``; positive angles turn clockwise on screen.
+        translate: maximal absolute fractions ``(a, b)``: ``tx ~ U(-a W, a W)``, ``ty ~ U(-b H, b H)``,
+            continuous (torchvision rounds them to whole pixels).
         scale: ``(min, max)`` scale factor range.
         shear: ``s`` or ``(min, max)``: x-shear in degrees; ``(xmin, xmax, ymin, ymax)`` adds a y-shear.
+            A positive x-shear moves points above the centre to the right (``x -= tan(sx) (y - cy)``),
+            a positive y-shear moves points left of the centre down (``y -= tan(sy) (x - cx)``).
         fill: grey level (0-255) painted where the output shows no input pixel.
         center: rotation centre ``(x, y)`` in pixels; the canvas centre when ``None``.
         p: probability of applying the transform to a sample.
 
-    The forward matrix is ``T(c + t) R S_h S T(-c)`` (rotation ``R``, shear ``S_h``, scale ``S``).
+    The forward matrix is torchvision's (``_get_inverse_affine_matrix(..., inverted=False)``):
+    ``T(c + t) R(a) S(s) Sh_y(sy) Sh_x(sx) T(-c)`` with ``R(a) = [[cos a, -sin a], [sin a, cos a]]``
+    (clockwise on screen, y down), ``Sh_x = [[1, -tan sx], [0, 1]]``, ``Sh_y = [[1, 0], [-tan sy, 1]]``.
     """
 
     schema = (
-        Param("degrees", "range", 0, "rotation angle range in degrees", center=0.0),
-        Param("translate", "numbers", None, "maximal shift as fractions (a, b) of width and height", low=0, high=1, optional=True),
+        Param("degrees", "range", 0, "rotation angle range in degrees; positive turns clockwise (torchvision's affine)",
+              center=0.0),
+        Param("translate", "numbers", None, "maximal shift as fractions (a, b) of width and height (continuous pixels)",
+              low=0, high=1, optional=True),
         Param("scale", "range", None, "scale factor range", low=1e-6, optional=True),
         Param("shear", "numbers", None, "x-shear range in degrees, or (xmin, xmax, ymin, ymax); a number s means (-s, s)",
               lengths=(1, 2, 4), optional=True),
@@ -76,9 +85,11 @@ class RandomAffine(GeometricTransform):
         return in_size
 
     def _linear(self, rand: SampleRandom) -> np.ndarray:
-        m = rotation_matrix(rand.uniform(*self.degrees))
+        # torchvision's R(a) is rotation_matrix(-a) (counter-clockwise there), its Sh_y(sy) Sh_x(sx)
+        # is shear_matrix(-sx, -sy)
+        m = rotation_matrix(-rand.uniform(*self.degrees))
         if self.shear is not None:
-            m = m @ shear_matrix(rand.uniform(*self.shear[:2]), rand.uniform(*self.shear[2:]))
+            m = m @ shear_matrix(-rand.uniform(*self.shear[:2]), -rand.uniform(*self.shear[2:]))
         if self.scale is not None:
             s = rand.uniform(*self.scale)
             m = m @ scale_matrix(s, s)
@@ -112,7 +123,8 @@ class RandomRotation(GeometricTransform):
     """
 
     schema = (
-        Param("degrees", "range", REQUIRED, "rotation angle range in degrees", center=0.0),
+        Param("degrees", "range", REQUIRED, "rotation angle range in degrees; positive turns counter-clockwise",
+              center=0.0),
         Param("expand", "bool", False, "grow the canvas to hold the whole rotated image"),
         CENTER,
         FILL,

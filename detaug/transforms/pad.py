@@ -73,8 +73,9 @@ def padding_ltrb(padding: tuple[int, ...]) -> tuple[int, int, int, int]:
 class RandomZoomOut(GeometricTransform):
     """Place the image on a larger canvas painted with ``fill`` (SSD "expand").
 
-    The canvas is ``r`` times the image with ``r ~ U(side_range)``; the image lands at a random
-    position. Applied with probability ``p`` (torchvision's default 0.5).
+    The canvas is ``(int(H * r), int(W * r))`` with ``r ~ U(side_range)`` (torchvision's
+    ``RandomZoomOut``: ``r`` and the products in float32 as its tensors, truncated); the image
+    lands at a random whole-pixel position. Applied with probability ``p`` (torchvision's default 0.5).
     """
 
     schema = (
@@ -87,8 +88,8 @@ class RandomZoomOut(GeometricTransform):
     def plan(self, state: PlanState) -> tuple[np.ndarray, np.ndarray]:
         rand, hw = state.rand, state.canvas_hw
         apply = rand.random() < self.p
-        r = np.where(apply, rand.uniform(*self.side_range), 1.0)
-        canvas = np.floor(hw * r[:, None])
+        r = np.where(apply, rand.uniform(*self.side_range), 1.0).astype(np.float32)
+        canvas = np.floor(hw.astype(np.float32) * r[:, None]).astype(np.float64)  # torchvision's float32
         offset = np.floor((canvas - hw) * rand.random(2))  # (top, left)
         return translation_matrix(offset[:, 1], offset[:, 0]), canvas
 

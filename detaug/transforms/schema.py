@@ -99,6 +99,8 @@ class Param:
         optional: ``None`` (YAML ``null``) is allowed and kept as ``None``.
         int_or_size: for ``"size"``: an int is kept as an int (e.g. ``Resize``'s shorter side)
             instead of becoming a square.
+        pair: for ``"size"``: what the pair's two values are, in order (``"width, height"`` for
+            torchvision's ``ScaleJitter.target_size``).
         integer: for ``"values"``: every number must be an integer (kept as ``int``).
     """
 
@@ -113,6 +115,7 @@ class Param:
     choices: tuple[Any, ...] = ()
     optional: bool = False
     int_or_size: bool = False
+    pair: str = "height, width"
     integer: bool = False
 
     def __post_init__(self) -> None:
@@ -255,7 +258,7 @@ class Param:
             "probability": "a probability in [0, 1]",
             "range": (f"a number v >= 0 (meaning {self._around()}) or a [min, max] pair{bounds}"
                       if self.center is not None else f"a [min, max] pair{bounds}"),
-            "size": "an integer or a [height, width] pair of positive integers",
+            "size": f"an integer or a [{self.pair}] pair of positive integers",
             "numbers": f"a list of {self._lengths_text()} numbers{bounds}",
             "choice": "one of " + ", ".join(map(repr, self.choices)),
             "values": (f"{'an integer' if self.integer else 'a number'} or a list of {self._lengths_text()} "

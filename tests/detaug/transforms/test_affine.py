@@ -1,6 +1,8 @@
 """RandomRotation: torchvision's canvas for ``expand=True``, the rotated image centred on it, boxes on
 their objects' pixels for both ``expand`` values (real DALI CPU pipeline), and plans independent of
-the batch-mates."""
+the batch-mates. RandomAffine: torchvision's directions (clockwise angles, its shears), one-sided
+ranges on the pixels, and plans independent of the batch-mates (its matrices against torchvision's
+references: test_torchvision_reference)."""
 
 from __future__ import annotations
 
@@ -121,3 +123,36 @@ def test_rotated_boxes_match_object_pixels(expand):
 
 def test_a_sample_plans_the_same_alone_and_among_batch_mates():
     assert_batch_independent([T.RandomRotation(40, expand=True, p=0.7), T.RandomRotation(20)])
+
+
+# -- RandomAffine -------------------------------------------------------------------------------
+
+
+def test_affine_turns_clockwise_and_rotation_counter_clockwise_as_torchvision():
+    """torchvision's two conventions: ``F.affine`` turns clockwise on screen for positive angles,
+    ``F.rotate`` counter-clockwise. A quarter turn about the centre of a 100x200 canvas moves the
+    point right of the centre (150, 50) down to (100, 100) for the affine, up to (100, 0) for the
+    rotation."""
+    _, m, _, _, _ = plan_one([T.RandomAffine(degrees=(90, 90))], [])
+    np.testing.assert_allclose(m[:, :2] @ [150, 50] + m[:, 2], [100, 100], atol=1e-4)
+    _, m, _, _, _ = plan_one([T.RandomRotation((90, 90))], [])
+    np.testing.assert_allclose(m[:, :2] @ [150, 50] + m[:, 2], [100, 0], atol=1e-4)
+    # x-shear: the top half moves right (x -= tan(sx) (y - cy)); y-shear: the left half moves down
+    _, m, _, _, _ = plan_one([T.RandomAffine(shear=(20, 20))], [])
+    np.testing.assert_allclose(m[:, :2] @ [100, 0] + m[:, 2], [100 + 50 * math.tan(math.radians(20)), 0], atol=1e-4)
+    _, m, _, _, _ = plan_one([T.RandomAffine(shear=(0, 0, 20, 20))], [])
+    np.testing.assert_allclose(m[:, :2] @ [0, 50] + m[:, 2], [0, 50 + 100 * math.tan(math.radians(20))], atol=1e-4)
+
+
+@pytest.mark.parametrize("degrees, shear", [((15, 35), None), ((-10, 10), (5, 20, -15, -5))])
+def test_one_sided_affine_boxes_match_object_pixels(degrees, shear):
+    """One-sided ranges through the real DALI CPU pipeline: the image turns and shears the way the
+    boxes do (their direction is torchvision's: test_torchvision_reference)."""
+    results = pipeline_results([T.RandomAffine(degrees=degrees, shear=shear, scale=(0.7, 0.9), fill=FILL)],
+                               n=12, batch_size=6, seed=4)
+    assert_boxes_on_pixels(results)
+
+
+def test_affine_plans_the_same_alone_and_among_batch_mates():
+    assert_batch_independent([T.RandomAffine(degrees=(5, 30), translate=(0.2, 0.1), scale=(0.8, 1.2),
+                                             shear=(0, 10, -5, 5), p=0.8)])

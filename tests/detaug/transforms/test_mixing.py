@@ -155,7 +155,8 @@ MOSAIC_RECIPES = {
     ],
     "mosaic_zoom_out_rotate": [  # boxes cut by the mosaic canvas border, then rotated into view
         T.Mosaic((96, 96), center=(0.2, 1.8), fill=FILL),
-        T.RandomAffine(degrees=(20, 40), scale=(0.6, 0.8), fill=FILL),
+        # counter-clockwise 20-40 degrees (RandomAffine's positive angles turn clockwise, as torchvision's)
+        T.RandomAffine(degrees=(-40, -20), scale=(0.6, 0.8), fill=FILL),
     ],
     "mosaic_perspective_flip": [
         T.Mosaic((96, 96), center=(0.3, 1.7), fill=FILL),

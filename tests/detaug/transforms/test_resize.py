@@ -27,17 +27,27 @@ def test_scale_jitter_with_a_fixed_factor_is_the_fitted_size():
     np.testing.assert_array_equal(size, [25, 64])
     np.testing.assert_allclose(m, [[64 / 250, 0, 0], [0, 25 / 100, 0]], rtol=1e-6)
     np.testing.assert_allclose(boxes, [[10 * 64 / 250, 20 / 4, 50 * 64 / 250, 60 / 4]], rtol=1e-6)
-    # (height, width) target: a wide target fits a tall image by its height
+    # torchvision's (width, height) target: (50, 400) fits a (100, 250) image by its width
     _, _, size, _, _ = plan_one([T.ScaleJitter((50, 400), scale_range=(2.0, 2.0))], [], hw=(100, 250))
-    np.testing.assert_array_equal(size, [100, 250])  # r = min(0.5, 1.6) * 2
+    np.testing.assert_array_equal(size, [40, 100])  # r = min(50 / 250, 400 / 100) * 2 = 0.4
+    _, _, size, _, _ = plan_one([T.ScaleJitter((400, 50), scale_range=(2.0, 2.0))], [], hw=(100, 250))
+    np.testing.assert_array_equal(size, [100, 250])  # r = min(400 / 250, 50 / 100) * 2 = 1
+
+
+def test_scale_jitter_truncates_in_float32_as_torchvision():
+    # torchvision: r = min(...) * scale with scale a float32 tensor, int(W * r) in float32.
+    # (H, W) = (100, 100), target 100, s = 1.15: float64 gives int(114.99999999999999) = 114,
+    # float32 gives 115 (float32(1.15) * 100 rounds to 115.0)
+    _, _, size, _, _ = plan_one([T.ScaleJitter(100, scale_range=(1.15, 1.15))], [], hw=(100, 100))
+    np.testing.assert_array_equal(size, [115, 115])
 
 
 def test_scale_jitter_sizes_follow_torchvision_formula():
     """Every output is ``(int(H r), int(W r))`` for one ``r = base * s`` with ``s`` in
     ``scale_range``, and ``s`` is uniform (Kolmogorov-Smirnov distance against U(0.1, 2))."""
     hw, n = (100.0, 250.0), 4000
-    base = min(300 / hw[0], 400 / hw[1])  # target (300, 400): 1.6
-    _, size = plan_many(T.ScaleJitter((300, 400)), hw, n)
+    base = min(300 / hw[0], 400 / hw[1])  # target (width, height) = (400, 300): 1.6
+    _, size = plan_many(T.ScaleJitter((400, 300)), hw, n)
     # s intervals implied by each side's truncation: int(x * base * s) = k  <=>  s in [k, k + 1) / (x * base)
     lo = np.maximum(size[:, 0] / (hw[0] * base), size[:, 1] / (hw[1] * base))
     hi = np.minimum((size[:, 0] + 1) / (hw[0] * base), (size[:, 1] + 1) / (hw[1] * base))
@@ -68,7 +78,7 @@ def test_scale_jitter_fields():
         ((100, 250), 50, None, (50, 125)),
         ((250, 100), 50, None, (125, 50)),
         ((100, 250), 50, 100, (40, 100)),  # 125 > 100: the longer side is capped
-        ((7, 30), 61, None, (61, 261)),  # int(61 * 30 / 7) = 261; torchvision's float product gives 60 x 261
+        ((7, 30), 61, None, (60, 261)),  # torchvision's float products: int(7 * (61 / 7)) = 60, int(30 * (61 / 7)) = 261
         ((480, 640), 800, 1333, (800, 1066)),
         ((480, 1000), 800, 1333, (639, 1333)),
     ],
@@ -85,10 +95,9 @@ def test_random_shortest_size_draws_each_size_equally_often():
     choices, hw, n = [480, 512, 544, 576, 608], (375.0, 500.0), 5000
     _, size = plan_many(T.RandomShortestSize(choices, max_size=780), hw, n)
 
-    def formula(m: int) -> tuple[int, int]:  # torchvision's, with exact fractions
-        short_r, long_r = m / min(hw), 780 / max(hw)
-        num, den = (m, min(hw)) if short_r <= long_r else (780, max(hw))
-        return int(hw[0] * num // den), int(hw[1] * num // den)
+    def formula(m: int) -> tuple[int, int]:  # torchvision's RandomShortestSize._get_params
+        r = min(m / min(hw), 780 / max(hw))
+        return int(hw[0] * r), int(hw[1] * r)
 
     expected = {formula(m): m for m in choices}
     assert len(expected) == len(choices)
