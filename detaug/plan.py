@@ -27,8 +27,10 @@ Box processing order (all boxes absolute ``xyxy``, float64 while planning):
    the previous one (a crop, a rotation) becomes four half-planes in each layer's source
    coordinates (:func:`detaug.boxes.canvas_halfplanes`; still four half-planes under a
    perspective map, and they exclude everything behind its horizon), kept as one rectangle
-   while the geometry is axis-aligned; a ``Mosaic`` tile or ``MixUp`` partner is placed with an
-   axis-aligned map and clipped to its visible rectangle (:meth:`PlanState.place_layers`);
+   while the geometry is axis-aligned; so does the canvas a warp segment draws, for the layers
+   that a step which does not crop may have moved partly off it (``RandomPerspective``'s outer
+   half-pixel rim; :meth:`PlanState.draw`); a ``Mosaic`` tile or ``MixUp`` partner is placed
+   with an axis-aligned map and clipped to its visible rectangle (:meth:`PlanState.place_layers`);
 3. transforms that need the current boxes (``RandomIoUCrop``) see them exactly as in 4.;
 4. at the end, each source box rectangle is clipped by every half-plane of its layer, mapped
    forward (with the perspective division where the map is projective), and its bounding box
@@ -113,6 +115,7 @@ class PlanState:
     _clip_rect: np.ndarray = field(init=False)
     _planes: list[np.ndarray] = field(init=False)
     _rotated: np.ndarray = field(init=False)
+    _leaky: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         b = len(self.source_hw)
@@ -136,6 +139,10 @@ class PlanState:
         self._clip_rect = np.stack([zeros, zeros, self.layer_hw[:, 1], self.layer_hw[:, 0]], axis=1)
         self._planes = []
         self._rotated = np.zeros(n_layers, dtype=bool)
+        # layers whose image may have left the canvas by a step that promised not to crop but is
+        # not axis-aligned (RandomPerspective moves the corners' pixel centres: the outer
+        # half-pixel rim can land off the canvas); :meth:`draw` clips them where pixels are drawn
+        self._leaky = np.zeros(n_layers, dtype=bool)
 
     @property
     def batch_size(self) -> int:
@@ -146,7 +153,10 @@ class PlanState:
 
         ``crops=False`` promises that the new canvas holds the whole previous one (flips,
         resizes, zoom-outs, padding, ``RandomPerspective``): it then adds no constraint on the
-        boxes.
+        boxes, except that a step that is not axis-aligned (``RandomPerspective``, whose
+        image's outer half-pixel rim may land off the canvas) leaves its layers to be cut by the
+        canvas where it is drawn (:meth:`draw`; within a warp segment a later zoom-out shows
+        that rim again).
         """
         self.to_canvas = step @ self.to_canvas
         if self._single:
@@ -156,6 +166,18 @@ class PlanState:
         self.canvas_hw = np.asarray(canvas_hw, dtype=np.float64)
         if crops:
             self._constrain(np.ones(len(self.layer_hw), dtype=bool))
+            self._leaky[:] = False
+        else:
+            tilted = (step[:, 0, 1] != 0) | (step[:, 1, 0] != 0) | ~is_affine(step)  # per sample
+            self._leaky |= tilted[self.layer_owner]
+
+    def draw(self) -> None:
+        """The current canvas is drawn (a warp segment ends): its border cuts exactly the layers
+        that a non-cropping step may have moved partly off it (see ``apply``); no constraint for
+        the others, whose images lie inside it already."""
+        if self._leaky.any():
+            self._constrain(self._leaky.copy())
+            self._leaky[:] = False
 
     def start_canvas(self, canvas_hw: np.ndarray) -> None:
         """Make a new canvas ``[B, 2]`` the samples' base frame (``to_canvas`` = identity); the
@@ -189,6 +211,7 @@ class PlanState:
         for planes in self._planes:
             planes[layers] = (0.0, 0.0, np.inf)
         self._rotated[layers] = False
+        self._leaky[layers] = False
         mine = np.zeros(len(self.layer_hw), dtype=bool)
         mine[layers] = True if alive is None else np.asarray(alive, dtype=bool)
         in_layers = np.isin(self.box_layer, layers)

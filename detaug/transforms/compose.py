@@ -346,6 +346,7 @@ class Compose:
             for t in segment:
                 step, canvas = t.plan(state)
                 state.apply(step, canvas, crops=t.crops)
+            state.draw()  # the segment's canvas is drawn: it cuts what a step moved partly off it
             segment_out.append((state.to_canvas @ np.linalg.inv(start), state.canvas_hw))
             start = state.to_canvas
         if self.mixup is not None and mix is None:
