@@ -12,10 +12,12 @@ import pytest
 from PIL import Image
 
 import detaug.transforms as T
+from detaug.boxes import rotation_matrix, translation_matrix
 from detaug.errors import RecipeError
 from detaug.pipeline import build_pipeline, feed, input_names
+from detaug.plan import PlanState
 from detaug.planning import BatchPlanner, EpochSpec
-from detaug.seeds import sample_keys
+from detaug.seeds import SampleRandom, sample_keys
 from detaug.sources import Sample, SampleListSource
 from detaug.synthetic import BACKGROUND, PALETTE
 from detaug.transforms import Compose
@@ -456,6 +458,29 @@ def drawn_problems(recipe: Compose, trials: int, batch: int = 8) -> tuple[list[s
                         problems.append(f"{where}: box {np.round(box, 2).tolist()} holds no pixel of its object "
                                         f"(at most {share:.2f} of its colour)")
     return problems, checked
+
+
+def test_a_layer_drops_what_its_canvas_does_not_draw_before_a_warp():
+    """A tile whose quadrant starts at row 40, placed half a pixel above it: of boxes ending 0.4
+    and 0.7 pixels into the quadrant, the first covers no pixel centre (row 40's is at 40.5) and
+    is dropped before a rotation moves it; the second covers it and is kept, rotated exactly,
+    a box many pixels across (the first would have been one too, over nothing)."""
+    boxes = np.array([[10.0, 0.0, 50.0, 0.9], [10.0, 0.0, 50.0, 1.2]])
+    hw = np.array([[100.0, 100.0]])
+    state = PlanState(rand=SampleRandom(sample_keys(0, 0, [1])), source_hw=hw, boxes_src=boxes,
+                      sample=np.zeros(2, np.int64), layer_hw=hw, layer_owner=np.zeros(1, np.int64),
+                      box_layer=np.zeros(2, np.int64))
+    state.start_canvas(hw)
+    state.place_layers(np.array([0]), translation_matrix(0.0, 39.5), np.array([[0.0, 40.0, 100.0, 100.0]]))
+    np.testing.assert_allclose(state.boxes().boxes_xyxy, [[10, 40, 50, 40.4], [10, 40, 50, 40.7]], atol=1e-12)
+    state.drop_undrawn()
+    turn = translation_matrix(50, 50) @ rotation_matrix(20.0) @ translation_matrix(-50, -50)
+    state.apply(turn, hw)
+    after = state.boxes()
+    assert after.keep.tolist() == [False, True]
+    outline = (np.array([[10, 40, 1], [50, 40, 1], [50, 40.7, 1], [10, 40.7, 1]]) @ turn[0].T)[:, :2]
+    np.testing.assert_allclose(after.boxes_xyxy[1], [*outline.min(axis=0), *outline.max(axis=0)], atol=1e-9)
+    assert (after.boxes_xyxy[1, 2:] - after.boxes_xyxy[1, :2]).min() > 5
 
 
 @pytest.mark.parametrize("name", sorted(DRAWN_RECIPES))
