@@ -27,15 +27,22 @@ Box processing order (all boxes absolute ``xyxy``, float64 while planning):
    the previous one (a crop, a rotation) becomes four half-planes in each layer's source
    coordinates (:func:`detaug.boxes.canvas_halfplanes`; still four half-planes under a
    perspective map, and they exclude everything behind its horizon), kept as one rectangle
-   while the geometry is axis-aligned; a ``Mosaic`` tile or ``MixUp`` partner is placed with an
-   axis-aligned map and clipped to its visible rectangle (:meth:`PlanState.place_layers`);
+   while the geometry is axis-aligned; so does the canvas a warp segment draws, for the layers
+   that a step which does not crop may have moved partly off it (``RandomPerspective``'s outer
+   half-pixel rim; :meth:`PlanState.draw`); a ``Mosaic`` tile or ``MixUp`` partner is placed
+   with an axis-aligned map and clipped to its visible rectangle (:meth:`PlanState.place_layers`);
+2b. where a canvas is drawn and a later warp moves it (the mosaic canvas, the ``MixUp`` partner
+   on its canvas, every warp segment's output but the last), a box of which it draws nothing
+   (its box there holds no pixel centre in x or y: a sliver thinner than half a pixel along a
+   cut) is dropped (:meth:`PlanState.drop_undrawn`): a later rotation, shear or perspective
+   would make its outline a large box over nothing;
 3. transforms that need the current boxes (``RandomIoUCrop``) see them exactly as in 4.;
 4. at the end, each source box rectangle is clipped by every half-plane of its layer, mapped
    forward (with the perspective division where the map is projective), and its bounding box
    is the output box; ``visibility`` = clipped area / original area (in the box's own image);
-5. boxes dropped by a transform (``RandomIoUCrop`` drops boxes whose centre leaves the crop),
-   with zero area, narrower or lower than ``min_size`` or less visible than ``min_visibility``
-   are removed together with their labels.
+5. boxes dropped by a transform (``RandomIoUCrop`` drops boxes whose centre leaves the crop) or
+   by 2b., with zero area, narrower or lower than ``min_size`` or less visible than
+   ``min_visibility`` are removed together with their labels.
 """
 
 from __future__ import annotations
@@ -113,6 +120,7 @@ class PlanState:
     _clip_rect: np.ndarray = field(init=False)
     _planes: list[np.ndarray] = field(init=False)
     _rotated: np.ndarray = field(init=False)
+    _leaky: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         b = len(self.source_hw)
@@ -136,6 +144,10 @@ class PlanState:
         self._clip_rect = np.stack([zeros, zeros, self.layer_hw[:, 1], self.layer_hw[:, 0]], axis=1)
         self._planes = []
         self._rotated = np.zeros(n_layers, dtype=bool)
+        # layers whose image may have left the canvas by a step that promised not to crop but is
+        # not axis-aligned (RandomPerspective moves the corners' pixel centres: the outer
+        # half-pixel rim can land off the canvas); :meth:`draw` clips them where pixels are drawn
+        self._leaky = np.zeros(n_layers, dtype=bool)
 
     @property
     def batch_size(self) -> int:
@@ -146,7 +158,10 @@ class PlanState:
 
         ``crops=False`` promises that the new canvas holds the whole previous one (flips,
         resizes, zoom-outs, padding, ``RandomPerspective``): it then adds no constraint on the
-        boxes.
+        boxes, except that a step that is not axis-aligned (``RandomPerspective``, whose
+        image's outer half-pixel rim may land off the canvas) leaves its layers to be cut by the
+        canvas where it is drawn (:meth:`draw`; within a warp segment a later zoom-out shows
+        that rim again).
         """
         self.to_canvas = step @ self.to_canvas
         if self._single:
@@ -156,6 +171,43 @@ class PlanState:
         self.canvas_hw = np.asarray(canvas_hw, dtype=np.float64)
         if crops:
             self._constrain(np.ones(len(self.layer_hw), dtype=bool))
+            self._leaky[:] = False
+        else:
+            tilted = (step[:, 0, 1] != 0) | (step[:, 1, 0] != 0) | ~is_affine(step)  # per sample
+            self._leaky |= tilted[self.layer_owner]
+
+    def draw(self) -> None:
+        """The current canvas is drawn (a warp segment ends): its border cuts exactly the layers
+        that a non-cropping step may have moved partly off it (see ``apply``); no constraint for
+        the others, whose images lie inside it already."""
+        if self._leaky.any():
+            self._constrain(self._leaky.copy())
+            self._leaky[:] = False
+
+    def drop_undrawn(self) -> None:
+        """Drop the boxes of which the current canvas draws nothing, where it is drawn and a later
+        warp follows (the mosaic canvas, the ``MixUp`` partner on its canvas, a warp segment's
+        output): those whose box on it holds no pixel centre in x or in y (a sliver thinner than
+        half a pixel along a cut; pixels are sampled at their centres, so a pixel whose centre
+        lies inside an object shows it at least half, bilinear, and no other pixel does). A later
+        rotation, shear or perspective would turn such a sliver's outline into a large box over
+        nothing; ``min_size`` on the output cannot see it."""
+        if not self.alive.any():
+            return
+        m = self.layer_to_canvas
+        if not self._planes and not ((m[:, 0, 1] != 0) | (m[:, 1, 0] != 0) | ~is_affine(m)).any():
+            # axis-aligned throughout (a mosaic's tiles): the visible part is a rectangle
+            b, rect, m = self.boxes_src, self._clip_rect[self.box_layer], m[self.box_layer]
+            lo = np.maximum(b[:, :2], rect[:, :2])
+            hi = np.minimum(b[:, 2:], rect[:, 2:])
+            keep = self.alive & (hi > lo).all(axis=1)
+            scale, shift = np.stack([m[:, 0, 0], m[:, 1, 1]], 1), np.stack([m[:, 0, 2], m[:, 1, 2]], 1)
+            lo, hi = np.minimum(lo * scale, hi * scale) + shift, np.maximum(lo * scale, hi * scale) + shift
+        else:
+            result = self.boxes()
+            keep, lo, hi = result.keep, result.boxes_xyxy[:, :2], result.boxes_xyxy[:, 2:]
+        centre = (np.ceil(lo - 0.5) <= np.floor(hi - 0.5)).all(axis=1)  # some i + 0.5 in [lo, hi], x and y
+        self.alive &= keep & centre
 
     def start_canvas(self, canvas_hw: np.ndarray) -> None:
         """Make a new canvas ``[B, 2]`` the samples' base frame (``to_canvas`` = identity); the
@@ -189,6 +241,7 @@ class PlanState:
         for planes in self._planes:
             planes[layers] = (0.0, 0.0, np.inf)
         self._rotated[layers] = False
+        self._leaky[layers] = False
         mine = np.zeros(len(self.layer_hw), dtype=bool)
         mine[layers] = True if alive is None else np.asarray(alive, dtype=bool)
         in_layers = np.isin(self.box_layer, layers)

@@ -81,7 +81,10 @@ class Compose:
     4. photometric transforms run on the output canvas, in list order; ``Normalize`` last;
     5. boxes are computed exactly (every image's boxes, each clipped by its tile and by every
        canvas), then filtered (dropped by a transform, empty, ``min_size``, ``min_visibility``)
-       together with their labels.
+       together with their labels; a box of which a drawn canvas that a later warp moves (the
+       mosaic, the ``MixUp`` partner's canvas, a segment's output) draws nothing (a sliver
+       thinner than half a pixel along a cut) is dropped there, before the warp can turn its
+       outline into a box over nothing (:meth:`detaug.plan.PlanState.drop_undrawn`).
     """
 
     def __init__(self, transforms: Sequence[Transform], min_size: float = 1.0, min_visibility: float = 0.0) -> None:
@@ -336,6 +339,8 @@ class Compose:
             state.start_canvas(canvas)
             state.place_layers(tile_layers, maps.reshape(-1, 3, 3), rects.reshape(-1, 4))
             tile_maps, tile_rects, mosaic_hw = maps, rects, canvas
+            if self.segments:  # the mosaic canvas is drawn, then warped: no box of what it does not draw
+                state.drop_undrawn()
 
         segment_out: list[tuple[np.ndarray, np.ndarray]] = []
         mix = None
@@ -343,9 +348,13 @@ class Compose:
         for s, segment in enumerate(self.segments):
             if self.mixup is not None and s == self.blend_at:
                 mix = self._plan_mixup(state, needed[:, -1], hw_all[:, -1], k_img)
+                state.drop_undrawn()  # the partner drawn on the canvas, then warped
             for t in segment:
                 step, canvas = t.plan(state)
                 state.apply(step, canvas, crops=t.crops)
+            state.draw()  # the segment's canvas is drawn: it cuts what a step moved partly off it
+            if s < len(self.segments) - 1:  # ... and a later warp moves what it draws
+                state.drop_undrawn()
             segment_out.append((state.to_canvas @ np.linalg.inv(start), state.canvas_hw))
             start = state.to_canvas
         if self.mixup is not None and mix is None:

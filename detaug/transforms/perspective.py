@@ -28,9 +28,11 @@ class RandomPerspective(GeometricTransform):
     ``[0, int(distortion_scale * W / 2)]`` horizontally and ``[0, int(distortion_scale * H / 2)]``
     vertically (torchvision's draws, on pixel centres), and the map taking the corners' pixel
     centres to the moved ones is applied; the canvas keeps its size and the area the image no
-    longer covers is painted with ``fill``. Nothing of the image leaves the canvas, so no box is
-    cut. A draw whose corners would not make a convex quadrilateral (only possible near
-    ``distortion_scale = 1``) leaves that sample unchanged.
+    longer covers is painted with ``fill``. The corners' pixel centres stay on the canvas, but the
+    image's outer half-pixel rim may land just off it: boxes there are clipped exactly by the
+    canvas where the warp is drawn (not clamped; within one warp, a later zoom-out shows that rim
+    and keeps it in the boxes). A draw whose corners would not make a convex quadrilateral (only
+    possible near ``distortion_scale = 1``) leaves that sample unchanged.
 
     By construction the whole input canvas lies in front of the map's horizon (its corners go to
     a convex quadrilateral of the same orientation): every point of it, and so every box, is

@@ -12,10 +12,12 @@ import pytest
 from PIL import Image
 
 import detaug.transforms as T
+from detaug.boxes import rotation_matrix, translation_matrix
 from detaug.errors import RecipeError
 from detaug.pipeline import build_pipeline, feed, input_names
+from detaug.plan import PlanState
 from detaug.planning import BatchPlanner, EpochSpec
-from detaug.seeds import sample_keys
+from detaug.seeds import SampleRandom, sample_keys
 from detaug.sources import Sample, SampleListSource
 from detaug.synthetic import BACKGROUND, PALETTE
 from detaug.transforms import Compose
@@ -315,6 +317,183 @@ def test_mixup_blends_only_the_samples_it_applies_to(pool):
             applied.append(blended)
             assert np.array_equal(im[i], ip[i]) != blended
     assert 0 < sum(applied) < len(applied)
+
+
+# -- every box holds what is drawn of its object: mixing, then warps ------------------------------------
+
+#: 4 colour groups of 4 palette colours; a mosaic's tile ``k`` is an image of group ``k``, so that
+#: every object of a mosaic has its own colour (a MixUp partner, checked on its own canvas, is of any group)
+GROUPS = [PALETTE[4 * g:4 * g + 4] for g in range(4)]
+#: the fills are the images' grey background: an object's share of a pixel is read against it
+WARP_FILL = MOSAIC_FILL = FILL
+
+DRAWN_RECIPES = {
+    "mosaic_affine_resize": [  # issue 38's recipe, at a smaller size
+        T.Mosaic((64, 64), fill=MOSAIC_FILL),
+        T.RandomAffine(degrees=15, scale=(0.8, 1.2), shear=5, fill=WARP_FILL),
+        T.Resize((64, 64)),
+    ],
+    "mosaic_rotation": [T.Mosaic((64, 64), fill=MOSAIC_FILL), T.RandomRotation(30, fill=WARP_FILL)],
+    "mosaic_perspective": [
+        T.Mosaic((64, 64), fill=MOSAIC_FILL),
+        T.RandomPerspective(distortion_scale=0.6, p=1.0, fill=WARP_FILL),
+        T.RandomAffine(degrees=10, fill=WARP_FILL),
+    ],
+    "mosaic_crop_rotation": [  # cut by the crop's canvas, drawn, then rotated (a second warp)
+        T.Mosaic((64, 64), fill=MOSAIC_FILL),
+        T.RandomResizedCrop((96, 96), scale=(0.2, 0.6)),
+        T.RandomRotation(25, fill=WARP_FILL),
+    ],
+    "mixup_affine": [  # the partner cut by the canvas (scale > 1), then sheared and rotated
+        T.Resize((96, 96)),
+        T.MixUp(p=1.0, alpha=4.0, scale=(1.2, 2.0), fill=MOSAIC_FILL),
+        T.RandomAffine(degrees=30, shear=8, fill=WARP_FILL),
+    ],
+    "mosaic_mixup_rotation": [
+        T.Mosaic((64, 64), fill=MOSAIC_FILL),
+        T.MixUp(p=1.0, alpha=4.0, scale=(1.0, 1.6), fill=MOSAIC_FILL),
+        T.RandomRotation(30, fill=WARP_FILL),
+    ],
+}
+
+
+def group_images(seed: int, per_group: int = 5) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """Per colour group of :data:`GROUPS`, ``per_group`` decoded images ``(uint8 [H, W, 3], boxes
+    float32 [4, 4] xyxy)`` of varied size on the grey background, each with one rectangle of each
+    colour of its group (box ``k`` has colour ``k``; sides up to half the image's), most touching
+    the image border, 2 pixels apart: a mosaic's canvas border and a cropping partner cut them
+    anywhere, slivers included."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for colours in GROUPS:
+        images = []
+        while len(images) < per_group:
+            h, w = int(rng.integers(48, 140)), int(rng.integers(48, 140))
+            image = np.full((h, w, 3), BACKGROUND, np.uint8)
+            boxes: list[list[int]] = []
+            for _ in range(200):
+                bw, bh = int(rng.integers(8, w // 2)), int(rng.integers(8, h // 2))
+                x0 = int(rng.choice([0, w - bw, rng.integers(0, w - bw + 1)]))
+                y0 = int(rng.choice([0, h - bh, rng.integers(0, h - bh + 1)]))
+                box = [x0, y0, x0 + bw, y0 + bh]
+                if all(box[0] >= b[2] + 2 or b[0] >= box[2] + 2 or box[1] >= b[3] + 2 or b[1] >= box[3] + 2 for b in boxes):
+                    boxes.append(box)
+                if len(boxes) == len(colours):
+                    break
+            if len(boxes) < len(colours):
+                continue
+            for (x0, y0, x1, y1), colour in zip(boxes, colours):
+                image[y0:y1, x0:x1] = colour
+            images.append((image, np.array(boxes, np.float32)))
+        out.append(images)
+    return out
+
+
+def colour_share(pixels: np.ndarray, colour: tuple[int, int, int]) -> np.ndarray:
+    """Share ``[...]`` of ``colour`` in each pixel ``[..., 3]`` read as a blend of it and the grey
+    background: 1 on the colour, 0 at the grey's distance from it or farther."""
+    c = np.asarray(colour, np.float64)
+    return 1.0 - np.linalg.norm(pixels.astype(np.float64) - c, axis=-1) / np.linalg.norm(c - np.asarray(BACKGROUND))
+
+
+def drawn_problems(recipe: Compose, trials: int, batch: int = 8) -> tuple[list[str], int]:
+    """Problems of ``trials`` batches of ``recipe`` (a Mosaic and/or a MixUp(p=1), then warps)
+    rendered by the real pipeline: a box with no pixel showing a third of its object's colour
+    (a sliver drawn at half a pixel's colour can be thinned by a later bilinear warp; one of which
+    nothing is drawn shows less than half anywhere), or an object drawn (half its colour, on 4
+    pixels or more, spanning 2 or more in x and y) without a box. Each image's boxes are read on
+    the canvas that shows only its layer: the mosaic (or the sample) with the blend ratio set to
+    1, the MixUp partner with it set to 0 (the same plan, the same boxes). Returns the problems
+    and how many boxes were checked."""
+    images = group_images(5)
+    j = recipe.num_partners
+    mosaic = recipe.mosaic is not None
+    source = SampleListSource([Sample(images[0][0][0], images[0][0][1], np.arange(4), image_id=1)])  # decoded arrays
+    pipe = build_pipeline(source, recipe, batch_size=batch, device=DEVICE, num_threads=2, layout="HWC",
+                          prefetch_queue_depth=1)
+    pipe.build()
+    ratio_at = recipe.param_slices()["mixup"][3].start if recipe.mixup is not None else None
+    problems, checked = [], 0
+    for trial in range(trials):
+        rng = np.random.default_rng(trial)
+        # slot k of sample i: (group, image); tiles from groups 0-3, a MixUp partner from any group
+        picks = [[(k if mosaic and k < 4 else int(rng.integers(4)), int(rng.integers(len(images[0]))))
+                  for k in range(1 + j)] for _ in range(batch)]
+        chosen = [[images[g][n] for g, n in row] for row in picks]
+        slot = [[row[k] for row in chosen] for k in range(1 + j)]
+        shapes = [[np.array(im.shape) for im, _ in column] for column in slot]
+        boxes = [[b for _, b in column] for column in slot]
+        labels = [[100 * k + np.arange(4) for _ in column] for k, column in enumerate(slot)]  # slot, colour
+        keys = sample_keys(trial, 0, np.arange(batch) + 1)
+        params, out_boxes, out_labels = recipe.plan_batch(shapes[0], boxes[0], labels[0], keys,
+                                                          Partners(shapes[1:], boxes[1:], labels[1:]))
+        params = np.stack(params)
+        views = {"own": params}
+        if ratio_at is not None:
+            views = {"own": params.copy(), "partner": params.copy()}
+            views["own"][:, ratio_at], views["partner"][:, ratio_at] = 1.0, 0.0
+        for view, vparams in views.items():
+            feed(pipe, [im for im, _ in slot[0]], vparams, [[im for im, _ in column] for column in slot[1:]])
+            out = pipe.outputs()[0]
+            out = out.as_cpu() if hasattr(out, "as_cpu") else out
+            slots = [j] if view == "partner" else [k for k in range(1 + j) if ratio_at is None or k != j]
+            for i in range(batch):
+                image = np.array(out[i])
+                shown = [(k, c) for k in slots for c in range(4)]
+                colours = [GROUPS[picks[i][k][0]][c] for k, c in shown]
+                clear = apart(object_masks(image, colours))
+                by_label = dict(zip(out_labels[i].tolist(), out_boxes[i]))
+                for (k, c), strong in zip(shown, clear):
+                    box = by_label.get(100 * k + c)
+                    where = f"trial {trial}, sample {i}, {view} view, slot {k}, colour {c}"
+                    if box is None:
+                        tight = mask_box(strong)
+                        if tight is not None and strong.sum() >= 4 and (tight[2:] - tight[:2]).min() >= 2:
+                            problems.append(f"{where}: object drawn at {tight.tolist()} ({strong.sum()} pixels) but no box")
+                        continue
+                    checked += 1
+                    x0, y0 = (int(np.floor(v)) for v in box[:2])
+                    x1, y1 = (int(np.ceil(v)) for v in box[2:])
+                    share = colour_share(image[y0:y1, x0:x1], GROUPS[picks[i][k][0]][c]).max(initial=0.0)
+                    if share < 1 / 3:
+                        problems.append(f"{where}: box {np.round(box, 2).tolist()} holds no pixel of its object "
+                                        f"(at most {share:.2f} of its colour)")
+    return problems, checked
+
+
+def test_a_layer_drops_what_its_canvas_does_not_draw_before_a_warp():
+    """A tile whose quadrant starts at row 40, placed half a pixel above it: of boxes ending 0.4
+    and 0.7 pixels into the quadrant, the first covers no pixel centre (row 40's is at 40.5) and
+    is dropped before a rotation moves it; the second covers it and is kept, rotated exactly,
+    a box many pixels across (the first would have been one too, over nothing)."""
+    boxes = np.array([[10.0, 0.0, 50.0, 0.9], [10.0, 0.0, 50.0, 1.2]])
+    hw = np.array([[100.0, 100.0]])
+    state = PlanState(rand=SampleRandom(sample_keys(0, 0, [1])), source_hw=hw, boxes_src=boxes,
+                      sample=np.zeros(2, np.int64), layer_hw=hw, layer_owner=np.zeros(1, np.int64),
+                      box_layer=np.zeros(2, np.int64))
+    state.start_canvas(hw)
+    state.place_layers(np.array([0]), translation_matrix(0.0, 39.5), np.array([[0.0, 40.0, 100.0, 100.0]]))
+    np.testing.assert_allclose(state.boxes().boxes_xyxy, [[10, 40, 50, 40.4], [10, 40, 50, 40.7]], atol=1e-12)
+    state.drop_undrawn()
+    turn = translation_matrix(50, 50) @ rotation_matrix(20.0) @ translation_matrix(-50, -50)
+    state.apply(turn, hw)
+    after = state.boxes()
+    assert after.keep.tolist() == [False, True]
+    outline = (np.array([[10, 40, 1], [50, 40, 1], [50, 40.7, 1], [10, 40.7, 1]]) @ turn[0].T)[:, :2]
+    np.testing.assert_allclose(after.boxes_xyxy[1], [*outline.min(axis=0), *outline.max(axis=0)], atol=1e-9)
+    assert (after.boxes_xyxy[1, 2:] - after.boxes_xyxy[1, :2]).min() > 5
+
+
+@pytest.mark.parametrize("name", sorted(DRAWN_RECIPES))
+def test_every_box_holds_what_is_drawn_of_its_object(name):
+    """Mosaic and MixUp, then rotations, shears, perspective and crops, over many seeds: every
+    output box holds pixels of its object, and every object drawn has its box. A box is cut to
+    what its tile (or the partner's canvas) draws before the later warps move it: a sliver
+    thinner than half a pixel along the canvas border is not drawn, and its outline, rotated,
+    would be a box over nothing (issue 38: a 5.7 x 35 px box on the fill)."""
+    problems, checked = drawn_problems(Compose(DRAWN_RECIPES[name], min_size=1.0), trials=16)
+    assert checked >= 300, f"too few boxes checked ({checked})"
+    assert not problems, f"{len(problems)} of {checked} boxes:\n" + "\n".join(problems[:20])
 
 
 # -- the partner rule and the seed contract ----------------------------------------------------------

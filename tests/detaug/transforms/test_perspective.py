@@ -62,8 +62,8 @@ def test_projective_halfplanes_keep_exactly_the_points_that_land_on_the_canvas()
     assert (out >= -1e-9).all() and (out[..., 0] <= 120 + 1e-9).all() and (out[..., 1] <= 80 + 1e-9).all()
 
 
-def plan_perspective(t: T.RandomPerspective, hw=(90, 120), n=64):
-    keys = sample_keys(3, 0, np.arange(n))
+def plan_perspective(t: T.RandomPerspective, hw=(90, 120), n=64, keys=None):
+    keys = sample_keys(3, 0, np.arange(n)) if keys is None else keys
     state = PlanState(rand=SampleRandom(keys), source_hw=np.tile(np.asarray(hw, float), (n, 1)),
                       boxes_src=np.zeros((0, 4)), sample=np.zeros(0, np.int64))
     return t.plan(state)
@@ -155,3 +155,65 @@ def test_projective_segments_use_nine_floats_and_affine_ones_six():
     (m0, s0), (m1, s1) = recipe.param_slices()["warps"]
     assert m0.stop - m0.start == 6 and m1.stop - m1.start == 9
     assert recipe.num_params == 4 + 8 + 11
+
+
+def _clip_to_canvas(quad: np.ndarray, w: float, h: float) -> np.ndarray | None:
+    """Bounding box (xyxy) of the convex polygon ``quad`` ``[V, 2]`` clipped to ``[0, w] x [0, h]``
+    (Sutherland-Hodgman in output pixels, one edge of the canvas at a time), ``None`` when
+    nothing is left."""
+    poly = [tuple(p) for p in quad]
+    for axis, bound, keep_below in ((0, 0.0, False), (0, w, True), (1, 0.0, False), (1, h, True)):
+        out = []
+        for k, p in enumerate(poly):
+            q = poly[(k + 1) % len(poly)]
+            p_in = p[axis] <= bound if keep_below else p[axis] >= bound
+            q_in = q[axis] <= bound if keep_below else q[axis] >= bound
+            if p_in:
+                out.append(p)
+            if p_in != q_in:
+                t = (bound - p[axis]) / (q[axis] - p[axis])
+                out.append((p[0] + t * (q[0] - p[0]), p[1] + t * (q[1] - p[1])))
+        poly = out
+        if not poly:
+            return None
+    a = np.asarray(poly)
+    return np.concatenate([a.min(axis=0), a.max(axis=0)])
+
+
+@pytest.mark.parametrize("resize", [False, True])
+def test_border_boxes_are_clipped_exactly_by_the_canvas(resize):
+    """RandomPerspective moves the corners' pixel centres, so the image's outer half-pixel rim
+    can land off the canvas: boxes at the border are clipped there exactly (the box of the
+    visible part of the mapped box), not clamped, alone and fused with a Resize. The reference
+    maps each box's corners forward and clips the quadrilateral in output pixels."""
+    h, w, n = 90, 120, 400
+    t = T.RandomPerspective(distortion_scale=0.6, p=1.0)
+    recipe = Compose([t] + ([T.Resize((45, 80))] if resize else []), min_size=0.0)
+    rng = np.random.default_rng(5)
+    # boxes at each border and corner of the image, some a pixel or less from it
+    x0 = rng.choice([0.0, 0.3, 1.0, 40.0], (n, 16))
+    y0 = rng.choice([0.0, 0.4, 1.0, 30.0], (n, 16))
+    x1 = np.where(rng.random((n, 16)) < 0.5, w - rng.choice([0.0, 0.2, 1.0], (n, 16)), x0 + 25)
+    y1 = np.where(rng.random((n, 16)) < 0.5, h - rng.choice([0.0, 0.3, 1.0], (n, 16)), y0 + 20)
+    boxes = np.stack([x0, y0, x1, y1], -1)
+    keys = sample_keys(11, 0, np.arange(n))
+    _, out, labels = recipe.plan_batch([np.array([h, w, 3])] * n, list(boxes), [np.arange(16)] * n, keys)
+    step, _ = plan_perspective(t, (h, w), n, keys)  # the recipe's draws: the same stream
+    scale = np.diag([80 / w, 45 / h, 1.0]) if resize else np.eye(3)
+    out_w, out_h = (80, 45) if resize else (w, h)
+    moved = 0
+    for i in range(n):
+        m = scale @ step[i]
+        expected, kept = [], []
+        for k, (a, b, c, d) in enumerate(boxes[i]):
+            corners = np.array([[a, b, 1], [c, b, 1], [c, d, 1], [a, d, 1]]) @ m.T
+            assert (corners[:, 2] > 0).all()
+            quad = corners[:, :2] / corners[:, 2:]
+            moved += bool((quad < -1e-9).any() or (quad[:, 0] > out_w + 1e-9).any() or (quad[:, 1] > out_h + 1e-9).any())
+            box = _clip_to_canvas(quad, out_w, out_h)
+            if box is not None and (box[2:] > box[:2]).all():
+                expected.append(box)
+                kept.append(k)
+        np.testing.assert_array_equal(labels[i], kept)
+        np.testing.assert_allclose(out[i], np.array(expected).reshape(-1, 4), atol=1e-4, rtol=0)
+    assert moved >= 50, f"only {moved} boxes reach past the canvas: the test does not exercise the rim"
