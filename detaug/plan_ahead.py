@@ -12,8 +12,11 @@ memory (:mod:`detaug.shared_arrays`), not the result pipe: each job writes its b
 into a file of the pool's :class:`~detaug.shared_arrays.SlotRing`, and the futures hold plans
 whose ``data`` and ``partners`` are read-only views of it (the file is written again by a later
 job once no view of it is left). Where shared memory cannot take them (``/dev/shm``
-missing or full, as in a container started with Docker's default 64 MB), they come through the
-pipe, slower, and the pool says so once (a ``RuntimeWarning``).
+missing, read-only or full, as in a container started with Docker's default 64 MB), they come
+through the pipe, slower, and the pool says so once (a ``RuntimeWarning`` naming the folder).
+Where ``/dev/shm`` cannot even hold the worker pool's semaphores (multiprocessing's queues need
+them), no worker starts: the pool says so once, naming the folder, and the caller plans in its
+own process (the same batches, slower). Either way the loader runs on.
 """
 
 from __future__ import annotations
@@ -113,6 +116,9 @@ class PlanPool:
             self._pool = start_pool(self.workers, initializer=init_plan_worker, initargs=(payload,))
         except ValueError as err:  # the recipe or source refers to __main__ with no script to import
             self.give_up(str(err))
+            return False
+        except OSError as err:  # /dev/shm missing, read-only or full: no semaphore, no worker pool
+            self.give_up(f"the planning workers cannot start: {err}")
             return False
         self.ring = SlotRing(self.prefix)
         self._finalizer = weakref.finalize(self, _stop, self._pool, self.prefix, self.ring)
@@ -343,7 +349,14 @@ def _shm_state() -> str:
         stat = os.statvfs(where)
     except OSError:
         return f"{where} is missing"
-    return f"{where} has {stat.f_bavail * stat.f_frsize / 2**20:,.0f} MiB free of {stat.f_blocks * stat.f_frsize / 2**20:,.0f}"
+    if stat.f_flag & os.ST_RDONLY or not os.access(where, os.W_OK):
+        return f"{where} is read-only"
+    return f"{where} has {_in_words(stat.f_bavail * stat.f_frsize)} free of {_in_words(stat.f_blocks * stat.f_frsize)}"
+
+
+def _in_words(size: int) -> str:
+    """A byte count in MiB (KiB below 10 MiB)."""
+    return f"{size / 2**20:,.0f} MiB" if size >= 10 * 2**20 else f"{size / 2**10:,.0f} KiB"
 
 
 def _deliver(job: Future, members: list[_Member], on_piped: Callable[[], None] | None = None,

@@ -24,9 +24,10 @@ Where ``/dev/shm`` is missing, not writable or full, :meth:`SlotRing.take` retur
 (the pool warns once: :class:`detaug.plan_ahead.PlanPool`). Files are named
 ``detaug_batch_<parent pid>_<pool>_...``; each is registered with multiprocessing's resource
 tracker from its creation until the ring removes it (:meth:`SlotRing.close`), so that a run
-killed outright (SIGKILL, SIGTERM) leaves none: the tracker removes them when the run's
-processes are gone. :func:`sweep` removes those of a prefix; at exit, a process removes those of
-all its pools.
+killed outright (SIGKILL) leaves none: the tracker removes them when the run's processes are
+gone (and warns of them). :func:`sweep` removes those of a prefix; at exit, and on a ``SIGTERM``
+that kills the process (:func:`detaug.workers.on_sigterm`), a process removes those of all its
+pools itself, and the tracker has nothing to warn of.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from detaug.workers import SHARED_MEMORY_PREFIX
+from detaug.workers import SHARED_MEMORY_PREFIX, on_sigterm
 
 __all__ = ["SHM_DIR", "SharedArrays", "SlotRing", "file_prefix", "sweep", "write_arrays"]
 
@@ -278,3 +279,4 @@ def sweep(prefix: str) -> int:
 
 
 atexit.register(lambda: sweep(file_prefix()))  # a pool not closed may have left some
+on_sigterm(lambda: sweep(file_prefix()))  # ... and so may a process killed by SIGTERM

@@ -20,6 +20,16 @@ over the ``"spawn"`` start method (``fork`` is unsafe next to CUDA and DALI's th
   any signal (``prctl(PR_SET_PDEATHSIG)``, set first thing in the worker; elsewhere a thread
   polls the parent's pid). Workers ignore ``SIGINT``: Ctrl-C in a terminal reaches the whole
   process group, and only the parent acts on it (raising ``KeyboardInterrupt`` where it is);
+* removes what it made in ``/dev/shm`` when the process gets ``SIGTERM`` with Python's default
+  action (death): :func:`start_pool`, called from the main thread where ``SIGTERM``'s handler is
+  ``SIG_DFL``, installs one (kept for the process's lifetime) that removes the pools' payload
+  segments, runs :func:`on_sigterm`'s callbacks (the shared-memory files of
+  :mod:`detaug.shared_arrays`) and unlinks multiprocessing's semaphores of this process, then
+  restores ``SIG_DFL`` and sends itself ``SIGTERM`` again: the process still dies of that signal at
+  once (exit status ``-15``), its workers with it, but the resource tracker finds nothing left to
+  clean up and warns of no leak. A handler of the user's, installed before or after, is left
+  alone; one that exits (``sys.exit``) ends the run through the usual exit hooks, which remove the
+  same. (Killed outright, with ``SIGKILL``, the tracker still removes everything, warning.)
 * stops without hanging: :func:`stop_pool` cancels the jobs not started, lets the running ones
   finish for ``grace`` seconds, then terminates (and kills) the workers left, and unblocks the
   executor's manager thread if a worker died half way through sending a result. Leaving a
@@ -72,13 +82,17 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-__all__ = ["PIPE_PAYLOAD_LIMIT", "WorkerPool", "main_references", "references_main", "start_pool", "stop_pool"]
+__all__ = ["PIPE_PAYLOAD_LIMIT", "SEMAPHORE_DIR", "WorkerPool", "main_references", "on_sigterm", "references_main", "start_pool", "stop_pool"]
 
 PIPE_PAYLOAD_LIMIT = 32 * 1024
 """Pickled initializer + arguments larger than this (bytes) go to the workers through shared memory."""
 
 SHARED_MEMORY_PREFIX = "detaug_"
 """Names of the payload segments: ``detaug_<parent pid>_<random hex>`` (in ``/dev/shm`` on Linux)."""
+
+SEMAPHORE_DIR = "/dev/shm"
+"""Where Linux (glibc) makes the POSIX named semaphores of multiprocessing's queues, which every
+pool needs: a pool cannot start where this folder is missing, read-only or full."""
 
 DEFAULT_GRACE = 1.0
 """Seconds :func:`stop_pool` lets running jobs finish before terminating their workers."""
@@ -519,7 +533,14 @@ def start_pool(workers: int, initializer: Callable[..., Any] | None = None, init
             payload = _SharedPayload(data, int(workers))
         except OSError:  # no /dev/shm, or too little room in it: through the pipe, then
             payload = data
-    pool = WorkerPool(int(workers), payload, hide_main)
+    try:
+        pool = WorkerPool(int(workers), payload, hide_main)
+    except OSError as err:  # the executor's queues' semaphores: POSIX named semaphores, in /dev/shm
+        if isinstance(payload, _SharedPayload):
+            payload.release()
+        raise OSError(err.errno, f"the worker processes' semaphores cannot be made in {SEMAPHORE_DIR} "
+                                 f"({err.strerror or err}): it is missing, read-only or full") from err
+    _clean_up_on_sigterm()
     state = pool._detaug_state
     with _live_lock:
         _live.add(state)
@@ -645,6 +666,85 @@ def _stop_all_at_exit() -> None:
         _begin_stop(state)  # all of them first: their workers then wind down together
     for state in states:
         _reap(state, 0.5, 0.3)
+
+
+# -- SIGTERM: die as before, leaving nothing for the resource tracker ---------------------------------
+
+_sigterm_callbacks: list[Callable[[], Any]] = []
+_sigterm_pid: int | None = None  # the process whose SIGTERM handler is ours (a forked child's is not)
+
+
+def on_sigterm(callback: Callable[[], Any]) -> None:
+    """Run ``callback()`` (no locks taken, quick, exceptions ignored) when this process gets
+    ``SIGTERM`` with the handler :func:`start_pool` installs, before it dies."""
+    _sigterm_callbacks.append(callback)
+
+
+def _clean_up_on_sigterm() -> None:
+    """Install :func:`_die_clean` as ``SIGTERM``'s handler where that is the default action and
+    this is the main thread (where Python runs signal handlers); else leave it as it is."""
+    global _sigterm_pid
+    if _sigterm_pid == os.getpid() or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, _die_clean)
+    except (ValueError, OSError, AttributeError):  # no SIGTERM here, or an embedded interpreter
+        return
+    _sigterm_pid = os.getpid()
+
+
+def _die_clean(signum: int, frame: Any) -> None:
+    """``SIGTERM``'s handler: remove this process's shared-memory names, then die of the signal
+    as the default action would have."""
+    try:
+        if os.getpid() == _sigterm_pid and _tracker_free():
+            with contextlib.suppress(Exception):  # no lock taken: this thread may hold it
+                for state in tuple(_live):
+                    if state.shared is not None:
+                        state.shared.release()
+            for callback in tuple(_sigterm_callbacks):
+                with contextlib.suppress(Exception):
+                    callback()
+            _unlink_semaphores()
+    finally:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        time.sleep(5.0)  # the signal is delivered before this returns; a last resort otherwise
+        os._exit(128 + signum)
+
+
+def _tracker_free(timeout: float = 1.0) -> bool:
+    """Whether the resource tracker's lock can be taken: the handler may have interrupted this
+    very thread inside a (un)registration, and unregistering from here would then wait forever."""
+    lock = getattr(getattr(multiprocessing.resource_tracker, "_resource_tracker", None), "_lock", None)
+    if lock is None:
+        return True
+    try:
+        if not lock.acquire(timeout=timeout):
+            return False
+    except Exception:  # noqa: BLE001 - another Python's tracker
+        return False
+    lock.release()
+    return True
+
+
+def _unlink_semaphores() -> None:
+    """Unlink (and unregister) the named semaphores multiprocessing made in this process (the
+    pools' queues), through their own finalizers: what the resource tracker would do, warning,
+    once the process is gone. Other processes that opened them keep them."""
+    import multiprocessing.synchronize as synchronize
+    import multiprocessing.util as util
+
+    cleanup = getattr(synchronize.SemLock, "_cleanup", None)
+    registry = getattr(util, "_finalizer_registry", None)
+    if cleanup is None or registry is None:
+        return
+    for finalizer in list(registry.values()):
+        if getattr(finalizer, "_callback", None) is cleanup:
+            with contextlib.suppress(Exception):
+                finalizer()
 
 
 def _register_exit_hook() -> None:
