@@ -734,8 +734,9 @@ class DecodeFailure(Exception):
 
 
 def _reason(err: BaseException) -> str:
-    if isinstance(err, OSError):
-        return f"cannot read the file: {err.strerror or err}"
+    if isinstance(err, OSError):  # the ImageError names the file: the cause's words, without the path again
+        cause = err.__cause__ if isinstance(err.__cause__, OSError) else err
+        return f"cannot read the file: {cause.strerror or cause}"
     return str(err)
 
 
