@@ -47,8 +47,10 @@ from detaug.formats.images import (
     probe_file,
 )
 
-#: ``(kind, reason, detail)``, kind being ``"object"`` (a skipped object), ``"warning"`` or
-#: ``"exif"`` (an image with an EXIF orientation: reason = frame and why).
+#: ``(kind, reason, detail)``, kind being ``"object"`` (a skipped object), ``"warning"``,
+#: ``"exif"`` (an image with an EXIF orientation: reason = frame and why) or ``"kept"`` (an
+#: object event of an image skipped but kept for the loader, ``keep_unreadable``: not in the
+#: report, whose count of that image's objects is ``image skipped``).
 Event = tuple[str, str, str]
 #: The head of every annotation's JSON: its ids are filled in by the main process, which alone
 #: knows them (``template % (id, image_id, category_id, id, image_id, ...)``).
@@ -196,8 +198,10 @@ def _kept_unreadable(error: tuple[str, str], file_name: str, ann: Any, options: 
     known = ann.width is not None and ann.height is not None
     width, height = (ann.width, ann.height) if known else (0, 0)
     boxes: list[tuple[float, float, float, float, int]] | None = [] if options.boxes else None
+    objects: list[Event] = []
     annotations = _convert_objects(ann.objects, options, width if known else math.inf,
-                                   height if known else math.inf, events, boxes)
+                                   height if known else math.inf, objects, boxes)
+    events.extend(("kept", reason, detail) for _, reason, detail in objects)
     image_json = f'"file_name":{encode_json(file_name)},"width":{width},"height":{height}}}'
     return FileResult(error, (file_name, width, height, image_json), n_objects, annotations,
                       events, found_by, names, tuple(boxes) if boxes else ())

@@ -366,7 +366,7 @@ class _BoxesSink:
         file_name, width, height, image_json = result.image
         k = json.loads("{" + image_json).get("exif_orientation")
         repairs = tuple((reason, detail) for kind, reason, detail in result.events
-                        if kind in ("object", "warning") and reason in BOX_REPAIRS)
+                        if kind in ("object", "warning", "kept") and reason in BOX_REPAIRS)
         size = (height, width) if width and height else None
         self.records.append((image_id, file_name, size, k, result.annotations[0], result.boxes,
                              repairs, None if result.error is None else result.error[0]))
