@@ -414,9 +414,11 @@ def _warn_left_out(source: str, voc: Any) -> None:
     for what, counts in (("image", +images), ("object", +objects)):
         if counts:
             n = sum(counts.values())
-            reasons = ", ".join(f"{k} {reason}" for reason, k in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+            ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+            reasons = ", ".join(f"{k} {reason}" for reason, k in ranked)
             first = next(m for m in conversion.messages if m.kind == what and m.reason in counts)
-            parts.append(f"{n} {what}{'s' if n != 1 else ''} ({reasons}; e.g. {first.path}: {first.detail or first.reason})")
+            example = f"{first.path}: {first.detail or first.reason}"
+            parts.append(f"{n} {what}{'s' if n != 1 else ''} ({reasons}; e.g. {example})")
     if parts:
         warnings.warn(f"{source}: the conversion left out {' and '.join(parts)} "
                       "(source.conversion_report.details() names each)", DataWarning, stacklevel=3)

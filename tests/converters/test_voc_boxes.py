@@ -51,11 +51,13 @@ def test_keep_unreadable_gives_the_images_convert_skips_for_their_file(tmp_path:
     plain = read_voc_boxes(root)
     converted = convert(root)
     assert kept.report.summary() == plain.report.summary() == converted.report.summary()
-    assert [(i.image_id, i.file_name) for i in plain.images] == [(i["id"], i["file_name"]) for i in converted.coco["images"]]
+    assert [(i.image_id, i.file_name) for i in plain.images] == [
+        (i["id"], i["file_name"]) for i in converted.coco["images"]]
     assert [(i.image_id, i.file_name, i.size, i.problem) for i in kept.images] == [
         (3, "a.jpg", (24, 32), "image file not found"), (1, "b.jpg", (24, 32), None),
         (4, "c.png", None, "empty file"), (2, "d.jpg", (24, 32), None)]
-    assert kept.images[0].boxes.tolist() == [[0, 0, 32, 10]] and kept.images[0].repairs[0][0] == "box clipped to the image"
+    assert kept.images[0].boxes.tolist() == [[0, 0, 32, 10]]
+    assert kept.images[0].repairs[0][0] == "box clipped to the image"
     assert kept.images[2].boxes.tolist() == [[0, 0, 50, 50]]
     verified = read_voc_boxes(root, keep_unreadable=True, verify_images=True)  # skipped when converting
     assert [(i.image_id, i.file_name) for i in verified.images] == [(1, "b.jpg"), (2, "d.jpg")]

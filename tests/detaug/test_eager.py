@@ -90,7 +90,8 @@ def test_boxes_labels_and_fields_come_back_in_the_type_given():
                 track_id=[7])
     assert isinstance(out["boxes"], torch.Tensor) and out["boxes"].dtype == torch.float32
     assert out["boxes"].tolist() == [[75.0, 10.0, 95.0, 30.0]]
-    assert isinstance(out["labels"], torch.Tensor) and out["labels"].dtype == torch.int64 and out["labels"].tolist() == [3]
+    assert isinstance(out["labels"], torch.Tensor) and out["labels"].dtype == torch.int64
+    assert out["labels"].tolist() == [3]
     assert isinstance(out["iscrowd"], torch.Tensor) and out["iscrowd"].tolist() == [1]
     assert isinstance(out["track_id"], np.ndarray)  # a list: NumPy
     plain = apply(recipe, image, np.array([[10.0, 20, 50, 60]]), [3])
