@@ -32,6 +32,8 @@ int64, unique within a source.
 from __future__ import annotations
 
 import os
+import warnings
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +41,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from detaug.errors import DatasetError
+from detaug.errors import DatasetError, DataWarning
 from detaug.formats import validation as v
 from detaug.formats.coco import NO_ANNOTATION_ID, CocoDataset, load_coco
 from detaug.formats.box_formats import check_box_format, to_xyxy
@@ -399,11 +401,7 @@ def _warn_left_out(source: str, voc: Any) -> None:
     nobody else names (see :class:`VocSource`): images skipped and not kept for the loader,
     objects skipped for another reason than a box repair (counted in the report), their image
     being skipped, or ``difficult="drop"``."""
-    import warnings
-    from collections import Counter
-
     from converters import report as R
-    from detaug.errors import DataWarning
 
     conversion = voc.report
     images = Counter(conversion.images_skipped)
