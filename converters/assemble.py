@@ -30,7 +30,10 @@ from converters.report import Report
 
 class Sink(Protocol):
     """Receives the converted images of a split, in order: ``add(image_id, result)`` where
-    ``result.image`` is not ``None``."""
+    ``result.image`` is not ``None``. A sink that has a ``keep(result)`` method also receives,
+    in the same order, the images skipped for their file but kept for the loader
+    (``FileOptions.keep_unreadable``: ``result.error`` and ``result.image`` both set); they
+    take no image id."""
 
     def add(self, image_id: int, result: FileResult) -> None: ...
 
@@ -74,6 +77,8 @@ def assemble_split(entries: Sequence[str], results: Iterator[FileResult], *,
                 if kind == "warning":
                     report.warn(reason, path, detail)
             report.skip_image(error[0], path, error[1], objects=result.n_objects)
+            if result.error is not None and result.image is not None and hasattr(sink, "keep"):
+                sink.keep(result)  # kept for the loader (FileOptions.keep_unreadable)
             continue
         report.images_converted += 1
         report.objects_total += result.n_objects

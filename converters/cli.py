@@ -1,6 +1,7 @@
 """``voc2coco``: the command line of :mod:`converters.voc2coco`.
 
-Exit status: 0 done; 1 ``--strict`` and something was skipped (nothing written); 2 bad arguments,
+Exit status: 0 done; 1 a split converted no image, or none of its objects (nothing written;
+``--allow-empty`` writes it), or ``--strict`` and something was skipped (nothing written); 2 bad arguments,
 a dataset that cannot be converted at all, or an output that cannot be written (disk full,
 permission: the message names the path); 130 interrupted by Ctrl-C (nothing half-written). A
 SIGTERM while writing removes the temporary file, then ends the process by SIGTERM.
@@ -74,8 +75,10 @@ examples:
   voc2coco my_dataset -o my_dataset.json --verify-images --strict
   voc2coco --annotations labels/ --images photos/ -o out.json --coords raw
 
-exit status: 0 done, 1 --strict and something was skipped (nothing written),
-             2 bad arguments or dataset, or output not writable, 130 interrupted.
+exit status: 0 done, 1 a split converted no image or none of its objects (nothing
+             written; --allow-empty writes it) or --strict and something was skipped
+             (nothing written), 2 bad arguments or dataset, or output not writable,
+             130 interrupted.
 """
 
 
@@ -118,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="frame of the boxes of EXIF-oriented images (default: auto)")
     parser.add_argument("--strict", action="store_true",
                         help="exit with status 1, writing nothing, if anything is skipped")
+    parser.add_argument("--allow-empty", action="store_true",
+                        help="write a split that converted no image or none of its objects "
+                             "(default: exit with status 1, writing nothing)")
     parser.add_argument("--workers", type=_positive_int, metavar="N",
                         help="processes parsing XMLs (default: one per available core from "
                              "2000 files on; the output is the same for any N)")
@@ -160,6 +166,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(str(err))
     progress = False if (args.quiet or args.no_progress) else None
     counts = {"images": 0, "objects": 0}
+    empty: list[str] = []
     committing: list[Path] = []
 
     def before_commit(reports: dict[str | None, Report]) -> bool:
@@ -173,7 +180,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                     print(details, file=sys.stderr)
                 title = "all XML files" if split is None else f"split {split}"
                 print(f"== {title}\n{report.summary()}", file=sys.stderr)
-        return not (args.strict and (counts["images"] or counts["objects"]))
+            why = _converted_nothing(report)
+            if why and not args.allow_empty:
+                empty.append(f"{'all XML files' if split is None else f'split {split}'} {why}")
+        return not (empty or (args.strict and (counts["images"] or counts["objects"])))
 
     def on_commit(split: str | None, path: Path) -> None:
         if committing and not args.quiet:
@@ -215,9 +225,30 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 for kind, n in counts.items() if n]
         print(f"voc2coco: --strict: {' and '.join(what)}; nothing written", file=sys.stderr)
         return 1
+    if empty:
+        print(f"voc2coco: error: {'; '.join(empty)}; nothing written (--allow-empty writes it)",
+              file=sys.stderr)
+        return 1
     if committing and not args.quiet:
         print(f"wrote {committing[-1]}", file=sys.stderr)
     return 0
+
+
+def _converted_nothing(report: Report) -> str:
+    """Why a split's output would hold nothing to train on (``"converted no image (0 of 33:
+    31 image file not found, 2 empty file)"``), or ``""``: no image converted, or none of its
+    objects (a split whose XMLs hold no object at all is not empty)."""
+    if report.images_converted == 0:
+        total, skipped = report.images_total, report.images_skipped
+        what = "image"
+    elif report.objects_total and not report.objects_converted:
+        total, skipped = report.objects_total, report.objects_skipped
+        what = "object"
+    else:
+        return ""
+    reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(
+        skipped.items(), key=lambda item: (-item[1], item[0])))
+    return f"converted no {what} (0 of {total}{': ' + reasons if reasons else ''})"
 
 
 def _os_error(err: OSError) -> str:

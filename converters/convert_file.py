@@ -14,7 +14,12 @@ Order of the checks for one file:
 3. the image is probed (:func:`detaug.formats.images.probe_file`: header and end marker, the
    loader's rules): a file whose header gives no size is skipped with its problem as the
    reason; another problem (truncated, GIF, too large, ...) skips the image with ``verify``
-   (``--verify-images``), else it is kept with a warning (the loader will skip it);
+   (``--verify-images``), else it is kept with a warning (the loader will skip it). With
+   ``keep_unreadable`` (a loader's source, :class:`detaug.sources.VocSource`) and without
+   ``verify``, an image not found or whose header gives no size is still skipped (the same
+   report), but its record and boxes are given too, in the ``<size>`` frame (not clipped
+   without one), so that the loader meets the file, names it and skips it as it does any
+   unreadable image;
 4. the annotation frame: :func:`detaug.formats.images.explain_frame` from ``<size>``, the
    image's stored and displayed (EXIF-oriented) sizes and the ``orientation`` option; the COCO
    ``width``/``height`` are that frame's (``<size>`` missing or different is reported), and an
@@ -26,6 +31,7 @@ Order of the checks for one file:
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, NamedTuple
 
@@ -41,8 +47,10 @@ from detaug.formats.images import (
     probe_file,
 )
 
-#: ``(kind, reason, detail)``, kind being ``"object"`` (a skipped object), ``"warning"`` or
-#: ``"exif"`` (an image with an EXIF orientation: reason = frame and why).
+#: ``(kind, reason, detail)``, kind being ``"object"`` (a skipped object), ``"warning"``,
+#: ``"exif"`` (an image with an EXIF orientation: reason = frame and why) or ``"kept"`` (an
+#: object event of an image skipped but kept for the loader, ``keep_unreadable``: not in the
+#: report, whose count of that image's objects is ``image skipped``).
 Event = tuple[str, str, str]
 #: The head of every annotation's JSON: its ids are filled in by the main process, which alone
 #: knows them (``template % (id, image_id, category_id, id, image_id, ...)``).
@@ -64,7 +72,9 @@ class FileOptions(NamedTuple):
     (``labels="discover"``). ``index`` is ``None`` when there is no images folder.
     ``verify``: skip images the loader would skip. ``orientation``: ``"auto"``, ``"apply"``
     or ``"ignore"`` (:data:`detaug.formats.images.ORIENTATIONS`). ``boxes``: also give the
-    converted boxes as numbers (:attr:`FileResult.boxes`).
+    converted boxes as numbers (:attr:`FileResult.boxes`). ``keep_unreadable``: an image
+    skipped because its file is not found or its header gives no size still has its record
+    and boxes in the result (step 3 of the module docstring; not with ``verify``).
     """
 
     annotations_dir: str
@@ -76,12 +86,16 @@ class FileOptions(NamedTuple):
     labels: frozenset[str] | None
     orientation: str = "auto"
     boxes: bool = False
+    keep_unreadable: bool = False
 
 
 class FileResult(NamedTuple):
     """Outcome for one XML file.
 
-    ``error``: ``(reason, detail)`` when the image is skipped (then ``image`` is ``None``).
+    ``error``: ``(reason, detail)`` when the image is skipped (then ``image`` is ``None``,
+    except for an image kept for the loader with ``FileOptions.keep_unreadable``: ``image``,
+    ``annotations`` and ``boxes`` as for a converted image, width and height 0 when the XML
+    gives no ``<size>``).
     ``image``: ``(file_name, width, height, JSON of the image after its id)``, the size being
     the annotation frame's. ``n_objects``:
     the ``<object>`` elements in the file (0 when it did not parse). ``annotations``: the
@@ -138,6 +152,10 @@ def convert_file(xml_name: str, options: FileOptions) -> FileResult:
             also = f" and no {base}" if base else ""
             error = (R.IMAGE_NOT_FOUND, f"no {voc_id}.<image extension>{also} in "
                      f"{options.images_dir}")
+            if options.keep_unreadable and not options.verify:
+                ext = os.path.splitext(base)[1] if base else ""
+                return _kept_unreadable(error, voc_id + (ext or ".jpg"), ann, options, n_objects,
+                                        events, None, names)
             return FileResult(error, None, n_objects, _NONE, events, None, names)
         file_name = found
         if candidates > 1:
@@ -148,6 +166,9 @@ def convert_file(xml_name: str, options: FileOptions) -> FileResult:
         if info.problem is not None:
             if not info.size_known or options.verify:
                 error = (info.problem, path)
+                if options.keep_unreadable and not options.verify:
+                    return _kept_unreadable(error, file_name, ann, options, n_objects, events,
+                                            found_by, names)
                 return FileResult(error, None, n_objects, _NONE, events, found_by, names)
             events.append(("warning", R.IMAGE_PROBLEM_KEPT, f"{path}: {info.problem}"))
         width, height = _frame_size(ann, info, file_name, options.orientation, events)
@@ -165,6 +186,24 @@ def convert_file(xml_name: str, options: FileOptions) -> FileResult:
         image_json += f',"exif_orientation":{info.orientation}'
     image_json += "}"
     return FileResult(None, (file_name, width, height, image_json), n_objects, annotations,
+                      events, found_by, names, tuple(boxes) if boxes else ())
+
+
+def _kept_unreadable(error: tuple[str, str], file_name: str, ann: Any, options: FileOptions,
+                     n_objects: int, events: list[Event], found_by: str | None,
+                     names: tuple[str, ...]) -> FileResult:
+    """The result of an image skipped for its file but kept for the loader
+    (``keep_unreadable``, step 3): its objects converted in the ``<size>`` frame, or, without
+    one, not clipped (width and height 0 in the record: unknown)."""
+    known = ann.width is not None and ann.height is not None
+    width, height = (ann.width, ann.height) if known else (0, 0)
+    boxes: list[tuple[float, float, float, float, int]] | None = [] if options.boxes else None
+    objects: list[Event] = []
+    annotations = _convert_objects(ann.objects, options, width if known else math.inf,
+                                   height if known else math.inf, objects, boxes)
+    events.extend(("kept", reason, detail) for _, reason, detail in objects)
+    image_json = f'"file_name":{encode_json(file_name)},"width":{width},"height":{height}}}'
+    return FileResult(error, (file_name, width, height, image_json), n_objects, annotations,
                       events, found_by, names, tuple(boxes) if boxes else ())
 
 

@@ -282,16 +282,22 @@ class VocImageBoxes:
     (``coords="voc"``: ``x1 = xmin - 1``, ``x2 = xmax``; clipped to the image), the same
     numbers a COCO reader gets from the converter's ``bbox`` (``x2 = x + w`` in float64).
     ``labels``: int64 ``[N]`` category ids (1-based positions in the category list).
-    ``iscrowd``: bool ``[N]``.
+    ``iscrowd``: bool ``[N]``. ``repairs``: ``(reason, detail)`` of each box the conversion
+    changed or left out for its geometry (``box clipped to the image``, ``zero-size box``,
+    ``box outside the image``), in object order. ``problem``: ``None`` for a converted image;
+    for one kept for the loader (``keep_unreadable``), the reason :func:`convert` skips it
+    (``size`` is then ``None`` when the XML gives no ``<size>``: the boxes are not clipped).
     """
 
     image_id: int
     file_name: str
-    size: tuple[int, int]
+    size: tuple[int, int] | None
     exif_orientation: int | None
     boxes: Any
     labels: Any
     iscrowd: Any
+    repairs: tuple[tuple[str, str], ...] = ()
+    problem: str | None = None
 
 
 @dataclass
@@ -312,39 +318,61 @@ def read_voc_boxes(voc_root: str | PathLike | None = None, *, split: str | None 
                    labels: LabelsSpec = "discover", coords: Coords = "voc",
                    difficult: Difficult = "keep", verify_images: bool = False,
                    orientation: Orientation = "auto", workers: int | None = None,
-                   progress: bool | None = None) -> VocBoxes:
+                   progress: bool | None = None, keep_unreadable: bool = False) -> VocBoxes:
     """Read one split of a VOC folder into per-image ``xyxy`` arrays, without the COCO detour
     (no JSON text, no ``[x, y, w, h]`` round trip): the same images, ids, boxes, labels and
-    report as :func:`convert` (arguments and errors as there)."""
+    report as :func:`convert` (arguments and errors as there).
+
+    ``keep_unreadable`` (not with ``verify_images``): the images :func:`convert` skips because
+    their file is not found or its header gives no size are returned too, in split order, with
+    their boxes in the ``<size>`` frame and their reason in ``problem`` (a loader then meets the
+    file, names it and skips it, as it does any unreadable image); their ids follow the last
+    converted image's, so that every converted image keeps :func:`convert`'s id. The report is
+    :func:`convert`'s (they are counted as skipped)."""
     import numpy as np
 
     plan = _Plan.make(voc_root, [split], annotations_dir, images_dir, labels, coords, difficult,
-                      verify_images, orientation, workers, boxes=True)
+                      verify_images, orientation, workers, boxes=True,
+                      keep_unreadable=keep_unreadable)
     sink = _BoxesSink()
     reports, names = plan.run({split: sink}, progress)
     category_ids = {name: i for i, name in enumerate(names, 1)}
     images = []
-    for image_id, file_name, size, orientation_k, names_in_file, boxes in sink.records:
+    next_id = reports[split].images_converted + 1
+    for image_id, file_name, size, orientation_k, names_in_file, boxes, repairs, problem in sink.records:
+        if image_id is None:  # kept for the loader: after the converted images
+            image_id, next_id = next_id, next_id + 1
         table = np.array(boxes, dtype=np.float64).reshape(-1, 5)
         images.append(VocImageBoxes(
             image_id, file_name, size, orientation_k, table[:, :4].astype(np.float32),
             np.array([category_ids[n] for n in names_in_file], dtype=np.int64),
-            table[:, 4].astype(bool)))
+            table[:, 4].astype(bool), repairs, problem))
     return VocBoxes(images, dict(enumerate(names, 1)), plan.layout.images, reports[split])
 
 
+#: The conversion's events that change or leave out a box for its geometry (``VocImageBoxes.repairs``).
+BOX_REPAIRS = frozenset({R.BOX_CLIPPED, R.ZERO_SIZE_BOX, R.BOX_OUTSIDE_IMAGE})
+
+
 class _BoxesSink:
-    """Keeps each converted image's numbers (:func:`read_voc_boxes`)."""
+    """Keeps each converted image's numbers (:func:`read_voc_boxes`), and those of the images
+    kept for the loader (``keep``: no id yet)."""
 
     def __init__(self) -> None:
         self.records: list[tuple[Any, ...]] = []
 
-    def add(self, image_id: int, result: FileResult) -> None:
+    def add(self, image_id: int | None, result: FileResult) -> None:
         assert result.image is not None
         file_name, width, height, image_json = result.image
         k = json.loads("{" + image_json).get("exif_orientation")
-        self.records.append((image_id, file_name, (height, width), k, result.annotations[0],
-                             result.boxes))
+        repairs = tuple((reason, detail) for kind, reason, detail in result.events
+                        if kind in ("object", "warning", "kept") and reason in BOX_REPAIRS)
+        size = (height, width) if width and height else None
+        self.records.append((image_id, file_name, size, k, result.annotations[0], result.boxes,
+                             repairs, None if result.error is None else result.error[0]))
+
+    def keep(self, result: FileResult) -> None:
+        self.add(None, result)
 
 
 class _Discard(Exception):
@@ -382,7 +410,8 @@ class _Plan:
     def make(cls, voc_root: str | PathLike | None, splits: Sequence[str | None],
              annotations_dir: str | PathLike | None, images_dir: str | PathLike | None,
              labels: LabelsSpec, coords: str, difficult: str, verify_images: bool,
-             orientation: str, workers: int | None, boxes: bool = False) -> _Plan:
+             orientation: str, workers: int | None, boxes: bool = False,
+             keep_unreadable: bool = False) -> _Plan:
         """Everything that can fail before the long part (:class:`ConversionError`)."""
         _check_options(coords, difficult, orientation, workers, splits)
         layout = _Layout.resolve(voc_root, annotations_dir, images_dir)
@@ -398,7 +427,7 @@ class _Plan:
                               ImageIndex.scan(layout.images) if layout.images_exist else None,
                               coords, difficult, verify_images,
                               frozenset(names) if names is not None else None, orientation,
-                              boxes)
+                              boxes, keep_unreadable)
         return cls(layout, options, xml_names, duplicates, not_xml, entries, names, workers)
 
     def run(self, sinks: Mapping[str | None, Any], progress: bool | None,

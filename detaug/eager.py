@@ -10,7 +10,8 @@ exactly what ``DetectionLoader`` / ``DetectionSequence`` give that sample on the
 A recipe that mixes images (``Mosaic``, ``MixUp``) draws its partners from the one-sample
 source of the call: the image is its own partner. Per-box fields (``iscrowd``, ``difficult``, a track id, ...: any array of length ``N``) follow
 their boxes through every transform and filter; ``area``, when given, is recomputed in output
-pixels. Boxes come back in the ``box_format`` they were given in.
+pixels. Boxes come back in the ``box_format`` they were given in, and every array in the type it
+was given as: torch tensors (on their device) for tensors, NumPy arrays for anything else.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def apply(
         image: uint8 ``[H, W, 3]`` (or ``[H, W]``) NumPy array, a PIL image, a uint8 torch tensor
             ``[3, H, W]`` (a CUDA tensor runs on the GPU), or an encoded image (path or bytes).
         boxes: ``[N, 4]`` in ``box_format`` (``"xyxy"``, ``"xywh"``, ``"cxcywh"`` pixels, or
-            ``"yolo"``: normalised cxcywh); none when omitted.
+            ``"yolo"``: normalised cxcywh; one box may be given as ``[4]``), a NumPy array,
+            a torch tensor or nested lists; none when omitted.
         labels: ``[N]`` integer labels (zeros when omitted).
         seed, epoch, image_id: the sample's key (:mod:`detaug.seeds`): the same key gives what
             the loaders give this sample. ``image_id`` 0 becomes 1, as in a one-sample list.
@@ -108,7 +110,13 @@ def apply(
         ``{"image", "boxes", "labels", **fields}``: the image as given (NumPy ``[H, W, 3]``,
         PIL for PIL input when uint8, torch ``[3, H, W]`` for tensors; float32 after
         ``Normalize``), float32 ``[M, 4]`` boxes in ``box_format`` on the output image, int64
-        ``[M]`` labels, and each field's kept rows (``area`` recomputed in output pixels).
+        ``[M]`` labels, and each field's kept rows (``area`` recomputed in output pixels). Boxes,
+        labels and each field come back as torch tensors (on the input's device) where they were
+        given as tensors, else as NumPy arrays; labels omitted follow the boxes.
+
+    Raises:
+        ValueError: boxes that are not ``[N, 4]`` (the message gives the shape found), as many
+            labels or field rows as boxes, an unknown ``box_format``.
     """
     from detaug.planning import BatchPlanner, EpochSpec
     from detaug.sources import Sample, SampleListSource
@@ -116,7 +124,7 @@ def apply(
     check_box_format(box_format)
     kind, data, on_cuda = _image_kind(image)
     device = device or ("gpu" if on_cuda else "cpu")
-    box_in = np.zeros((0, 4)) if boxes is None else np.asarray(_numpy(boxes), dtype=np.float64).reshape(-1, 4)
+    box_in = np.zeros((0, 4)) if boxes is None else _box_rows(boxes, box_format)
     n = len(box_in)
     label_in = np.zeros(n, np.int64) if labels is None else np.asarray(_numpy(labels)).reshape(-1)
     if len(label_in) != n:
@@ -151,15 +159,43 @@ def apply(
     out_hw = tuple(int(v) for v in (out_image.shape[-2:] if kind == "torch" else np.asarray(out_image).shape[:2]))
     result: dict[str, Any] = {
         "image": out_image,
-        "boxes": from_xyxy(planned.boxes[0], box_format, out_hw),
-        "labels": label_in[kept].astype(np.int64),
+        "boxes": _like(from_xyxy(planned.boxes[0], box_format, out_hw), boxes),
+        "labels": _like(label_in[kept].astype(np.int64), boxes if labels is None else labels),
     }
     for name, arr in extra.items():
-        result[name] = arr[kept]
+        result[name] = _like(arr[kept], fields[name])
     if "area" in extra:
         b = planned.boxes[0]
-        result["area"] = ((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])).astype(np.float32)
+        result["area"] = _like(((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])).astype(np.float32), fields["area"])
     return result
+
+
+def _box_rows(boxes: Any, box_format: str) -> np.ndarray:
+    """float64 ``[N, 4]`` of ``boxes`` (``[N, 4]``, one box ``[4]``, or empty), else a
+    ``ValueError`` naming the shape expected and the one given."""
+    try:
+        arr = np.asarray(_numpy(boxes), dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"boxes must be an [N, 4] array of numbers ({box_format!r}), got {type(boxes).__name__}: "
+                         f"{err}") from None
+    if arr.size == 0:
+        return np.zeros((0, 4))
+    if arr.shape == (4,):
+        return arr.reshape(1, 4)
+    if arr.ndim != 2 or arr.shape[1] != 4:
+        raise ValueError(f"boxes must be [N, 4] (N boxes in {box_format!r}, or one box as [4]), "
+                         f"got shape {list(arr.shape)}")
+    return arr
+
+
+def _like(values: np.ndarray, given: Any) -> Any:
+    """``values`` as a torch tensor on ``given``'s device when ``given`` is a tensor (a
+    torchvision ``BoundingBoxes`` gives a plain tensor), else as they are (NumPy)."""
+    if not hasattr(given, "detach"):
+        return values
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(values)).to(given.device)
 
 
 def _numpy(values: Any) -> Any:

@@ -9,7 +9,7 @@ for the seed contract). :meth:`BatchPlanner.plan` computes it:
    header probed (:func:`detaug.formats.images.probe_image`); an image that cannot be read or
    decoded raises :class:`~detaug.errors.ImageError` with ``on_error="raise"``; with
    ``on_error="skip"`` it is replaced by the next readable sample of the rank's epoch order
-   (cyclically), so the batch keeps its size, and the skip is recorded;
+   (cyclically), so the batch keeps its size, and the skip is recorded (see *Findings* below);
 3. boxes annotated on the stored pixels of an EXIF-rotated image are moved to the displayed
    frame the decoder delivers (``orientation="auto"``; see :mod:`detaug.formats.images`);
 4. a recipe with mixing transforms (``Mosaic``, ``MixUp``) draws each sample's partner images
@@ -25,8 +25,18 @@ for the seed contract). :meth:`BatchPlanner.plan` computes it:
    partner's, in the slots' order) are planned with their row numbers as labels, and the rows
    the recipe keeps pick the labels and every field (``iscrowd``, ``difficult``, a track id,
    ...: :attr:`BatchPlanner.fields`); boxes dropped before planning (clipped away in 3.) drop
-   their rows too. ``area`` is recomputed on the output boxes. Labels never change a draw: the
-   plan is the same with any fields.
+   their rows too. ``area`` is recomputed on the output boxes (``fields="all"`` gives it for
+   every source). Labels never change a draw: the plan is the same with any fields;
+7. output coordinates below float32's resolution at their box's far edge (``|x1| <
+   spacing(x2) / 2``) are 0: the rounding noise of the exact border rule (a rotated box cut by
+   the canvas edge comes out at ``1e-15``, not 0) is not handed on.
+
+*Findings* (``PlannedBatch.skipped`` / ``repaired``): an image that cannot be read, and the
+boxes clipped when one is read (step 3), are recorded by the one batch of the epoch that holds
+the image's position first (over all ranks: the rank's own), once: never by a batch that meets
+it as another sample's replacement or as a partner. The loaders' lists, the concatenation of
+their batches', therefore name each image once per epoch, whichever batches probe it. A position
+no batch of any rank holds (left out by ``drop_last``) is recorded by each batch that meets it.
 
 Because a batch depends on nothing else, it can be planned in any process, in any order, ahead
 of time (:mod:`detaug.plan_ahead` runs :func:`plan_group_job` in worker processes), and again
@@ -45,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from detaug.epochs import batch_slice, num_batches, shard_order
+from detaug.epochs import batch_slice, num_batches, shard_order, shard_size
 from detaug.errors import DatasetError, ImageError
 from detaug.formats.images import annotation_frame, orient_boxes, probe_image
 from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
@@ -75,16 +85,17 @@ def select_fields(source: Any, fields: Any = "all") -> tuple[str, ...]:
 
     Args:
         source: the source (its ``field_specs``, :func:`detaug.sources.field_specs`).
-        fields: ``"all"`` (or ``None``): every field of the source; ``"none"``: no field (the
-            targets of a source without fields); or a sequence of names: those fields, in that
-            order (``"area"`` is computed on the output boxes also for a source without it).
+        fields: ``"all"`` (or ``None``): every field of the source, then ``"area"`` where the
+            source has none (computed on the output boxes: every source gives it); ``"none"``:
+            no field; or a sequence of names: those fields, in that order (``"area"`` is
+            computed on the output boxes also for a source without it).
 
     Raises:
         ValueError: a name the source does not have (the message lists those it has).
     """
     specs = field_specs(source)
     if fields is None or (isinstance(fields, str) and fields == "all"):
-        return tuple(specs)
+        return tuple(specs) + (() if AREA in specs else (AREA,))
     if isinstance(fields, str) and fields == "none":
         return ()
     if isinstance(fields, str) or not isinstance(fields, Iterable) or not all(isinstance(name, str) for name in fields):
@@ -135,6 +146,32 @@ class EpochSpec:
         return shard_order(self.n, epoch, shard_id=self.shard_id, num_shards=self.num_shards,
                            shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last, groups=self.groups)
 
+    def first_places(self, epoch: int) -> np.ndarray | None:
+        """int64 ``[n]``: where each dataset position first comes in ``epoch``'s order of all
+        ranks (rule 1 of :mod:`detaug.epochs`, before padding); ``None`` when that is the
+        position itself (no shuffle)."""
+        if not self.shuffle:
+            return None
+        order = shard_order(self.n, epoch, shard_id=0, num_shards=1, shuffle=True, seed=self.seed,
+                            drop_last=False, groups=self.groups)
+        places = np.empty(self.n, dtype=np.int64)
+        places[order] = np.arange(self.n, dtype=np.int64)
+        return places
+
+    def holder(self, place: int) -> tuple[int, int] | None:
+        """``(shard_id, step)`` of the batch that holds the sample at ``place`` of the epoch's
+        order of all ranks (:meth:`first_places`), or ``None`` when no batch holds it (left out
+        by ``drop_last``). Rule 3 of :mod:`detaug.epochs`: place ``g`` is rank ``g % W``'s
+        ``g // W``-th sample."""
+        w = self.num_shards
+        per_rank = shard_size(self.n, w, drop_last=self.drop_last)
+        if place >= per_rank * w:
+            return None
+        within = place // w
+        if within >= min(per_rank, len(self) * self.batch_size):
+            return None
+        return place % w, within // self.batch_size
+
 
 @dataclass
 class PlannedBatch:
@@ -161,9 +198,11 @@ class PlannedBatch:
             (:meth:`BatchPlanner.fill_data`).
         partner_positions: int64 ``[B, J]`` dataset positions of the partners (replacements
             included), -1 where not needed.
-        skipped: ``{"image_id", "file", "reason"}`` of each image replaced in this batch.
+        skipped: ``{"image_id", "file", "reason"}`` of each unreadable image this batch holds
+            (see *Findings* in the module docstring: once per image and epoch over all batches).
         repaired: ``{"image_id", "file", "reason", "count"}`` of boxes clipped to (or dropped
-            outside) an image whose size the annotation did not declare (found when read).
+            outside) an image whose size the annotation did not declare (found when read; once
+            per image and epoch, as ``skipped``).
         joined: ``(counts, {"boxes", "labels", field names: arrays})``: the same ``boxes``,
             ``labels`` and ``fields`` joined over the batch (``counts[i]``: sample ``i``'s
             boxes), where the plan came from a worker that joined them for the trip
@@ -247,6 +286,17 @@ class BatchPlanner:
         self.source, self.transforms, self.spec, self.on_error = source, transforms, spec, on_error
         self.fields = select_fields(source, fields)
         self._order: tuple[int, np.ndarray] | None = None
+        self._places: tuple[int, np.ndarray | None] | None = None
+
+    def holds(self, epoch: int, step: int, position: int) -> bool:
+        """Whether batch ``step`` of ``epoch`` records what is found of ``position`` (*Findings*
+        in the module docstring): it holds it first of all the batches of all ranks, or no
+        batch does."""
+        if self._places is None or self._places[0] != epoch:
+            self._places = (epoch, self.spec.first_places(epoch))  # computed once something is found
+        places = self._places[1]
+        holder = self.spec.holder(int(position) if places is None else int(places[position]))
+        return holder is None or holder == (self.spec.shard_id, step)
 
     def order(self, epoch: int) -> np.ndarray:
         """The rank's positions in ``epoch`` (cached: batches of one epoch are planned in a row)."""
@@ -303,12 +353,13 @@ class BatchPlanner:
         order = self.order(epoch)
         wanted = self.positions(epoch, step)
         start = step * self.spec.batch_size
-        positions, data, shapes, boxes, tables, ids, skipped, repaired = [], [], [], [], [], [], [], []
+        positions, data, shapes, boxes, tables, ids = [], [], [], [], [], []
+        findings = _Findings(lambda p: self.holds(epoch, step, p))
         for k, position in enumerate(wanted):
             candidates = (int(order[(start + k + tries) % len(order)]) for tries in range(len(order)))
-            found = self._read_first(candidates, bad, skipped, repaired)
+            found = self._read_first(candidates, bad, findings)
             if found is None:
-                raise DatasetError(f"no image of shard {self.spec.shard_id} can be read; the last: {skipped[-1]}")
+                raise DatasetError(f"no image of shard {self.spec.shard_id} can be read; the last: {findings.last}")
             p, (d, hw, b, table, image_id) = found
             positions.append(p)
             data.append(d)
@@ -322,18 +373,19 @@ class BatchPlanner:
         partner_tables: list[list[_Rows]] = []
         if self.transforms.num_partners:
             batch = (positions, shapes, boxes, tables)
-            partners, partner_tables, partner_data, partner_positions = self._partners(keys, batch, bad, skipped,
-                                                                                       repaired)
+            partners, partner_tables, partner_data, partner_positions = self._partners(keys, batch, bad, findings)
         rows, lookup = _row_labels(tables, partner_tables)
         if partners is not None:
             partners = Partners(partners.shapes, partners.boxes, rows[1:])
         return _Gathered(epoch, step, np.asarray(positions, dtype=np.int64), image_ids, keys, data, shapes, boxes,
-                         rows[0], lookup, partners, partner_data, partner_positions, skipped, repaired)
+                         rows[0], lookup, partners, partner_data, partner_positions, findings.skipped,
+                         findings.repaired)
 
     def _assemble(self, g: _Gathered, planned: tuple[list, list, list] | None = None) -> PlannedBatch:
         """Step 5 (unless ``planned`` gives its outputs: ``plan_batch``'s for these samples) and
         step 6 of the module docstring: the :class:`PlannedBatch` of a gathered batch."""
         params, out_boxes, kept = planned if planned is not None else self.transforms.plan_batch(*g.plan_inputs())
+        out_boxes = [_without_noise(b) for b in out_boxes]
         out_labels, out_fields = [], []
         for b, r, table in zip(out_boxes, kept, g.lookup):
             r = np.asarray(r, dtype=np.int64)
@@ -352,35 +404,38 @@ class BatchPlanner:
             fields=out_fields,
         )
 
-    def _read_first(self, candidates: Iterable[int], bad: Mapping[int, str], skipped: list[dict[str, Any]],
-                    repaired: list[dict[str, Any]], loaded: Mapping[int, tuple] | None = None) -> tuple[int, tuple] | None:
+    def _read_first(self, candidates: Iterable[int], bad: Mapping[int, str], findings: _Findings,
+                    loaded: Mapping[int, tuple] | None = None) -> tuple[int, tuple] | None:
         """The first of ``candidates`` that can be read: ``(position, what _read gives)``, taken
-        from ``loaded`` where it is there; ``None`` when none can. Each unreadable one is recorded
-        in ``skipped`` (or raised, with ``on_error="raise"``): the one skip rule of samples and
+        from ``loaded`` where it is there; ``None`` when none can. Each unreadable one goes to
+        ``findings`` (or is raised, with ``on_error="raise"``): the one skip rule of samples and
         partners."""
         for p in candidates:
             if loaded is not None and p in loaded:
                 return p, loaded[p]
             try:
-                return p, self._read(p, bad, repaired)
+                return p, self._read(p, bad, findings)
             except ImageError as err:
                 if self.on_error == "raise":
                     raise
-                skipped.append({"image_id": err.image_id, "file": err.file, "reason": err.reason})
+                findings.skip(p, {"image_id": err.image_id, "file": err.file, "reason": err.reason})
         return None
 
-    def _read(self, p: int, bad: Mapping[int, str], repaired: list[dict[str, Any]]
+    def _read(self, p: int, bad: Mapping[int, str], findings: _Findings
               ) -> tuple[np.ndarray, tuple[int, int], np.ndarray, _Rows, int]:
         """``(data, (h, w), boxes, their labels and fields, image_id)`` of position ``p``
         (:meth:`load`), boxes clipped to an image whose size was not declared (dropped with
-        their rows when nothing is left); :class:`ImageError` when it cannot be read."""
+        their rows when nothing is left; the repairs go to ``findings``); :class:`ImageError`
+        when it cannot be read."""
         if p in bad:
             raise ImageError(self.source.file_of(p), self.source.samples[p].image_id, bad[p])
         d, hw, b, lab, image_id = self.load(p)
         sample = self.source.samples[p]
         table = _Rows(np.asarray(lab, dtype=np.int64).reshape(-1), self._fields_of(sample))
         if getattr(sample, "size", None) is None and len(b):
+            repaired: list[dict[str, Any]] = []
             b, keep = _clip_to_image(b, hw, self.source.file_of(p), image_id, repaired)
+            findings.repair(p, repaired)
             table = table.take(keep)
         return d, hw, b, table, image_id
 
@@ -391,8 +446,7 @@ class BatchPlanner:
             return {}
         return {name: np.asarray(given[name]) for name in self.fields if name != AREA and name in given}
 
-    def _partners(self, keys: np.ndarray, batch: tuple[list, ...], bad: Mapping[int, str],
-                  skipped: list[dict[str, Any]], repaired: list[dict[str, Any]]
+    def _partners(self, keys: np.ndarray, batch: tuple[list, ...], bad: Mapping[int, str], findings: _Findings,
                   ) -> tuple[Partners, list[list[_Rows]], list[list[np.ndarray] | None], np.ndarray]:
         """Draw, read and check the partner images of a batch (step 4 of the module docstring):
         ``(Partners for plan_batch (their labels: the source's), their labels and fields per
@@ -422,9 +476,9 @@ class BatchPlanner:
                     boxes[k][i], tables[k][i] = np.zeros((0, 4), np.float32), _Rows(np.zeros(0, np.int64), {})
                     continue
                 candidates = (int((drawn[i, k] + tries) % n) for tries in range(n))
-                found = self._read_first(candidates, bad, skipped, repaired, loaded)
+                found = self._read_first(candidates, bad, findings, loaded)
                 if found is None:
-                    raise DatasetError(f"no image of the dataset can be read as a partner; the last: {skipped[-1]}")
+                    raise DatasetError(f"no image of the dataset can be read as a partner; the last: {findings.last}")
                 p, read = found
                 loaded[p] = read
                 positions[i, k] = p
@@ -510,6 +564,37 @@ class _Rows:
         return _Rows(self.labels[rows], {name: arr[rows] for name, arr in self.fields.items()})
 
 
+class _Findings:
+    """What one batch records of the images it reads (*Findings* in the module docstring):
+    the skipped images and repaired boxes of the positions ``records(position)`` says are its
+    own, each position once."""
+
+    def __init__(self, records: Any) -> None:
+        self.records = records
+        self.skipped: list[dict[str, Any]] = []
+        self.repaired: list[dict[str, Any]] = []
+        self.last: dict[str, Any] | None = None  # the last unreadable image met, recorded or not
+        self._seen: set[tuple[str, int]] = set()
+
+    def skip(self, position: int, found: dict[str, Any]) -> None:
+        """Image ``position`` cannot be read (``found``: its image id, file and reason)."""
+        self.last = found
+        if self._first("skip", position):
+            self.skipped.append(found)
+
+    def repair(self, position: int, found: list[dict[str, Any]]) -> None:
+        """Boxes of image ``position`` were repaired when it was read (``found``: by reason)."""
+        if found and self._first("repair", position):
+            self.repaired.extend(found)
+
+    def _first(self, kind: str, position: int) -> bool:
+        key = (kind, int(position))
+        if key in self._seen or not self.records(position):
+            return False
+        self._seen.add(key)
+        return True
+
+
 @dataclass
 class _Gathered:
     """A batch read and checked, not yet planned (:meth:`BatchPlanner._gather`): what
@@ -578,6 +663,20 @@ def _row_labels(tables: list[_Rows], partner_tables: list[list[_Rows]]) -> tuple
     return rows, lookup
 
 
+def _without_noise(boxes: np.ndarray) -> np.ndarray:
+    """float32 ``[M, 4]`` xyxy output boxes with each near edge that lies below float32's
+    resolution at its far edge (``|x1| < spacing(x2) / 2``, likewise ``y1``) set to 0 (step 7 of
+    the module docstring: the float64 rounding of the exact border rule, ``1e-15`` for 0)."""
+    b = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    near, far = b[:, :2], b[:, 2:]
+    noise = (near != 0) & (np.abs(near) < np.spacing(np.abs(far)) / 2)
+    if not noise.any():
+        return b
+    b = b.copy()
+    b[:, :2][noise] = 0.0
+    return b
+
+
 def _clip_to_image(boxes: np.ndarray, hw: tuple[int, int], file: str, image_id: int,
                    repaired: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
     """Boxes checked against the decoded image ``hw`` by the sources' own rule
@@ -635,8 +734,9 @@ class DecodeFailure(Exception):
 
 
 def _reason(err: BaseException) -> str:
-    if isinstance(err, OSError):
-        return f"cannot read the file: {err.strerror or err}"
+    if isinstance(err, OSError):  # the ImageError names the file: the cause's words, without the path again
+        cause = err.__cause__ if isinstance(err.__cause__, OSError) else err
+        return f"cannot read the file: {cause.strerror or cause}"
     return str(err)
 
 

@@ -44,6 +44,7 @@ import re
 import sys
 import tarfile
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from detaug.errors import DatasetError
+from detaug.errors import DatasetError, DataWarning
 from detaug.formats import validation as v
 from detaug.formats.columnar import SampleTable, SampleView, load_columns, save_columns
 from detaug.sources import FieldSpec, SampleListSource, check_orientation, field_specs
@@ -562,6 +563,11 @@ class ShardSource(SampleListSource):
         orientation = check_orientation(orientation if orientation is not None else self.dataset.get("orientation", "auto"))
         view = SampleView(self.table, _TarMember(self), fields_of=_ShardFields(self) if specs else None)
         self._adopt(view, categories, report, orientation, specs)  # type: ignore[arg-type]
+        if self.skipped_when_written:  # named when written; said again to whoever reads the folder
+            first = self.skipped_when_written[0]
+            warnings.warn(f"{self.root}: {len(self.skipped_when_written)} image(s) left out when the shards were "
+                          f"written, e.g. {first['file']} (image_id {first['image_id']}): {first['reason']} "
+                          "(source.skipped_when_written lists them)", DataWarning, stacklevel=2)
 
     def _check_tars(self) -> None:
         """Every tar is there and as long as when it was written (one ``stat`` per tar)."""

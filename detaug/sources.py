@@ -32,6 +32,8 @@ int64, unique within a source.
 from __future__ import annotations
 
 import os
+import warnings
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +41,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from detaug.errors import DatasetError
+from detaug.errors import DatasetError, DataWarning
 from detaug.formats import validation as v
 from detaug.formats.coco import NO_ANNOTATION_ID, CocoDataset, load_coco
 from detaug.formats.box_formats import check_box_format, to_xyxy
@@ -321,6 +323,23 @@ class VocSource(SampleListSource):
     checks' findings, ``self.report.conversion`` (also ``self.conversion_report``) the
     converter's report of what was skipped and why; ``report.summary()`` shows both.
 
+    Nothing is left out silently, by the rules of every source:
+
+    * an image whose file is missing, empty or not an image (the converter skips it) is kept,
+      as a :class:`CocoSource` keeps it: the loader names it in a :class:`~detaug.DataWarning`
+      and ``loader.skipped`` when it meets it, and reads the next sample instead. Its boxes are
+      in the ``<size>`` frame; its image id follows the last converted image's, so that every
+      other image keeps the id ``voc2coco`` gives it (with ``verify_images=True`` the converter
+      skips these images and every image the loader would skip, as the next point says);
+    * boxes the converter clipped to the image, or left out for having no area (``zero-size
+      box``, ``box outside the image``), are repairs: counted in ``self.report`` as ``box clipped
+      to the image``, ``empty box dropped``, ``box outside the image dropped`` (naming the file,
+      image id and object) and said in one :class:`~detaug.DataWarning` when the source is built;
+    * anything else the conversion leaves out (an XML that does not parse, a split entry without
+      XML, an object without a name, a label not in ``labels``, ...) is said in one
+      :class:`~detaug.DataWarning` when the source is built, with its counts by reason
+      (``self.conversion_report.details()`` names every file).
+
     Per-box fields (:data:`VOC_FIELDS`): ``difficult`` (int64 ``[N]``, the object's
     ``<difficult>`` flag; all 0 with ``difficult="drop"``) and ``iscrowd`` (int64 ``[N]``:
     ``difficult`` with ``difficult="crowd"``, else 0).
@@ -340,24 +359,30 @@ class VocSource(SampleListSource):
         verify_images: bool = False,
         orientation: str = "auto",
     ) -> None:
+        from converters import report as R
         from converters.voc2coco import read_voc_boxes
 
         orientation = check_orientation(orientation)
+        # the converter's box repairs, as the checks name them
+        repairs = {R.BOX_CLIPPED: v.BOX_CLIPPED, R.ZERO_SIZE_BOX: v.EMPTY_BOX, R.BOX_OUTSIDE_IMAGE: v.BOX_OUTSIDE}
         # "keep" and "crowd" keep the same objects, with the same report; "crowd" marks the
         # difficult ones iscrowd: read so, the converter's crowd flag is each box's difficult flag.
         voc = read_voc_boxes(root, split=split, annotations_dir=annotations_dir, images_dir=images_dir,
                              labels=labels, coords=coords, difficult="crowd" if difficult == "keep" else difficult,
-                             verify_images=verify_images, orientation=orientation)
+                             verify_images=verify_images, orientation=orientation, keep_unreadable=not verify_images)
         self.conversion_report = voc.report
         report = v.Report(f"{root} (VOC" + (f", split {split})" if split else ")"))
         report.conversion = voc.report
         samples = []
         for image in voc.images:  # xyxy as converted: no JSON, no [x, y, w, h] round trip
+            file = f"{report.source}: {image.file_name}"
+            for reason, detail in image.repairs:
+                report.add(repairs[reason], file, image_id=image.image_id, detail=detail)
             hard = np.asarray(image.iscrowd, dtype=bool)  # the difficult flags (read with "crowd")
             crowd = hard if difficult == "crowd" else np.zeros_like(hard)
             keep = np.ones(len(image.boxes), bool) if include_iscrowd else ~crowd
             for _ in np.flatnonzero(~keep):
-                report.add(v.CROWD_LEFT_OUT, f"{report.source}: {image.file_name}", image_id=image.image_id)
+                report.add(v.CROWD_LEFT_OUT, file, image_id=image.image_id)
             fields = {"iscrowd": crowd[keep].astype(np.int64), "difficult": hard[keep].astype(np.int64)}
             samples.append(Sample(str(Path(voc.image_root) / image.file_name), image.boxes[keep], image.labels[keep],
                                   image.image_id, image.size, fields))
@@ -366,8 +391,35 @@ class VocSource(SampleListSource):
         except DatasetError as err:
             raise DatasetError(f"{err}\nconversion:\n{voc.report.summary()}") from err
         report.images, report.boxes = len(checked), sum(len(s.boxes) for s in checked)
+        _warn_left_out(report.source, voc)  # stacklevel 3: the caller of VocSource(...)
         report.finish()
         self._adopt(checked, voc.categories, report, orientation, VOC_FIELDS)
+
+
+def _warn_left_out(source: str, voc: Any) -> None:
+    """One :class:`~detaug.DataWarning` for what the conversion of a VocSource left out and
+    nobody else names (see :class:`VocSource`): images skipped and not kept for the loader,
+    objects skipped for another reason than a box repair (counted in the report), their image
+    being skipped, or ``difficult="drop"``."""
+    from converters import report as R
+
+    conversion = voc.report
+    images = Counter(conversion.images_skipped)
+    images.subtract(Counter(image.problem for image in voc.images if image.problem is not None))
+    said = {R.OBJECT_OF_SKIPPED_IMAGE, R.DIFFICULT_DROPPED, R.ZERO_SIZE_BOX, R.BOX_OUTSIDE_IMAGE}
+    objects = Counter({reason: n for reason, n in conversion.objects_skipped.items() if reason not in said})
+    parts = []
+    for what, counts in (("image", +images), ("object", +objects)):
+        if counts:
+            n = sum(counts.values())
+            ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+            reasons = ", ".join(f"{k} {reason}" for reason, k in ranked)
+            first = next(m for m in conversion.messages if m.kind == what and m.reason in counts)
+            example = f"{first.path}: {first.detail or first.reason}"
+            parts.append(f"{n} {what}{'s' if n != 1 else ''} ({reasons}; e.g. {example})")
+    if parts:
+        warnings.warn(f"{source}: the conversion left out {' and '.join(parts)} "
+                      "(source.conversion_report.details() names each)", DataWarning, stacklevel=3)
 
 
 def coco_to_samples(

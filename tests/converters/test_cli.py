@@ -142,3 +142,34 @@ def test_console_entry_point_end_to_end(realdata: Path, tmp_path: Path) -> None:
     from pycocotools.coco import COCO
 
     assert len(COCO(str(out)).getAnnIds()) == 27
+
+
+def test_a_split_that_converts_nothing_exits_1_and_writes_nothing(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 38: the wrong --labels converted 0 of 576 objects and exited 0 with an empty
+    dataset. A split with no image converted, or none of its objects, is now an error in one
+    line, nothing written; --allow-empty writes it as before."""
+    root = dataset(tmp_path)
+    out = tmp_path / "out.json"
+    assert cli.main([str(root), "-o", str(out), "--labels", str(_labels(tmp_path, "bird")), "-q"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["voc2coco: error: all XML files converted no object (0 of 3: 3 label not in the labels list); "
+                   "nothing written (--allow-empty writes it)"]
+    assert not out.exists()
+    assert cli.main([str(root), "-o", str(out), "--labels", str(_labels(tmp_path, "bird")), "-q",
+                     "--allow-empty"]) == 0
+    assert json.loads(out.read_text(encoding="utf-8"))["annotations"] == []
+    (root / "JPEGImages" / "b.jpg").unlink()
+    folder = tmp_path / "coco"
+    assert cli.main([str(root), "--split", "train", "--split", "val", "-o", str(folder), "-q"]) == 1
+    assert capsys.readouterr().err.strip() == ("voc2coco: error: split val converted no image (0 of 1: 1 image "
+                                                "file not found); nothing written (--allow-empty writes it)")
+    assert not folder.exists() or not list(folder.iterdir())  # train is not written either
+    negatives = make_voc(tmp_path / "negatives", {"n.xml": voc_xml("n.jpg")}, {"n.jpg": (32, 24)})
+    assert cli.main([str(negatives), "-o", str(tmp_path / "n.json"), "-q"]) == 0  # no object at all: fine
+
+
+def _labels(tmp_path: Path, *names: str) -> Path:
+    path = tmp_path / "labels.txt"
+    path.write_text("\n".join(names) + "\n", encoding="utf-8")
+    return path

@@ -299,3 +299,28 @@ def test_a_decoder_failure_of_a_mosaic_partner_costs_only_the_culprit(tmp_path):
     with pytest.warns(DataWarning, match="broken.jpg"):
         got = [seq[i] for i in range(len(seq))]
     assert all(len(images) == 3 for images, _ in got) and [s["image_id"] for s in seq.skipped][:1] == [99]
+
+
+def test_skipped_lists_each_image_once_per_epoch(tmp_path):
+    """5 consecutive missing files: the batches that probe them for replacements do not list
+    them again (issue 38: 15 entries); both adapters, two epochs, with planning workers."""
+    samples = [Sample(str(good_jpeg(tmp_path / f"g{i}.jpg")), [[10, 8, 30, 24]], [1], image_id=i + 1) for i in range(7)]
+    missing = [Sample(str(tmp_path / f"gone{k}.jpg"), [[10, 8, 30, 24]], [1], image_id=100 + k) for k in range(5)]
+    samples[2:2] = missing
+    source = SampleListSource(samples)
+    want = sorted(100 + k for k in range(5))
+    loader = DetectionLoader(source, RECIPE, 4, device=DEVICE, num_workers=2)
+    with pytest.warns(DataWarning) as caught:
+        for _ in range(2):
+            assert all(len(targets) == 4 for _, targets in loader)
+    loader.close()
+    assert sorted(s["image_id"] for s in loader.skipped) == sorted(want * 2)  # once per image per epoch
+    assert sum("gone" in str(w.message) for w in caught) == 5  # warned once per image
+    seq = DetectionSequence(source, RECIPE, 4, max_boxes=2, device=DEVICE, plan_workers=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataWarning)
+        for _ in range(2):
+            for i in range(len(seq)):
+                seq[i]
+            seq.on_epoch_end()
+    assert sorted(s["image_id"] for s in seq.skipped) == sorted(want * 2)

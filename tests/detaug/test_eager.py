@@ -81,3 +81,42 @@ def test_input_types_give_their_own_type_back():
     out_t = apply(recipe, torch.from_numpy(array).permute(2, 0, 1))["image"]
     assert isinstance(out_t, torch.Tensor) and out_t.shape == (3, 40, 60)
     assert np.array_equal(out_t.permute(1, 2, 0).numpy(), out_np)
+
+
+def test_boxes_labels_and_fields_come_back_in_the_type_given():
+    image = np.zeros((100, 200, 3), np.uint8)
+    recipe = T.Compose([T.RandomHorizontalFlip(p=1.0), T.Resize((50, 100))])
+    out = apply(recipe, image, torch.tensor([[10.0, 20, 50, 60]]), torch.tensor([3]), iscrowd=torch.tensor([1]),
+                track_id=[7])
+    assert isinstance(out["boxes"], torch.Tensor) and out["boxes"].dtype == torch.float32
+    assert out["boxes"].tolist() == [[75.0, 10.0, 95.0, 30.0]]
+    assert isinstance(out["labels"], torch.Tensor) and out["labels"].dtype == torch.int64
+    assert out["labels"].tolist() == [3]
+    assert isinstance(out["iscrowd"], torch.Tensor) and out["iscrowd"].tolist() == [1]
+    assert isinstance(out["track_id"], np.ndarray)  # a list: NumPy
+    plain = apply(recipe, image, np.array([[10.0, 20, 50, 60]]), [3])
+    assert isinstance(plain["boxes"], np.ndarray) and isinstance(plain["labels"], np.ndarray)
+    unlabelled = apply(recipe, image, torch.tensor([[10.0, 20, 50, 60]]))  # labels follow the boxes
+    assert isinstance(unlabelled["labels"], torch.Tensor) and unlabelled["labels"].tolist() == [0]
+    one = apply(recipe, image, [10, 20, 50, 60], [3])  # one box as [4]
+    assert one["boxes"].tolist() == [[75.0, 10.0, 95.0, 30.0]]
+
+
+@pytest.mark.parametrize("boxes", [np.zeros((1, 3)), [[1, 2, 3]], np.zeros((2, 4, 1)), [1, 2, 3, 4, 5]])
+def test_malformed_boxes_say_the_shape_expected(boxes):
+    with pytest.raises(ValueError, match=r"boxes must be \[N, 4\].*got shape"):
+        apply(T.Compose([T.RandomHorizontalFlip()]), np.zeros((20, 20, 3), np.uint8), boxes, [1])
+
+
+def test_boxes_on_the_border_come_back_exactly_there():
+    """The exact border rule computes a rotated box's edge on the canvas border in float64; it
+    comes back as 0, not 1e-15 (issue 38), as the loaders give it."""
+    image = np.zeros((100, 200, 3), np.uint8)
+    at_zero = 0
+    for recipe in (T.Compose([T.RandomRotation(30)]), T.Compose([T.RandomAffine(degrees=10, scale=(0.8, 1.2))])):
+        for seed in range(12):
+            for box in ([0, 0, 200, 100], [0, 0, 50, 60], [150, 40, 200, 100]):
+                b = apply(recipe, image, [box], [1], seed=seed, image_id=seed + 1)["boxes"]
+                assert not ((b != 0) & (np.abs(b) < 1e-4)).any(), (recipe, seed, box, b)
+                at_zero += int((b == 0).sum())
+    assert at_zero > 0

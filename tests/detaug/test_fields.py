@@ -307,3 +307,25 @@ def test_planning_workers_get_the_fields_of_decoded_samples(source):
     for a, b in zip(here.fields, there.fields):
         assert list(a) == ["iscrowd", "score"] and all(np.array_equal(a[k], b[k]) for k in a)
     assert all(np.array_equal(a, b) for a, b in zip(here.labels, there.labels))
+
+
+def test_area_is_in_the_default_targets_of_every_source(tmp_path):
+    """``fields="all"`` (the default) gives ``area`` in output pixels from a VOC folder and a
+    sample list too (issue 38: only COCO had it), recomputed on the output boxes."""
+    write_voc_dataset(tmp_path / "voc", num_images=3, size=(40, 40), max_objects=3, image_format="png")
+    voc = VocSource(tmp_path / "voc")
+    listed = SampleListSource([Sample(np.zeros((30, 40, 3), np.uint8), [[2, 2, 10, 8], [20, 10, 40, 30]], [1, 2])])
+    recipe = T.Compose([T.Resize((20, 20))])
+    for source, names in ((voc, ["iscrowd", "difficult", "area"]), (listed, ["area"])):
+        assert list(select_fields(source)) == names
+        loader = DetectionLoader(source, recipe, 1, device="cpu", num_threads=1)
+        for _, (t,) in loader:
+            assert list(t) == ["boxes", "labels", "image_id", *names]
+            b = t["boxes"]
+            assert t["area"].dtype == torch.float32
+            torch.testing.assert_close(t["area"], (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1]))
+        loader.close()
+    loader = DetectionLoader(listed, recipe, 1, device="cpu", num_threads=1)
+    _, (t,) = next(iter(loader))
+    loader.close()
+    assert t["area"].tolist() == pytest.approx([8 * 6 * (20 / 40) * (20 / 30), 20 * 20 * (20 / 40) * (20 / 30)])

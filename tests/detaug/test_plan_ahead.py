@@ -124,7 +124,7 @@ def test_box_arrays_travel_joined_and_come_back_as_they_were(source):
     ring = SlotRing(file_prefix("test_"))
     group = pickle.loads(pickle.dumps(plan_group(0, [step], None, ring.take())))
     [packed] = group.plans
-    assert isinstance(packed, _Packed) and set(packed.joined) == {"boxes", "labels", "track", "point"}
+    assert isinstance(packed, _Packed) and set(packed.joined) == {"boxes", "labels", "track", "point", "area"}
     assert packed.planned.boxes == packed.planned.labels == packed.planned.fields == []
     got = packed.unpack(ring.open(group.shared))
     ring.close()
@@ -135,7 +135,7 @@ def test_box_arrays_travel_joined_and_come_back_as_they_were(source):
     assert got.joined is not None and want.joined is None
     for a, b in zip(batch_columns(got), batch_columns(want)):
         if isinstance(a, dict):
-            assert a.keys() == b.keys() == {"track", "point"}
+            assert a.keys() == b.keys() == {"track", "point", "area"}
             for name in a:
                 assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name])
         else:

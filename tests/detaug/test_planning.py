@@ -82,3 +82,65 @@ def test_an_error_stays_with_its_batch(samples):
     out_of_range = planner.plan_many(2, [0, 5])
     assert isinstance(out_of_range[1], IndexError)
     _assert_same(out_of_range[0], planner.plan(2, 0))
+
+
+# -- findings: each unreadable image and each repair once per epoch, whichever batches meet it --------
+
+def _broken_run(n: int = 16, broken: tuple[int, ...] = (5, 6, 7, 8, 9)) -> list:
+    """``n`` scenes whose positions ``broken`` are not images (consecutive: the replacement of
+    each probes the ones after it, across the batch's end) and whose boxes reach past the image
+    (no declared size: clipped when read, a repair)."""
+    samples = scene_samples(n, size=(64, 48), max_objects=2, min_size=8)[0]
+    for k, sample in enumerate(samples):
+        sample.boxes = np.concatenate([sample.boxes, [[40, 30, 90, 70]]]).astype(np.float32)  # past 64x48
+        sample.labels = np.concatenate([sample.labels, [9]])
+        if k in broken:
+            sample.image = b"not an image %d" % k
+    return samples
+
+
+def _findings(planner: BatchPlanner, epoch: int) -> tuple[list[int], list[int]]:
+    skipped, repaired = [], []
+    for step in range(len(planner.spec)):
+        planned = planner.plan(epoch, step)
+        skipped += [s["image_id"] for s in planned.skipped]
+        repaired += [r["image_id"] for r in planned.repaired]
+    return skipped, repaired
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("recipe", ["geometry", "mixing from the dataset"])
+def test_each_unreadable_image_and_repair_is_recorded_once_per_epoch(shuffle, recipe):
+    """5 consecutive unreadable images: every batch that probes them for a replacement (or draws
+    them as Mosaic/MixUp partners) reads them, but only the batch holding each records it; the
+    same for the boxes clipped when an image is read."""
+    samples = _broken_run()
+    source = SampleListSource(samples)
+    for batch in (3, 4):
+        planner = BatchPlanner(source, RECIPES[recipe](), EpochSpec(n=len(samples), batch_size=batch, shuffle=shuffle,
+                                                                     seed=2))
+        for epoch in (0, 1):
+            skipped, repaired = _findings(planner, epoch)
+            assert sorted(skipped) == [6, 7, 8, 9, 10]  # image ids: positions + 1
+            assert sorted(repaired) == [k + 1 for k in range(len(samples)) if k not in (5, 6, 7, 8, 9)]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_record_each_unreadable_image_once_between_them(drop_last):
+    """Over the ranks of one epoch, each unreadable image is recorded by one rank, the one whose
+    batch holds it (a partner from another rank's share is that rank's to name)."""
+    samples = _broken_run(n=17, broken=(2, 3, 11))
+    source = SampleListSource(samples)
+    recipe = RECIPES["mixing from the dataset"]()
+    skipped: list[int] = []
+    held: set[int] = set()
+    for rank in range(3):
+        spec = EpochSpec(n=len(samples), batch_size=2, shard_id=rank, num_shards=3, shuffle=True, seed=7,
+                         drop_last=drop_last)
+        planner = BatchPlanner(source, recipe, spec)
+        skipped += _findings(planner, 0)[0]
+        held |= {int(p) + 1 for step in range(len(spec)) for p in planner.positions(0, step)}
+    bad = {3, 4, 12}
+    assert sorted(i for i in skipped if i in held) == sorted(bad & held)  # those a batch holds: once
+    if not drop_last:
+        assert sorted(skipped) == sorted(bad)

@@ -169,10 +169,9 @@ def test_loader_epoch_and_resume(source):
 
 def test_bad_image_is_named_and_skipped_or_raised(bad_source, source):
     bad, name = bad_source
-    if isinstance(bad, VocSource):  # voc2coco reads every header: named and skipped when converting
-        assert len(bad) == len(source) - 1
+    assert len(bad) == len(source)  # every kind keeps it (VocSource too: the converter's skip is the loader's)
+    if isinstance(bad, VocSource):  # the conversion report counts it as voc2coco does
         assert [Path(str(m.path)).stem for m in bad.conversion_report.messages_of("image")] == [Path(name).stem]
-        return
     source = bad
     loader = DetectionLoader(source, RECIPE, 4, device="cpu", num_threads=1)
     with pytest.warns(DataWarning, match="not an image"):
@@ -203,3 +202,17 @@ def _json_of(source: ShardSource, index: int) -> bytes:
     with open(source.tars[shard], "rb") as f:
         f.seek(offset)
         return f.read(size)
+
+
+def test_shard_source_says_which_images_were_left_out_when_written(tmp_path):
+    """write_shards probes every image and leaves out those the loaders would skip (named in
+    its summary); a ShardSource over the folder says so too, when it is built."""
+    write_coco_dataset(tmp_path / "coco", num_images=4, size=(64, 48), max_objects=2, progress=False)
+    base = CocoSource(tmp_path / "coco" / "annotations.json", tmp_path / "coco" / "images")
+    name = _spoil(base)
+    summary = write_shards(base, tmp_path / "shards", verify=True, progress=False)
+    assert [Path(s["file"]).name for s in summary.skipped] == [name]
+    with pytest.warns(DataWarning, match=rf"1 image\(s\) left out when the shards were written, e\.g\. .*{name} "
+                                         rf"\(image_id {base.samples[2].image_id}\): not an image"):
+        shards = ShardSource(tmp_path / "shards")
+    assert len(shards) == len(base) - 1 and [Path(s["file"]).name for s in shards.skipped_when_written] == [name]

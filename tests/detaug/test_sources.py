@@ -238,7 +238,8 @@ def write_voc(root, boxes, size=(40, 60)):
 
 def test_voc_source_attaches_both_reports(tmp_path):
     write_voc(tmp_path, [("cat", (5, 5, 20, 20)), ("dog", (10, 10, 90, 30))])
-    source = VocSource(tmp_path)
+    with pytest.warns(DataWarning, match="1 box clipped to the image"):  # the dog: 90 > 60
+        source = VocSource(tmp_path)
     assert len(source) == 1 and source.samples[0].size == (40, 60)
     assert set(source.categories.values()) == {"cat", "dog"}
     assert source.report.conversion is source.conversion_report
@@ -263,3 +264,85 @@ def test_voc_source_on_real_data(name):
             assert (s.boxes >= 0).all() and (s.boxes[:, [0, 2]] <= w).all() and (s.boxes[:, [1, 3]] <= h).all()
         assert os.path.basename(s.image).endswith((".jpg", ".jpeg", ".png", ".JPG", ".PNG"))
     assert source.report.conversion is not None and not source.report.errors
+
+
+def broken_voc(root: Path) -> dict[str, Path]:
+    """A synthetic VOC folder of 6 images: 000002.jpg deleted, 000003.jpg emptied (issue 38)."""
+    from detaug.synthetic import write_voc_dataset
+
+    write_voc_dataset(root, num_images=6, size=(64, 48), max_objects=2, splits={"train": 1.0})
+    images = root / "JPEGImages"
+    (images / "000002.jpg").unlink()
+    (images / "000003.jpg").write_bytes(b"")
+    return {"missing": images / "000002.jpg", "empty": images / "000003.jpg"}
+
+
+def test_voc_source_keeps_unreadable_images_for_the_loader_to_name(tmp_path):
+    """A missing and an empty image are kept as CocoSource keeps them: the loader names them
+    (DataWarning with file and image id, also under -W always) and lists them once each in
+    loader.skipped; every other image keeps the id voc2coco gives it."""
+    import detaug.transforms as T
+    from converters.voc2coco import convert
+    from detaug.torch import DetectionLoader
+
+    bad = broken_voc(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)  # nothing to say when built: the loader says it
+        source = VocSource(tmp_path)
+    assert len(source) == 6
+    coco_ids = {i["file_name"]: i["id"] for i in convert(tmp_path).coco["images"]}
+    ids = {Path(s.image).name: s.image_id for s in source.samples}
+    assert {name: ids[name] for name in coco_ids} == coco_ids  # the converted images: voc2coco's ids
+    assert ids["000002.jpg"] == 5 and ids["000003.jpg"] == 6  # the kept ones: after them
+    assert source.samples[2].size == (48, 64) and len(source.samples[2].boxes) >= 1  # in the <size> frame
+    loader = DetectionLoader(source, T.Compose([T.Resize((32, 32))]), 4, device="cpu", num_threads=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = [targets for _, targets in loader]
+    loader.close()
+    assert [len(t) for t in batches] == [4, 2]  # replaced by the next readable sample
+    assert 5 not in [t["image_id"] for b in batches for t in b] and 6 not in [t["image_id"] for b in batches for t in b]
+    skipped = {s["file"]: s for s in loader.skipped}
+    assert len(loader.skipped) == 2 and set(skipped) == {str(p) for p in bad.values()}
+    assert skipped[str(bad["missing"])]["image_id"] == 5 and "No such file" in skipped[str(bad["missing"])]["reason"]
+    assert skipped[str(bad["empty"])]["image_id"] == 6 and "empty" in skipped[str(bad["empty"])]["reason"]
+    messages = [str(w.message) for w in caught if issubclass(w.category, DataWarning)]
+    assert any(str(bad["missing"]) in m and "image_id 5" in m for m in messages)
+    assert any(str(bad["empty"]) in m and "image_id 6" in m for m in messages)
+
+
+def test_voc_source_with_verify_images_leaves_them_out_and_says_so(tmp_path):
+    bad = broken_voc(tmp_path)
+    with pytest.warns(DataWarning, match=r"left out 2 images \(1 empty file, 1 image file not found; e\.g\. .*000002"):
+        source = VocSource(tmp_path, verify_images=True)
+    assert len(source) == 4 and str(bad["missing"]) not in [s.image for s in source.samples]
+
+
+def test_voc_source_counts_and_warns_the_boxes_the_converter_repaired(tmp_path):
+    """Boxes the converter clipped, or left out for having no area, are repairs of the source's
+    report (file, image id, object), said once when it is built (issue 38: not warned)."""
+    write_voc(tmp_path, [("cat", (5, 5, 20, 20)), ("dog", (10, 10, 90, 30)), ("dog", (70, 5, 80, 9)),
+                         ("cat", (7, 7, 6, 9))], size=(40, 60))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        source = VocSource(tmp_path)
+    messages = [str(w.message) for w in caught if issubclass(w.category, DataWarning)]
+    assert len(messages) == 1, messages
+    assert "1 box clipped to the image" in messages[0] and "1 box outside the image dropped" in messages[0]
+    assert "1 empty box dropped" in messages[0]
+    assert source.report.repairs == {v.BOX_CLIPPED: 1, v.BOX_OUTSIDE: 1, v.EMPTY_BOX: 1}
+    clipped = source.report.examples[v.BOX_CLIPPED][0]
+    assert clipped.image_id == 1 and clipped.file.endswith("img1.jpg") and "object 2" in clipped.detail
+    assert len(source.samples[0].boxes) == 2 and source.samples[0].boxes[1].tolist() == [9, 9, 60, 30]
+
+
+def test_voc_source_warns_what_the_conversion_left_out(tmp_path):
+    """An XML that does not parse and objects whose label is not in ``labels`` are not silent."""
+    write_voc(tmp_path, [("cat", (5, 5, 20, 20)), ("dog", (10, 10, 30, 30))])
+    (tmp_path / "Annotations" / "img2.xml").write_text("<annotation><object>")
+    with pytest.warns(DataWarning) as caught:
+        source = VocSource(tmp_path, labels=["cat"])
+    message = " ".join(str(w.message) for w in caught)
+    assert "left out 1 image (1 malformed XML; e.g. " in message and "img2.xml" in message
+    assert "1 object (1 label not in the labels list; e.g. " in message and "'dog'" in message
+    assert len(source) == 1 and source.samples[0].labels.tolist() == [1]

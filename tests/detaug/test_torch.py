@@ -101,7 +101,7 @@ def test_outputs_follow_torchvision_conventions(samples):
     assert images.shape == (4, 3, 48, 64) and images.dtype == torch.float32 and images.device.type == "cpu"
     assert images.mean().abs() < 3  # normalised, not 0..255
     for t in targets:
-        assert set(t) == {"boxes", "labels", "image_id"}
+        assert set(t) == {"boxes", "labels", "image_id", "area"}  # fields="all": area for every source
         assert t["boxes"].dtype == torch.float32 and t["boxes"].shape[1] == 4
         assert t["labels"].dtype == torch.int64 and len(t["labels"]) == len(t["boxes"])
         assert isinstance(t["image_id"], int)
