@@ -278,11 +278,12 @@ class TrainReport:
         if model:
             lines.append(f"model: {model}")
         for b in self.batch_sizes:
-            lines += ["", f"batch {b}" + (" per GPU" if self.world_size > 1 else "") + ":"]
+            per = " per GPU" if gpu else " per rank"
+            lines += ["", f"batch {b}" + (per if self.world_size > 1 else "") + ":"]
             lines += self._table([r for r in self.results if r.batch_size == b])
         lines += [
             "",
-            "img/s" + (" per GPU (the ranks' mean) and total" if self.world_size > 1 else "")
+            "img/s" + (f" per {'GPU' if gpu else 'rank'} (the ranks' mean) and total" if self.world_size > 1 else "")
             + "; vs ceiling: over its ceiling row (the Sequence: the Keras one); data wait: time blocked in "
             "next() (seq[i]) over the timed time; CPU cores: CPU time of the process and its children over the "
             "timed time" + ("; GPU MiB: peak device-wide memory above the row's start" if gpu else "") + ".",
@@ -675,6 +676,7 @@ def run_train_bench(
     from detaug.bench.harness import default_threads, default_workers
     from detaug.bench.runner import DEFAULTS, _environment
 
+    started = torch.distributed.is_available() and torch.distributed.is_initialized()
     ctx = distributed_context(device)
     if ctx.rank != 0:
         log, progress = (lambda msg: None), False
@@ -699,6 +701,8 @@ def run_train_bench(
                          steps=steps, only=only, log=log)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if ctx.world > 1 and not started:  # the group this call started
+            torch.distributed.destroy_process_group()
 
 
 def run_train(
