@@ -16,7 +16,7 @@ channels last, SGD. Rows (:data:`TRAIN_ROWS`, ``--only`` names):
   :func:`~detaug.bench.train_model.keras_dense_detector`) in ``model.fit`` on one cached batch, and
   on ``DetectionSequence`` (Keras' own data path, ``shuffle=False``);
 * ``torchvision``: torchvision.transforms.v2 in a DataLoader (:mod:`detaug.bench.peers`), run
-  first (its workers fork before DALI starts threads).
+  first (its workers fork before DALI starts threads), at most :data:`PEER_STEPS` timed steps.
 
 The step is what a torchvision user writes (:func:`train_step`): ``images, targets = next(it)``,
 each target's tensors ``.to(device, non_blocking=True)`` (nothing when they are there already),
@@ -74,6 +74,9 @@ __all__ = [
 
 #: Input side of the training rows.
 TRAIN_SIZE = 320
+#: Timed steps of the torchvision row at most: it runs at a few percent of the ceiling (221 img/s
+#: against 4,753 on an H100, issue 37), where 600 steps of 256 images would take 12 minutes.
+PEER_STEPS = 100
 RowKind = Literal["ceiling", "iterator", "keras-ceiling", "keras", "peer"]
 
 
@@ -120,7 +123,8 @@ TRAIN_ROWS: tuple[TrainRow, ...] = (
     TrainRow("sequence", "detaug Keras Sequence in fit", "keras",
              "model.fit(DetectionSequence, shuffle=False), the sequence's defaults", ceiling="keras-ceiling"),
     TrainRow("torchvision", "torchvision.transforms.v2, DataLoader", "peer",
-             "DataLoader workers = CPUs of the rank; pinned images, targets moved per sample"),
+             f"DataLoader workers = CPUs of the rank; pinned images, targets moved per sample; "
+             f"at most {PEER_STEPS} timed steps"),
 )
 TRAIN_ROW_NAMES = tuple(row.name for row in TRAIN_ROWS)
 #: Run order: the DataLoader peer first (its workers fork before DALI starts threads here).
@@ -840,5 +844,5 @@ def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
     if row.name == "torchvision":
         workers = max(1, settings.workers // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         batches = peers.iter_torchvision(dataset, replace(settings, workers=workers, seed=settings.seed + ctx.rank))
-        return _time_torch(batches, ctx, warmup, steps, settings.seed)
+        return _time_torch(batches, ctx, warmup, min(steps, PEER_STEPS), settings.seed)
     raise ValueError(f"unknown training row {row.name!r}")

@@ -255,3 +255,46 @@ def test_train_checks_hold_on_a_gpu_run_only():
     for check in by_name["cpu"].values():
         assert check.passed is None
         assert check.value is None or check.line().endswith("n/a on the CPU")
+
+
+def test_steps_need_train(capsys):
+    from detaug import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "--device", "cpu", "--steps", "3", "--only", "decode"])
+    assert stop.value.code == 2 and "--steps" in capsys.readouterr().err
+
+
+def test_train_rows_under_torchrun_with_ddp(coco_folder, tmp_path):
+    """Two ranks on the CPU (gloo): each rank trains its own shard with DDP; rank 0 alone prints
+    and writes, img/s per rank (the mean) and in all (the sum), every rank's figures kept."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ddp.json"
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+         f"--master_port={port}", "-m", "detaug.cli", "bench", "--train", "--device", "cpu", "--quiet",
+         "--data", str(coco_folder), "--only", "ceiling,detaug,sequence", "--batch-sizes", "2", "--warmup", "1",
+         "--steps", "1", "--size", "64", "--threads", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, check=False, env=env, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("detaug bench --train:") == 1 and "DDP, 2 ranks" in done.stdout
+    results = json.loads(out.read_text(encoding="utf-8"))
+    assert results["settings"]["world_size"] == 2
+    rows = {r["variant"]: r for r in results["train"]["rows"]}
+    for name in ("ceiling", "detaug"):
+        row = rows[name]
+        assert row["status"] == "ok" and row["world_size"] == 2 and len(row["ranks"]) == 2, row
+        assert row["total_img_per_s"] == pytest.approx(sum(r["img_per_s"] for r in row["ranks"]))
+        assert row["img_per_s"] == pytest.approx(row["total_img_per_s"] / 2)
+        assert row["images"] == 4  # one step of 2 images on each rank
+    assert rows["sequence"]["status"] == "unavailable" and "torchrun" in rows["sequence"]["message"]
