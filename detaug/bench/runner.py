@@ -13,7 +13,8 @@ Variants of the default recipe (``--only`` names):
   best of a small sweep of decoder settings (:mod:`detaug.bench.decode`), its settings recorded;
 * ``detaug``: ``detaug.torch.DetectionLoader`` (the PyTorch iterator) on a ``CocoSource``;
 * ``detaug-list``: the same loader on the same JSON as a sample list;
-* ``detaug-cpu``: the loader with ``device="cpu"`` (on every run: what a laptop gets);
+* ``detaug-cpu``: the loader with ``device="cpu"`` (on a GPU run too: what a laptop gets; in a CPU
+  run it is the ``detaug`` row, :func:`same_row`);
 * ``sequence``: ``detaug.keras.DetectionSequence`` as ``model.fit(seq, shuffle=False)`` reads it
   (docs/keras.md): Keras' ``PyDatasetAdapter``, batches in order, the sequence's defaults (on a
   GPU with Keras' torch backend its images are torch tensors on the GPU);
@@ -903,6 +904,14 @@ def run_bench(
     device = pick_bench_device(device)
     if train:
         from detaug.bench.train import run_train_bench
+
+        ignored = [flag for flag, given in (
+            ("--recipes", recipes is not None and list(_recipes(recipes)) != ["default"]), ("--images", images),
+            ("--peer-images", peer_images), ("--rounds", rounds != 1), ("--scaling", scaling),
+            ("--megapixels", megapixels), ("--scaling-batch-sizes", scaling_batch_sizes)) if given]
+        if ignored:
+            raise ValueError(f"{', '.join(ignored)}: not for --train (its rows: the default recipe, --warmup and "
+                             "--steps steps)")
 
         return run_train_bench(
             data=data, images_dir=images_dir, repeat_to=repeat_to, num_images=num_images, cache_dir=cache_dir,

@@ -153,6 +153,15 @@ TRAIN_CHECKS: tuple[TrainCheck, ...] = (
 )
 
 
+def selected_rows(only: Sequence[str] | None) -> set[str]:
+    """The row names ``only`` selects (``None``: all); ``ValueError`` for an unknown one."""
+    selected = set(TRAIN_ROW_NAMES) if only is None else {n.strip() for n in only if n.strip()}
+    unknown = selected - set(TRAIN_ROW_NAMES)
+    if unknown or not selected:
+        raise ValueError(f"unknown training row(s) {sorted(unknown)}; choose from {', '.join(TRAIN_ROW_NAMES)}")
+    return selected
+
+
 def loader_takes_target_format() -> bool:
     """Whether ``DetectionLoader`` takes ``target_format`` (the batched targets' form)."""
     try:
@@ -680,6 +689,7 @@ def run_train_bench(
     from detaug.bench.harness import default_threads, default_workers
     from detaug.bench.runner import DEFAULTS, _environment
 
+    selected_rows(only)  # said before any work
     started = torch.distributed.is_available() and torch.distributed.is_initialized()
     ctx = distributed_context(device)
     if ctx.rank != 0:
@@ -733,10 +743,7 @@ def run_train(
             raise ValueError(f"{name} should be an int >= {low}, got {value!r}")
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
         raise ValueError(f"batch sizes should be positive ints, got {list(sizes)}")
-    selected = set(TRAIN_ROW_NAMES) if only is None else {n.strip() for n in only if n.strip()}
-    unknown = selected - set(TRAIN_ROW_NAMES)
-    if unknown or not selected:
-        raise ValueError(f"unknown training row(s) {sorted(unknown)}; choose from {', '.join(TRAIN_ROW_NAMES)}")
+    selected = selected_rows(only)
     rows = {row.name: row for row in TRAIN_ROWS}
     results: list[TrainResult] = []
     for b in sizes:

@@ -298,3 +298,15 @@ def test_train_rows_under_torchrun_with_ddp(coco_folder, tmp_path):
         assert row["img_per_s"] == pytest.approx(row["total_img_per_s"] / 2)
         assert row["images"] == 4  # one step of 2 images on each rank
     assert rows["sequence"]["status"] == "unavailable" and "torchrun" in rows["sequence"]["message"]
+
+
+def test_options_of_the_rows_timed_alone_are_refused_with_train(capsys):
+    from detaug import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "--train", "--device", "cpu", "--recipes", "yolo", "--images", "8"])
+    assert stop.value.code == 2
+    assert "--recipes, --images: not for --train" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--train", "--device", "cpu", "--only", "decode"])
+    assert "unknown training row(s) ['decode']" in capsys.readouterr().err
