@@ -1523,13 +1523,17 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
                         help=f"megapixels of --scaling (default {','.join(f'{m:g}' for m in DEFAULT_MEGAPIXELS)})")
     parser.add_argument("--scaling-batch-sizes", type=_int_list, metavar="B1,B2",
                         help=f"batch sizes of --scaling (default {','.join(map(str, DEFAULT_SCALING_BATCHES))})")
+    from detaug.bench.train import TRAIN_DEFAULTS, TRAIN_ROW_NAMES, TRAIN_SIZE
+
+    tg, tc = TRAIN_DEFAULTS["gpu"], TRAIN_DEFAULTS["cpu"]
     parser.add_argument(
         "--train", action="store_true",
-        help="instead: time a fast detector's training loop (ResNet-18 trunk, 1x1 head, 320x320) fed by each "
-        "loader, against the same steps on one cached batch (img/s, ratio, data wait, CPU cores, GPU memory); "
-        "--warmup / --steps its steps (default 20 / 600 on a GPU, 1 / 2 on the CPU), --only its rows "
-        "(ceiling,detaug,detaug-list,detaug-padded,keras-ceiling,sequence,torchvision); per rank with DDP "
-        "under torchrun",
+        help=f"instead: time a fast detector's training loop (ResNet-18 trunk, 1x1 head, {TRAIN_SIZE}x{TRAIN_SIZE}) "
+        "fed by each loader, against the same steps on one cached batch (img/s, ratio, data wait, CPU cores, GPU "
+        f"memory); --warmup / --steps its steps (default {tg.warmup} / {tg.steps} on a GPU at batch "
+        f"{','.join(map(str, tg.batch_sizes))}, {tc.warmup} / {tc.steps} on the CPU at batch "
+        f"{','.join(map(str, tc.batch_sizes))}), --only its rows ({','.join(TRAIN_ROW_NAMES)}); per rank with "
+        "DDP under torchrun",
     )
     parser.add_argument("--steps", type=positive_int, help="timed training steps of --train")
     parser.add_argument("--json", type=Path, dest="json_path", help="also write the results as JSON here")
