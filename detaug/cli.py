@@ -373,7 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     from detaug.shards import add_shards_parser
 
     add_shards_parser(sub, parents=[common])
-    sub.add_parser("bench", help="benchmark: the decode limit, raw DALI, the loaders and the peers; --startup: start-up time (see `detaug bench --help`)",
+    sub.add_parser("bench", help="benchmark: the decode limit, raw DALI, the loaders and the peers; --train: a detector's training "
+                   "loop fed by each; --startup: start-up time (see `detaug bench --help`)",
                    add_help=False)
     return parser
 

@@ -15,6 +15,9 @@ targets (GPU run):
 * detaug / best CPU peer >= 25; detaug / torchvision v2 on the GPU >= 100;
 * detaug on the CPU / albumentations, per core >= 1.
 
+``detaug bench --train`` (:mod:`detaug.bench.train`) times a fast detector's training loop fed by
+each loader instead, against the same steps on one cached batch.
+
 Use ``detaug bench --help`` (or ``python -m detaug.bench``), or :func:`run_bench` from Python.
 """
 

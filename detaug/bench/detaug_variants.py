@@ -28,9 +28,11 @@ __all__ = [
 ]
 
 
-def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: bool = False) -> Iterator[tuple]:
+def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: bool = False,
+                **loader_args) -> Iterator[tuple]:
     """The ``detaug`` variant: ``DetectionLoader`` batches, epoch after epoch, on a ``CocoSource``
-    or, with ``sample_list``, on a ``SampleListSource`` of the same samples (file paths)."""
+    or, with ``sample_list``, on a ``SampleListSource`` of the same samples (file paths);
+    ``loader_args`` go to the loader as they are (the training rows' ``target_format``)."""
     try:
         from detaug.sources import CocoSource
         from detaug.torch import DetectionLoader
@@ -55,6 +57,7 @@ def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: 
         num_threads=settings.adapter_threads,  # None: the loader's default
         seed=settings.seed,
         shuffle=True,
+        **loader_args,
     )
     try:
         while True:

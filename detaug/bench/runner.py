@@ -13,7 +13,8 @@ Variants of the default recipe (``--only`` names):
   best of a small sweep of decoder settings (:mod:`detaug.bench.decode`), its settings recorded;
 * ``detaug``: ``detaug.torch.DetectionLoader`` (the PyTorch iterator) on a ``CocoSource``;
 * ``detaug-list``: the same loader on the same JSON as a sample list;
-* ``detaug-cpu``: the loader with ``device="cpu"`` (on every run: what a laptop gets);
+* ``detaug-cpu``: the loader with ``device="cpu"`` (on a GPU run too: what a laptop gets; in a CPU
+  run it is the ``detaug`` row, :func:`same_row`);
 * ``sequence``: ``detaug.keras.DetectionSequence`` as ``model.fit(seq, shuffle=False)`` reads it
   (docs/keras.md): Keras' ``PyDatasetAdapter``, batches in order, the sequence's defaults (on a
   GPU with Keras' torch backend its images are torch tensors on the GPU);
@@ -61,7 +62,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from detaug.bench.dataset import (
     BenchDataset,
@@ -82,6 +83,9 @@ from detaug.bench.harness import (
 )
 from detaug.bench.peers import ALBUMENTATIONS_CROP_NOTE, ALBUMENTATIONS_MOSAIC_NOTE, PEERS_PIP
 from detaug.bench.recipe import DEFAULT_SIZES, RECIPE_TITLES, RECIPES, peer_recipe, source_images_per_sample
+
+if TYPE_CHECKING:
+    from detaug.bench.train import TrainReport
 
 __all__ = [
     "CHECKS",
@@ -185,7 +189,8 @@ VARIANTS: tuple[Variant, ...] = (
         "detaug",
         "detaug.bench.detaug_variants:iter_detaug",
         note="CocoSource (the JSON parsed once, then indexed); planning in worker processes",
-        cpu_note="CocoSource (the JSON parsed once, then indexed); planning in the main process",
+        cpu_note="CocoSource (the JSON parsed once, then indexed); planning in the main process "
+                 "(in a CPU run also the detaug-cpu row)",
     ),
     Variant(
         "detaug-list",
@@ -253,7 +258,8 @@ YOLO_VARIANTS: tuple[Variant, ...] = (
         "detaug",
         "detaug.bench.detaug_variants:iter_detaug",
         note="yolo_recipe on a CocoSource, partners from it; planning in worker processes",
-        cpu_note="yolo_recipe on a CocoSource, partners from it; planning in the main process",
+        cpu_note="yolo_recipe on a CocoSource, partners from it; planning in the main process "
+                 "(in a CPU run also the detaug-cpu row)",
         recipe="yolo",
     ),
     Variant(
@@ -426,9 +432,11 @@ class Check:
     per_core: bool = False
     recipes: tuple[str, str] = ("default", "default")
     memory_mib: bool = False  # instead: the numerator row's peak GPU memory (MiB) <= target
+    gpu_only: bool = True  # a target of a GPU run: a CPU run prints its value and "n/a", never FAIL
 
 
-#: The targets of a GPU run (issue 16); a CPU run prints them as well, for what they are worth.
+#: The targets of a GPU run (issue 16); a CPU run prints their values with "n/a" (``gpu_only``),
+#: all but the per-core one, whose two rows run on the CPU in every run.
 CHECKS: tuple[Check, ...] = (
     Check("detaug (COCO reader) / decode limit", "detaug", "decode", 0.85),
     Check("detaug (sample list) / decode limit", "detaug-list", "decode", 0.85),
@@ -437,7 +445,8 @@ CHECKS: tuple[Check, ...] = (
     Check("detaug (COCO reader) / best CPU peer", "detaug", "cpu-peer", 25.0),
     Check("detaug (sample list) / best CPU peer", "detaug-list", "cpu-peer", 25.0),
     Check("detaug (COCO reader) / torchvision v2 on the GPU", "detaug", "torchvision-gpu", 100.0),
-    Check("detaug on the CPU / albumentations, per core", "detaug-cpu", "albumentations", 1.0, per_core=True),
+    Check("detaug on the CPU / albumentations, per core", "detaug-cpu", "albumentations", 1.0, per_core=True,
+          gpu_only=False),
     Check("Sequence in fit: peak GPU memory, MiB (no model)", "sequence", "", 4096.0, memory_mib=True),
 )
 #: The targets of the YOLO-style recipe (issue 11), evaluated when ``--recipes`` has ``yolo``.
@@ -468,14 +477,18 @@ def checks_for(recipes: Sequence[str], device: str = "gpu") -> tuple[Check, ...]
 
 @dataclass
 class CheckResult:
+    """A check's value; ``applies=False`` where the target is not this run's (a GPU target in a
+    CPU run): the value is shown, ``passed`` is ``None`` and the line says "n/a"."""
+
     check: Check
     value: float | None
     reason: str = ""
     batch_size: int | None = None
+    applies: bool = True
 
     @property
     def passed(self) -> bool | None:
-        if self.value is None:
+        if self.value is None or not self.applies:
             return None
         return self.value <= self.check.target if self.check.memory_mib else self.value >= self.check.target
 
@@ -484,7 +497,7 @@ class CheckResult:
         bound = f"target {'<=' if c.memory_mib else '>='} {c.target:g}"
         if self.value is None:
             return f"{c.name}: n/a ({self.reason}) ({bound})"
-        verdict = "PASS" if self.passed else "FAIL"
+        verdict = "PASS" if self.passed else "FAIL" if self.applies else "n/a on the CPU"
         return f"{c.name} = {self.value:,.0f} ({bound}): {verdict}" if c.memory_mib else \
             f"{c.name} = {self.value:.2f} ({bound}): {verdict}"
 
@@ -501,6 +514,7 @@ class CheckResult:
             "value": self.value,
             "target": self.check.target,
             "passed": self.passed,
+            "applies": self.applies,
             "reason": self.reason,
         }
 
@@ -529,8 +543,13 @@ class BenchReport:
     rounds: int = 1
 
     def result(self, name: str, recipe: str = "default") -> VariantResult | None:
-        """The row of variant ``name`` in ``recipe`` (the decode limit, shared, in any)."""
-        return next((r for r in self.results if r.variant.name == name and r.recipe in (recipe, None)), None)
+        """The row of variant ``name`` in ``recipe`` (the decode limit, shared, in any); in a CPU
+        run ``detaug-cpu`` is the ``detaug`` row (:func:`same_row`)."""
+        for wanted in dict.fromkeys((name, same_row(name, self.settings.device))):
+            row = next((r for r in self.results if r.variant.name == wanted and r.recipe in (recipe, None)), None)
+            if row is not None:
+                return row
+        return None
 
     def size_of(self, recipe: str) -> int:
         return self.sizes.get(recipe, self.settings.size)
@@ -833,7 +852,9 @@ def run_bench(
     scaling_batch_sizes: Sequence[int] | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
-) -> BenchReport:
+    train: bool = False,
+    steps: int | None = None,
+) -> BenchReport | TrainReport:
     """Run the selected variants on one dataset at each batch size and return the report.
 
     Every ``None`` takes the default of the device (:data:`DEFAULTS`) or of the machine.
@@ -872,12 +893,34 @@ def run_bench(
         scaling: add the megapixel rows (``megapixels``, default 0.3, 1, 4, 12) and batch rows
             (``scaling_batch_sizes``, default 8, 32, 128, 256) for :data:`SCALING_VARIANTS`.
         log: progress messages (default: stderr).
+        train: time a detector's training loop on each loader instead
+            (:func:`detaug.bench.train.run_train_bench`: a :class:`~detaug.bench.train.TrainReport`;
+            ``warmup`` and ``steps`` are its steps, ``only`` its rows, ``size`` its input side).
 
     Raises:
         ValueError: bad arguments or dataset, or ``device="gpu"`` without CUDA.
     """
     log = log if log is not None else (lambda msg: print(msg, file=sys.stderr, flush=True))
     device = pick_bench_device(device)
+    if train:
+        from detaug.bench.train import run_train_bench
+
+        ignored = [flag for flag, given in (
+            ("--recipes", recipes is not None and list(_recipes(recipes)) != ["default"]), ("--images", images),
+            ("--peer-images", peer_images), ("--rounds", rounds != 1), ("--scaling", scaling),
+            ("--megapixels", megapixels), ("--scaling-batch-sizes", scaling_batch_sizes)) if given]
+        if ignored:
+            raise ValueError(f"{', '.join(ignored)}: not for --train (its rows: the default recipe, --warmup and "
+                             "--steps steps)")
+
+        return run_train_bench(
+            data=data, images_dir=images_dir, repeat_to=repeat_to, num_images=num_images, cache_dir=cache_dir,
+            device=device, batch_sizes=_batch_sizes(batch_size, batch_sizes, DEFAULTS[device]) if (
+                batch_size is not None or batch_sizes is not None) else None,
+            workers=workers, threads=threads, size=size, seed=seed, only=only, warmup=warmup, steps=steps,
+            progress=progress, log=log)
+    if steps is not None:
+        raise ValueError("--steps is a number of training steps: give it with --train")
     defaults = DEFAULTS[device]
     sizes = _batch_sizes(batch_size, batch_sizes, defaults)
     recipes = _recipes(recipes)
@@ -894,7 +937,7 @@ def run_bench(
         seed=seed,
     )
     selected = _select(only)
-    planned = _planned(selected, recipes)
+    planned = _planned(selected, recipes, device)
     if not planned:
         raise ValueError(f"--only {','.join(sorted(selected))}: none of them runs the recipes {','.join(recipes)}")
     if images is not None and (isinstance(images, bool) or not isinstance(images, int) or images < 1):
@@ -997,9 +1040,18 @@ def _recipes(recipes: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(n for n in RECIPES if n in names)
 
 
-def _planned(selected: set[str], recipes: Sequence[str]) -> list[Variant]:
+def same_row(name: str, device: str) -> str:
+    """The variant whose row measures ``name`` in a run on ``device``: in a CPU run ``detaug-cpu``
+    is ``detaug`` (the same ``DetectionLoader(CocoSource, device="cpu")``, one row for both);
+    else ``name``."""
+    return "detaug" if name == "detaug-cpu" and device == "cpu" else name
+
+
+def _planned(selected: set[str], recipes: Sequence[str], device: str = "gpu") -> list[Variant]:
     """The variants to run, in :data:`RUN_ORDER` (peers first), each recipe's after the other's:
-    the selected names among the variants of ``recipes``, the decode limit once for all."""
+    the selected names among the variants of ``recipes``, the decode limit once for all; no
+    two that measure the same loader on ``device`` (:func:`same_row`)."""
+    selected = {same_row(name, device) for name in selected}
     chosen = [v for v in _all_variants() if v.name in selected and (v.recipe is None or v.recipe in recipes)]
     rank = {name: k for k, name in enumerate(RUN_ORDER)}
     return sorted(chosen, key=lambda v: (rank[v.name], RECIPES.index(v.recipe or "default")))
@@ -1238,6 +1290,14 @@ def _best_cpu_peer(results: list[VariantResult], recipe: str = "default") -> flo
 
 
 def _evaluate(check: Check, report: BenchReport) -> CheckResult:
+    """``check`` on ``report``'s rows; a GPU target (``check.gpu_only``) in a CPU run keeps its
+    value but does not apply (its line says "n/a", ``--check`` ignores it)."""
+    result = _check_value(check, report)
+    result.applies = not check.gpu_only or report.settings.device == "gpu"
+    return result
+
+
+def _check_value(check: Check, report: BenchReport) -> CheckResult:
     batch = report.settings.batch_size
     top_recipe, bottom_recipe = check.recipes
     top = report.result(check.numerator, top_recipe)
@@ -1463,6 +1523,19 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
                         help=f"megapixels of --scaling (default {','.join(f'{m:g}' for m in DEFAULT_MEGAPIXELS)})")
     parser.add_argument("--scaling-batch-sizes", type=_int_list, metavar="B1,B2",
                         help=f"batch sizes of --scaling (default {','.join(map(str, DEFAULT_SCALING_BATCHES))})")
+    from detaug.bench.train import TRAIN_DEFAULTS, TRAIN_ROW_NAMES, TRAIN_SIZE
+
+    tg, tc = TRAIN_DEFAULTS["gpu"], TRAIN_DEFAULTS["cpu"]
+    parser.add_argument(
+        "--train", action="store_true",
+        help=f"instead: time a fast detector's training loop (ResNet-18 trunk, 1x1 head, {TRAIN_SIZE}x{TRAIN_SIZE}) "
+        "fed by each loader, against the same steps on one cached batch (img/s, ratio, data wait, CPU cores, GPU "
+        f"memory); --warmup / --steps its steps (default {tg.warmup} / {tg.steps} on a GPU at batch "
+        f"{','.join(map(str, tg.batch_sizes))}, {tc.warmup} / {tc.steps} on the CPU at batch "
+        f"{','.join(map(str, tc.batch_sizes))}), --only its rows ({','.join(TRAIN_ROW_NAMES)}); per rank with "
+        "DDP under torchrun",
+    )
+    parser.add_argument("--steps", type=positive_int, help="timed training steps of --train")
     parser.add_argument("--json", type=Path, dest="json_path", help="also write the results as JSON here")
     parser.add_argument("--check", action="store_true", help="exit with status 1 when a target check fails")
     parser.add_argument("--quiet", action="store_true", help="no progress messages")
@@ -1564,11 +1637,15 @@ def main(argv: Sequence[str] | None = None, *, debug: bool = False) -> int:
                 scaling_batch_sizes=args.scaling_batch_sizes,
                 progress=not args.quiet,
                 log=(lambda msg: None) if args.quiet else None,
+                train=args.train,
+                steps=args.steps,
             )
         except ValueError as exc:
             if debug:
                 traceback.print_exc()
             parser.error(str(exc).splitlines()[0])  # one line, exit status 2
+        if getattr(report, "rank", 0) != 0:  # under torchrun rank 0 prints and writes for all
+            return 0
         print(report.format(), flush=True)
         if args.json_path is not None:
             args.json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -433,7 +433,8 @@ def _check_figures(results: dict, batch_sizes: list[int]) -> None:
         rows = {r["variant"]: r for r in run["results"]}
         limit = rows["decode"]["img_per_s"]
         assert rows["decode"]["settings"] == run["decode"]["settings"]
-        assert rows["detaug-cpu"]["status"] == "ok"
+        assert rows["detaug"]["status"] == "ok"
+        assert "detaug-cpu" not in rows  # on the CPU the same loader as detaug: one row (issue 38, 9)
         assert rows["torchvision-gpu"]["status"] == "unavailable"
         for row in run["results"]:
             assert row["batch_size"] == run["batch_size"]
@@ -563,6 +564,66 @@ def test_per_core_check_and_ratios_of_a_made_up_run():
     assert result.value == pytest.approx((120 / 2) / (100 / 4)) and result.passed
 
 
+def _made_up_report(device: str) -> runner.BenchReport:
+    """Rows far below every GPU target; detaug 0.25x albumentations per core."""
+    def row(name, ips, cores=None):
+        m = Measurement(images=int(ips), batches=1, seconds=1.0, warmup_seconds=0.0)
+        return runner.VariantResult(_variant(name), "ok", measurement=m, batch_size=8, cpu_cores=cores)
+
+    names = [n for n in ("decode", "detaug", "detaug-list", "detaug-cpu", "sequence", "albumentations", "torchvision")
+             if device == "gpu" or n != "detaug-cpu"]
+    rates = {"decode": (1000, 2), "detaug": (100, 2), "detaug-list": (100, 2), "detaug-cpu": (100, 2),
+             "sequence": (10, None), "albumentations": (400, 2), "torchvision": (300, 2)}
+    results = [row(n, *rates[n]) for n in names]
+    runner._fill_ratios(results)
+    report = runner.BenchReport(BenchSettings(device=device, batch_size=8, workers=2, threads=2), None, {}, results)
+    report.checks = [runner._evaluate(c, report) for c in runner.checks_for(("default",), device)]
+    return report
+
+
+def test_a_cpu_run_prints_na_for_gpu_targets():
+    """Issue 38, item 9: a CPU run shows a GPU target's value with "n/a", never FAIL, and
+    ``--check`` ignores it; the per-core target, whose rows run on the CPU in every run, still
+    passes or fails. The same rows on a GPU run fail."""
+    cpu, gpu = _made_up_report("cpu"), _made_up_report("gpu")
+    cpu_checks = {c.check.name: c for c in cpu.checks}
+    gpu_checks = {c.check.name: c for c in gpu.checks}
+    for name, check in cpu_checks.items():
+        if check.check.gpu_only:
+            assert check.passed is None and check.applies is False and check.to_dict()["applies"] is False
+            assert "FAIL" not in check.line()
+            if check.value is not None:
+                assert check.line().endswith(": n/a on the CPU")
+        else:
+            assert check.passed is False and check.line().endswith(": FAIL")  # 0.25x per core
+    coco = "detaug (COCO reader) / decode limit"
+    assert cpu_checks[coco].value == pytest.approx(0.1) and cpu_checks[coco].line() == (
+        "detaug (COCO reader) / decode limit = 0.10 (target >= 0.85): n/a on the CPU")
+    assert gpu_checks[coco].passed is False and gpu_checks[coco].line().endswith(": FAIL")
+    assert all(c.passed is False for c in gpu.checks if c.value is not None)
+    assert [c.check.name for c in cpu.checks if not c.check.gpu_only] == [
+        "detaug on the CPU / albumentations, per core"]
+    # the CPU run's per-core check reads the detaug row, which is detaug-cpu there
+    assert cpu.result("detaug-cpu") is cpu.result("detaug") is not None
+    assert gpu.result("detaug-cpu").variant.name == "detaug-cpu"
+
+
+def test_a_cpu_run_has_no_two_rows_of_one_loader():
+    """Issue 38, item 9: in a CPU run ``detaug`` already is ``DetectionLoader(CocoSource,
+    device="cpu")``, what ``detaug-cpu`` runs: one row for both (``detaug``); a GPU run keeps both."""
+    def planned(device, only=runner.VARIANT_NAMES, recipes=("default", "yolo")):
+        return [(v.recipe, v.name) for v in runner._planned(set(only), recipes, device)]
+
+    cpu, gpu = planned("cpu"), planned("gpu")
+    assert ("default", "detaug-cpu") in gpu and ("yolo", "detaug-cpu") in gpu and ("default", "detaug") in gpu
+    assert [pair for pair in gpu if pair[1] != "detaug-cpu"] == cpu
+    assert ("default", "detaug") in cpu and ("yolo", "detaug") in cpu
+    assert planned("cpu", ["detaug-cpu"], ("default",)) == [("default", "detaug")]
+    labels = [(v.recipe, v.label) for v in runner._planned(set(runner.VARIANT_NAMES), ("default", "yolo"), "cpu")]
+    assert len(labels) == len(set(labels))
+    assert "also the detaug-cpu row" in _variant("detaug").note_for("cpu")
+
+
 def test_the_sequence_memory_check_passes_at_4_gib_and_needs_a_gpu_figure():
     """Issue 16: the Sequence in fit holds at most 4 GB of GPU memory: its row's peak above the
     start, in MiB; a CPU row has no figure and is n/a, not a pass."""
@@ -626,10 +687,11 @@ def test_yolo_recipe_beside_the_default_one(voc_folder, tmp_path, capsys):
     assert results["settings"]["recipes"] == ["default", "yolo"]
     assert results["settings"]["sizes"] == {"default": 128, "yolo": 128}
     rows = {(r["recipe"], r["variant"]): r for r in results["results"]}
-    assert set(rows) == {(None, "decode"), *(("default", n) for n in YOLO_ROWS[1:6]),
-                         *(("yolo", n) for n in ("detaug", "detaug-list", "detaug-cpu", "albumentations-mosaic"))}
+    # detaug-cpu is the detaug row in a CPU run (the same loader)
+    assert set(rows) == {(None, "decode"), *(("default", n) for n in YOLO_ROWS[1:6] if n != "detaug-cpu"),
+                         *(("yolo", n) for n in ("detaug", "detaug-list", "albumentations-mosaic"))}
     limit = rows[None, "decode"]["img_per_s"]
-    for name in ("detaug", "detaug-list", "detaug-cpu"):
+    for name in ("detaug", "detaug-list"):
         yolo, default = rows["yolo", name], rows["default", name]
         assert yolo["status"] == default["status"] == "ok", (yolo["message"], default["message"])
         assert yolo["size"] == 128 and yolo["images"] >= 8
@@ -656,7 +718,7 @@ def test_yolo_recipe_beside_the_default_one(voc_folder, tmp_path, capsys):
     assert (versus_default["numerator_recipe"], versus_default["denominator_recipe"], versus_default["target"]) == (
         "yolo", "default", 0.5)
     assert versus_default["value"] == pytest.approx(rows["yolo", "detaug"]["vs_default_recipe"])
-    assert versus_default["passed"] == (versus_default["value"] >= 0.5)
+    assert versus_default["passed"] is None and versus_default["applies"] is False  # a GPU target
     versus_peer = checks["YOLO recipe: detaug (COCO reader) / albumentations Mosaic"]
     assert versus_peer["target"] == 20.0 and versus_peer["denominator"] == "albumentations-mosaic"
     if mosaic["status"] == "ok":

@@ -1,0 +1,312 @@
+"""``detaug bench --train`` on the CPU: the model, the padding, the loss and the rows' plumbing
+(no figure is asserted: CPU timings say nothing about the GPU targets)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from detaug.bench import train
+from detaug.bench.train_model import (
+    MAX_BOXES,
+    RESNET18_TRUNK_PARAMS,
+    DenseDetector,
+    ResNet18Trunk,
+    detection_loss,
+    pad_targets,
+)
+
+
+def _params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+# ------------------------------------------------------------------------------------------
+# the model
+# ------------------------------------------------------------------------------------------
+
+
+def test_the_trunk_is_resnet18_without_its_classifier():
+    """11,689,512 parameters (torchvision's ``ResNet18_Weights`` ``num_params``) less the
+    classifier (512 x 1000 weights + 1000 biases)."""
+    assert RESNET18_TRUNK_PARAMS == 11_689_512 - (512 * 1000 + 1000) == 11_176_512
+    ours = ResNet18Trunk()
+    assert _params(ours) == RESNET18_TRUNK_PARAMS
+    assert ours(torch.zeros(1, 3, 320, 320)).shape == (1, 512, 10, 10)
+    model = DenseDetector(prefer_torchvision=False)
+    assert model.trunk_source == "detaug.bench"
+    assert _params(model) == RESNET18_TRUNK_PARAMS + 512 * 25 + 25  # the 1x1 head: 4 + 1 + 20 channels
+    assert model(torch.zeros(2, 3, 320, 320)).shape == (2, 25, 10, 10)
+
+
+def test_the_trunk_matches_torchvisions_where_it_imports():
+    torchvision = pytest.importorskip("torchvision", reason="torchvision does not import here")
+    reference = torchvision.models.resnet18(weights=None)
+    assert _params(reference) == 11_689_512
+    theirs = torch.nn.Sequential(*list(reference.children())[:-2])
+    shapes = lambda m: [tuple(p.shape) for p in m.parameters()]  # noqa: E731
+    assert shapes(theirs) == shapes(ResNet18Trunk())
+    assert DenseDetector().trunk_source == "torchvision"
+
+
+def test_the_keras_model_is_the_same_network():
+    if "keras" not in __import__("sys").modules:
+        os.environ.setdefault("KERAS_BACKEND", "torch")
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "torch":
+        pytest.skip(f"Keras runs on {keras.backend.backend()} in this process, the rows need torch")
+    from detaug.bench.train_model import keras_dense_detector
+
+    model = keras_dense_detector(64)
+    trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    assert trainable == RESNET18_TRUNK_PARAMS + 512 * 25 + 25
+    assert tuple(model.output.shape) == (None, 2, 2, 25)
+
+
+# ------------------------------------------------------------------------------------------
+# padding and loss
+# ------------------------------------------------------------------------------------------
+
+
+def _pad_reference(boxes: list[np.ndarray], labels: list[np.ndarray], rows: int) -> tuple[np.ndarray, np.ndarray]:
+    out_boxes = np.zeros((len(boxes), rows, 4), np.float32)
+    out_labels = np.full((len(boxes), rows), -1, np.int64)
+    for k, (b, lab) in enumerate(zip(boxes, labels)):
+        n = min(len(b), rows)
+        out_boxes[k, :n], out_labels[k, :n] = b[:n], lab[:n]
+    return out_boxes, out_labels
+
+
+@pytest.mark.parametrize("counts", [(3, 0, 70, 64), (0, 0), (1,), (65, 2)])
+def test_pad_targets_against_numpy(counts):
+    rng = np.random.default_rng(sum(counts))
+    boxes = [rng.uniform(0, 300, (n, 4)).astype(np.float32) for n in counts]
+    labels = [rng.integers(0, 90, n) for n in counts]
+    expected = _pad_reference(boxes, labels, MAX_BOXES)
+    targets = [{"boxes": torch.from_numpy(b), "labels": torch.from_numpy(lab), "image_id": k}
+               for k, (b, lab) in enumerate(zip(boxes, labels))]
+    got_boxes, got_labels = pad_targets(targets, "cpu")
+    assert got_boxes.dtype == torch.float32 and got_labels.dtype == torch.int64
+    np.testing.assert_array_equal(got_boxes.numpy(), expected[0])
+    np.testing.assert_array_equal(got_labels.numpy(), expected[1])
+    # the batched form ([B, M, 4], labels padded by -1, as target_format="padded" and Keras give it),
+    # with fewer rows than MAX_BOXES and with more
+    for rows in (max(counts), 80, 5):
+        padded_boxes, padded_labels = _pad_reference(boxes, labels, rows)
+        batched = {"boxes": torch.from_numpy(padded_boxes), "labels": torch.from_numpy(padded_labels).int(),
+                   "num_boxes": torch.tensor([min(n, rows) for n in counts])}
+        got_boxes, got_labels = pad_targets(batched, "cpu")
+        want = _pad_reference([b[:rows] for b in boxes], [lab[:rows] for lab in labels], MAX_BOXES)
+        np.testing.assert_array_equal(got_boxes.numpy(), want[0])
+        np.testing.assert_array_equal(got_labels.numpy(), want[1])
+        assert got_labels.dtype == torch.int64
+
+
+def _loss_reference(outputs: np.ndarray, boxes: np.ndarray, labels: np.ndarray, stride: int) -> float:
+    """The loss of :mod:`detaug.bench.train_model`, box by box in float64."""
+    b, ch, gh, gw = outputs.shape
+    c = ch - 5
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    box_sum = cls_sum = 0.0
+    count = 0
+    objectness = np.zeros((b, gh, gw))
+    for k in range(b):
+        for box, label in zip(boxes[k], labels[k]):
+            if label < 0:
+                continue
+            count += 1
+            col = int(min(max(np.floor((box[0] + box[2]) / 2 / stride), 0), gw - 1))
+            row = int(min(max(np.floor((box[1] + box[3]) / 2 / stride), 0), gh - 1))
+            objectness[k, row, col] = 1.0
+            cell = outputs[k, :, row, col].astype(np.float64)
+            scaled = np.array([box[0] / (gw * stride), box[1] / (gh * stride), box[2] / (gw * stride),
+                               box[3] / (gh * stride)])
+            box_sum += np.abs(sig(cell[:4]) - scaled).sum()
+            logits = cell[5:]
+            cls_sum += np.log(np.exp(logits - logits.max()).sum()) + logits.max() - logits[label % c]
+    x = outputs[:, 4].astype(np.float64)
+    bce = np.mean(np.maximum(x, 0) - x * objectness + np.log1p(np.exp(-np.abs(x))))
+    count = max(count, 1)
+    return box_sum / count + bce + cls_sum / count
+
+
+def test_detection_loss_against_numpy():
+    rng = np.random.default_rng(0)
+    outputs = rng.normal(size=(3, 25, 4, 5)).astype(np.float32)  # a 128 x 160 input
+    counts = (5, 0, 9)
+    boxes = [np.sort(rng.uniform(-10, 170, (n, 2, 2)), axis=1).reshape(n, 4)[:, [0, 2, 1, 3]].astype(np.float32)
+             for n in counts]  # some centres off the image: clamped to the border cells
+    labels = [rng.integers(0, 45, n) for n in counts]
+    padded = _pad_reference(boxes, labels, MAX_BOXES)
+    got = detection_loss(torch.from_numpy(outputs), torch.from_numpy(padded[0]), torch.from_numpy(padded[1]))
+    assert got.dtype == torch.float32 and got.ndim == 0
+    assert float(got) == pytest.approx(_loss_reference(outputs, *padded, 32), rel=1e-5)
+    # channels last gives the same; no box at all: objectness alone
+    last = torch.from_numpy(outputs).permute(0, 2, 3, 1).contiguous()
+    assert float(detection_loss(last, torch.from_numpy(padded[0]), torch.from_numpy(padded[1]),
+                                channels_last=True)) == pytest.approx(float(got), rel=1e-6)
+    none = torch.full((3, MAX_BOXES), -1)
+    x = outputs[:, 4].astype(np.float64)
+    assert float(detection_loss(torch.from_numpy(outputs), torch.zeros(3, MAX_BOXES, 4), none)) == pytest.approx(
+        np.mean(np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))), rel=1e-5)
+
+
+def test_a_train_step_moves_the_weights():
+    torch.manual_seed(0)
+    model = DenseDetector(prefer_torchvision=False).to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.head.weight.detach().clone()
+    targets = [{"boxes": torch.tensor([[4.0, 8.0, 40.0, 50.0]]), "labels": torch.tensor([7])},
+               {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64)}]
+    loss = train.train_step(model, optimizer, torch.randn(2, 3, 64, 64), targets, device=torch.device("cpu"),
+                            autocast=False)
+    assert math.isfinite(float(loss.detach())) and not torch.equal(before, model.head.weight)
+
+
+def test_process_tree_cpu_seconds_counts_this_process():
+    t = os.times()
+    own = t.user + t.system
+    assert train.process_tree_cpu_seconds() >= own - 0.05
+
+
+# ------------------------------------------------------------------------------------------
+# the rows and checks
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def coco_folder(tmp_path_factory):
+    from detaug.synthetic import write_coco_dataset
+
+    root = tmp_path_factory.mktemp("train_data")
+    write_coco_dataset(root, num_images=8, size=(160, 120), min_objects=1, max_objects=4, seed=0, progress=False)
+    return root
+
+
+ROW_FIELDS = {"variant", "label", "status", "batch_size", "img_per_s", "total_img_per_s", "vs_ceiling", "data_wait",
+              "cpu_cores", "gpu_peak_mib", "torch_peak_mib", "steps", "images", "world_size"}
+
+
+def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
+    """``detaug bench --train`` with tiny sizes: every row with its fields, the ceiling at 1x, the
+    others' ratios over it, the GPU targets "n/a" (never FAIL), ``--check`` passing."""
+    from detaug import cli
+
+    out = tmp_path / "train.json"
+    status = cli.main(["bench", "--train", "--device", "cpu", "--quiet", "--check", "--json", str(out),
+                       "--data", str(coco_folder), "--batch-sizes", "2", "--warmup", "1", "--steps", "2",
+                       "--size", "64", "--threads", "1", "--workers", "0"])
+    printed = capsys.readouterr().out
+    assert status == 0
+    results = json.loads(out.read_text(encoding="utf-8"))
+    assert results["mode"] == "train" and results["settings"]["steps"] == 2 and results["settings"]["size"] == 64
+    rows = {r["variant"]: r for r in results["train"]["rows"]}
+    assert set(rows) == set(train.TRAIN_ROW_NAMES)
+    for name in ("ceiling", "detaug", "detaug-list"):
+        row = rows[name]
+        assert ROW_FIELDS <= set(row) and row["status"] == "ok", row
+        assert row["batch_size"] == 2 and row["steps"] == 2 and row["images"] == 4
+        assert row["img_per_s"] == row["total_img_per_s"] > 0
+        assert 0.0 <= row["data_wait"] < 1.0 and row["cpu_cores"] > 0
+        assert row["gpu_peak_mib"] is None and row["torch_peak_mib"] is None
+        assert 0 < row["vs_ceiling"] < math.inf
+        assert row["vs_ceiling"] == pytest.approx(row["img_per_s"] / rows["ceiling"]["img_per_s"])
+    assert rows["ceiling"]["vs_ceiling"] == pytest.approx(1.0)
+    assert rows["detaug-padded"]["status"] == ("ok" if train.loader_takes_target_format() else "unavailable")
+    assert rows["torchvision"]["status"] in ("ok", "unavailable")
+    keras_ok = rows["keras-ceiling"]["status"] == "ok"
+    if keras_ok:  # Keras with its torch backend in this process
+        assert rows["sequence"]["status"] == "ok", rows["sequence"]["message"]
+        assert 0 < rows["sequence"]["vs_ceiling"] < math.inf and rows["sequence"]["images"] == 4
+    checks = results["train"]["checks"]
+    assert checks == results["checks"] and {c["variant"] for c in checks} >= {"detaug", "detaug-list"}
+    for check in checks:
+        assert check["applies"] is False and check["passed"] is None
+    assert "FAIL" not in printed and printed.count("n/a on the CPU") == sum(c["value"] is not None for c in checks)
+    assert "ceiling (one cached batch)" in printed and "data wait" in printed
+
+
+def test_train_checks_hold_on_a_gpu_run_only():
+    """The targets: iterators >= 0.9x the ceiling with data wait <= 5%, the Sequence >= 0.85x its
+    own ceiling; PASS / FAIL on a GPU run, "n/a" on a CPU run."""
+    rows = {row.name: row for row in train.TRAIN_ROWS}
+
+    def result(name, ratio, wait):
+        return train.TrainResult(rows[name], "ok", batch_size=64, img_per_s=1000.0 * ratio,
+                                 total_img_per_s=1000.0 * ratio, vs_ceiling=ratio, data_wait=wait)
+
+    results = [result("ceiling", 1.0, 0.0), result("detaug", 0.95, 0.02), result("detaug-list", 0.85, 0.2),
+               result("sequence", 0.8, 0.0)]
+    by_name = {}
+    for device in ("gpu", "cpu"):
+        by_name[device] = {c.name: train._evaluate(c, results, 64, device) for c in train.TRAIN_CHECKS}
+    gpu = by_name["gpu"]
+    assert gpu["training: detaug (COCO reader) / ceiling"].passed is True
+    assert gpu["training: detaug (COCO reader), data wait"].passed is True
+    assert gpu["training: detaug (sample list) / ceiling"].passed is False
+    assert gpu["training: detaug (sample list), data wait"].line().endswith("= 20.0% (target <= 5%): FAIL")
+    assert gpu["training: Keras Sequence in fit / Keras ceiling"].passed is False
+    assert gpu["training: detaug (padded targets) / ceiling"].value is None  # not run
+    for check in by_name["cpu"].values():
+        assert check.passed is None
+        assert check.value is None or check.line().endswith("n/a on the CPU")
+
+
+def test_steps_need_train(capsys):
+    from detaug import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "--device", "cpu", "--steps", "3", "--only", "decode"])
+    assert stop.value.code == 2 and "--steps" in capsys.readouterr().err
+
+
+def test_train_rows_under_torchrun_with_ddp(coco_folder, tmp_path):
+    """Two ranks on the CPU (gloo): each rank trains its own shard with DDP; rank 0 alone prints
+    and writes, img/s per rank (the mean) and in all (the sum), every rank's figures kept."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ddp.json"
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+         f"--master_port={port}", "-m", "detaug.cli", "bench", "--train", "--device", "cpu", "--quiet",
+         "--data", str(coco_folder), "--only", "ceiling,detaug,sequence", "--batch-sizes", "2", "--warmup", "1",
+         "--steps", "1", "--size", "64", "--threads", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, check=False, env=env, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("detaug bench --train:") == 1 and "DDP, 2 ranks" in done.stdout
+    results = json.loads(out.read_text(encoding="utf-8"))
+    assert results["settings"]["world_size"] == 2
+    rows = {r["variant"]: r for r in results["train"]["rows"]}
+    for name in ("ceiling", "detaug"):
+        row = rows[name]
+        assert row["status"] == "ok" and row["world_size"] == 2 and len(row["ranks"]) == 2, row
+        assert row["total_img_per_s"] == pytest.approx(sum(r["img_per_s"] for r in row["ranks"]))
+        assert row["img_per_s"] == pytest.approx(row["total_img_per_s"] / 2)
+        assert row["images"] == 4  # one step of 2 images on each rank
+    assert rows["sequence"]["status"] == "unavailable" and "torchrun" in rows["sequence"]["message"]
+
+
+def test_options_of_the_rows_timed_alone_are_refused_with_train(capsys):
+    from detaug import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "--train", "--device", "cpu", "--recipes", "yolo", "--images", "8"])
+    assert stop.value.code == 2
+    assert "--recipes, --images: not for --train" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--train", "--device", "cpu", "--only", "decode"])
+    assert "unknown training row(s) ['decode']" in capsys.readouterr().err
