@@ -109,9 +109,10 @@ class DetectionLoader:
             names (:func:`detaug.planning.select_fields`): ``"all"`` (default) every field of
             the source (a ``CocoSource``: ``iscrowd`` and ``area``, as torchvision's detection
             references name them; a ``VocSource``: ``iscrowd`` and ``difficult``; a sample
-            list: its ``fields``), ``"none"`` none (``{"boxes", "labels", "image_id"}`` only), or
-            a list of names (``"area"`` is available for any source). They follow their boxes
-            through every transform and filter; ``area`` is recomputed on the output boxes.
+            list: its ``fields``), then ``area`` for a source that has none (every source gives
+            it), ``"none"`` none (``{"boxes", "labels", "image_id"}`` only), or a list of names.
+            They follow their boxes through every transform and filter; ``area`` is recomputed
+            on the output boxes.
 
     Yields:
         ``images``: one tensor ``[B, 3, H, W]`` on the pipeline's device (float32 when the recipe
@@ -132,11 +133,12 @@ class DetectionLoader:
     batches an unbroken run would have yielded.
 
     Attributes:
-        skipped: ``{"image_id", "file", "reason"}`` of every image skipped so far (once per
-            time it was skipped: an image skipped in each of 3 epochs is listed 3 times).
+        skipped: ``{"image_id", "file", "reason"}`` of each image skipped, once per image and
+            epoch (an image skipped in each of 3 epochs is listed 3 times), however many batches
+            met it as a replacement candidate or a Mosaic/MixUp partner.
         repaired: ``{"image_id", "file", "reason", "count"}`` of boxes clipped to an image whose
-            size the annotation did not declare, found when it was read (likewise per reading);
-            the source's own repairs are in ``source.report``.
+            size the annotation did not declare, found when it was read (once per image and
+            epoch); the source's own repairs are in ``source.report``.
         class_names: ``list``, the name of each class index: ``class_names[label]``. Index 0 is
             ``"__background__"`` (unless, with ``label_map=None``, 0 is a category id), and with
             ``label_map=None`` an index that is no category id is ``None``. ``len(class_names)``

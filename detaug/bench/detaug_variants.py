@@ -32,7 +32,7 @@ def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: 
                 **loader_args) -> Iterator[tuple]:
     """The ``detaug`` variant: ``DetectionLoader`` batches, epoch after epoch, on a ``CocoSource``
     or, with ``sample_list``, on a ``SampleListSource`` of the same samples (file paths);
-    ``loader_args`` go to the loader as they are (the training rows' ``target_format``)."""
+    ``loader_args`` go to the loader as they are (the training rows' ``targets``)."""
     try:
         from detaug.sources import CocoSource
         from detaug.torch import DetectionLoader

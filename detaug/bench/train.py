@@ -11,7 +11,7 @@ channels last, SGD. Rows (:data:`TRAIN_ROWS`, ``--only`` names):
   iterator, its targets moved there once): what the model alone runs at;
 * ``detaug``, ``detaug-list``: the bench's iterators (``CocoSource``, sample list;
   :mod:`detaug.bench.detaug_variants`) with their defaults; ``detaug-padded``: ``detaug`` with
-  ``target_format="padded"`` (only where ``DetectionLoader`` takes ``target_format``);
+  ``targets="padded"``;
 * ``keras-ceiling``, ``sequence``: the same network in Keras (torch backend,
   :func:`~detaug.bench.train_model.keras_dense_detector`) in ``model.fit`` on one cached batch, and
   on ``DetectionSequence`` (Keras' own data path, ``shuffle=False``);
@@ -41,7 +41,6 @@ the ceiling with data wait <= 5% of the step time; the Sequence in fit >= 0.85x 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 import os
 import time
@@ -65,7 +64,6 @@ __all__ = [
     "TrainReport",
     "TrainResult",
     "TrainRow",
-    "loader_takes_target_format",
     "process_tree_cpu_seconds",
     "run_train",
     "run_train_bench",
@@ -116,8 +114,10 @@ TRAIN_ROWS: tuple[TrainRow, ...] = (
              "DetectionLoader(CocoSource), its defaults; targets moved per sample"),
     TrainRow("detaug-list", "detaug iterator, sample list", "iterator",
              "DetectionLoader(SampleListSource), its defaults; targets moved per sample"),
+    TrainRow("ceiling-padded", "ceiling, padded targets (one cached batch)", "ceiling",
+             "the same steps on one batch of padded targets kept on the device"),
     TrainRow("detaug-padded", "detaug iterator, padded targets", "iterator",
-             "DetectionLoader(CocoSource, target_format='padded'): [B, M, 4] boxes"),
+             "DetectionLoader(CocoSource, targets='padded'): [B, M, 4] boxes", ceiling="ceiling-padded"),
     TrainRow("keras-ceiling", "Keras ceiling (one cached batch)", "keras-ceiling",
              "the same network in Keras (torch backend) in fit on one cached batch", ceiling="keras-ceiling"),
     TrainRow("sequence", "detaug Keras Sequence in fit", "keras",
@@ -128,7 +128,8 @@ TRAIN_ROWS: tuple[TrainRow, ...] = (
 )
 TRAIN_ROW_NAMES = tuple(row.name for row in TRAIN_ROWS)
 #: Run order: the DataLoader peer first (its workers fork before DALI starts threads here).
-TRAIN_RUN_ORDER = ("torchvision", "ceiling", "detaug", "detaug-list", "detaug-padded", "keras-ceiling", "sequence")
+TRAIN_RUN_ORDER = ("torchvision", "ceiling", "detaug", "detaug-list", "ceiling-padded", "detaug-padded",
+                   "keras-ceiling", "sequence")
 
 
 @dataclass(frozen=True)
@@ -160,15 +161,6 @@ def selected_rows(only: Sequence[str] | None) -> set[str]:
     if unknown or not selected:
         raise ValueError(f"unknown training row(s) {sorted(unknown)}; choose from {', '.join(TRAIN_ROW_NAMES)}")
     return selected
-
-
-def loader_takes_target_format() -> bool:
-    """Whether ``DetectionLoader`` takes ``target_format`` (the batched targets' form)."""
-    try:
-        from detaug.torch import DetectionLoader
-    except ImportError:
-        return False
-    return "target_format" in inspect.signature(DetectionLoader).parameters
 
 
 # ------------------------------------------------------------------------------------------
@@ -763,7 +755,7 @@ def run_train(
                 r.vs_ceiling = r.total_img_per_s / ceiling.total_img_per_s
         results += ordered
     checks = [_evaluate(check, results, b, base.device) for b in sizes for check in TRAIN_CHECKS
-              if check.row in selected and (check.row != "detaug-padded" or loader_takes_target_format())]
+              if check.row in selected]
     return TrainReport(base, dataset, environment, results, checks, warmup, steps, sizes, ctx.world, ctx.rank)
 
 
@@ -836,17 +828,16 @@ def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
         finally:
             sequence.close()
         return timed, "ResNet-18 trunk in Keras layers, random weights"
-    if row.name == "ceiling":
-        batch = _first_batch_on(ctx, detaug_variants.iter_detaug(dataset, settings))
+    if row.name in ("ceiling", "ceiling-padded"):
+        form = {"targets": "padded"} if row.name == "ceiling-padded" else {}
+        batch = _first_batch_on(ctx, detaug_variants.iter_detaug(dataset, settings, **form))
         return _time_torch(_cached_batches(batch), ctx, warmup, steps, settings.seed)
     if row.name == "detaug":
         return _time_torch(detaug_variants.iter_detaug(dataset, settings), ctx, warmup, steps, settings.seed)
     if row.name == "detaug-list":
         return _time_torch(detaug_variants.iter_detaug_list(dataset, settings), ctx, warmup, steps, settings.seed)
     if row.name == "detaug-padded":
-        if not loader_takes_target_format():
-            raise VariantUnavailable("this DetectionLoader has no target_format")
-        batches = detaug_variants.iter_detaug(dataset, settings, target_format="padded")
+        batches = detaug_variants.iter_detaug(dataset, settings, targets="padded")
         return _time_torch(batches, ctx, warmup, steps, settings.seed)
     if row.name == "torchvision":
         workers = max(1, settings.workers // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))

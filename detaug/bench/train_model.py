@@ -145,7 +145,7 @@ def pad_targets(
     ``targets`` is either torchvision's list of ``{"boxes": [N, 4], "labels": [N], ...}`` (each
     moved as a torchvision user moves it, ``.to(device, non_blocking=True)``: nothing when it is
     there already) or the batched form ``{"boxes": [B, M, 4], "labels": [B, M] padded by -1,
-    ...}`` (``DetectionLoader(target_format="padded")``, the Keras Sequence's targets). The
+    ...}`` (``DetectionLoader(targets="padded")``, the Keras Sequence's targets). The
     padding runs on ``device`` from shapes the host knows: no copy back, no synchronisation.
     """
     if isinstance(targets, Mapping):

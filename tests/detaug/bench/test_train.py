@@ -94,7 +94,7 @@ def test_pad_targets_against_numpy(counts):
     assert got_boxes.dtype == torch.float32 and got_labels.dtype == torch.int64
     np.testing.assert_array_equal(got_boxes.numpy(), expected[0])
     np.testing.assert_array_equal(got_labels.numpy(), expected[1])
-    # the batched form ([B, M, 4], labels padded by -1, as target_format="padded" and Keras give it),
+    # the batched form ([B, M, 4], labels padded by -1, as targets="padded" and Keras give it),
     # with fewer rows than MAX_BOXES and with more
     for rows in (max(counts), 80, 5):
         padded_boxes, padded_labels = _pad_reference(boxes, labels, rows)
@@ -217,7 +217,7 @@ def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
         assert 0 < row["vs_ceiling"] < math.inf
         assert row["vs_ceiling"] == pytest.approx(row["img_per_s"] / rows["ceiling"]["img_per_s"])
     assert rows["ceiling"]["vs_ceiling"] == pytest.approx(1.0)
-    assert rows["detaug-padded"]["status"] == ("ok" if train.loader_takes_target_format() else "unavailable")
+    assert rows["detaug-padded"]["status"] == "ok"
     assert rows["torchvision"]["status"] in ("ok", "unavailable")
     keras_ok = rows["keras-ceiling"]["status"] == "ok"
     if keras_ok:  # Keras with its torch backend in this process
