@@ -102,6 +102,9 @@ class PlanPool:
         self.ring: SlotRing | None = None  # the files the workers write the image bytes into
         self._pool: Any = None
         self._finalizer: weakref.finalize | None = None
+        #: Where :meth:`give_up` puts its message instead of warning (``None``: it warns): a
+        #: loader whose batches are made in a background thread says it in the caller's thread.
+        self.deferred: list[str] | None = None
 
     def start(self) -> bool:
         """Start the workers now; ``False`` when they cannot be used."""
@@ -152,8 +155,13 @@ class PlanPool:
         return _members(job, len(steps), self.piped, ring, slot)
 
     def give_up(self, why: str) -> None:
-        """Stop using workers (a warning says why); the caller plans in its own process."""
-        warnings.warn(f"{why}; batches are planned in the calling process from now on", RuntimeWarning, stacklevel=3)
+        """Stop using workers (a warning says why, or :attr:`deferred` gets it); the caller plans
+        in its own process."""
+        message = f"{why}; batches are planned in the calling process from now on"
+        if self.deferred is not None:
+            self.deferred.append(message)
+        else:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
         self.close(wait=False)
         self.disabled = True
 

@@ -221,6 +221,8 @@ class DetectionLoader:
             raise ValueError(f"num_workers must be an integer >= 0 or None, got {num_workers!r}")
         self.num_workers = int(num_workers)
         self._pool = PlanPool(self.planner, self.num_workers) if self.num_workers else None
+        if self._pool is not None:
+            self._pool.deferred = []  # said by _record, in the caller's thread
         if num_threads is None:  # the rank's CPUs the planning workers leave
             num_threads = threads_beside(self.num_workers)
         self._pipeline_args = dict(batch_size=self.batch_size, device=device, device_id=self.device_id,
@@ -322,6 +324,8 @@ class DetectionLoader:
             yield from self._consume_inline(epoch, start)
             return
         feed = self._take_feed((epoch, start))
+        if feed is None and self._pool is not None:
+            self._pool.start()  # here, in the caller's thread (SIGTERM's clean-up is installed from the main one)
         if feed is None and start < steps:
             proxy = weakref.proxy(self)
             feed = BackgroundFeed(lambda: _produce_on(proxy, epoch, start), self.ready_batches, self.device)
@@ -477,6 +481,8 @@ class DetectionLoader:
             current.close()  # drains its batches in flight; keeps the position it reached
 
     def _record(self, planned: PlannedBatch) -> None:
+        while self._pool is not None and self._pool.deferred:
+            warnings.warn(self._pool.deferred.pop(0), RuntimeWarning, stacklevel=4)
         self.skipped.extend(planned.skipped)
         self.repaired.extend(planned.repaired)
         for message in planned.new_findings(self._warned):

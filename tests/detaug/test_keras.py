@@ -477,7 +477,7 @@ def test_default_targets_fit_a_boxes_and_labels_model(source):
     asked = DetectionSequence(source, recipe(), BATCH, device=DEVICE, num_threads=2, images_on_device=False,
                               prefetch=False, fields="all")
     _, fields = asked[0]
-    assert list(fields) == ["boxes", "labels", "iscrowd", "difficult"]  # the fields, when asked for
+    assert list(fields) == ["boxes", "labels", "iscrowd", "difficult", "area"]  # the fields, when asked for
     assert fields["iscrowd"].dtype == np.int32 and fields["iscrowd"].shape == fields["labels"].shape
     assert ((fields["difficult"] == -1) == (fields["labels"] == -1)).all()  # padded like the labels
     for one in (train, asked):

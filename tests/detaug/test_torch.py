@@ -450,9 +450,10 @@ def test_the_background_feed_changes_nothing_but_timing(samples, ready):
     got += _batches(resumed) + _batches(resumed)
     _same_batches([(i, im.cpu(), [b.cpu() for b in bx]) for i, im, bx in got],
                   [(i, im.cpu(), [b.cpu() for b in bx]) for i, im, bx in want])
+    feeds = list(loader._live_feeds) + list(resumed._live_feeds)
     for item in (loader, resumed, inline):
         item.close()
-    assert not any(t.name == "detaug-feed" for t in __import__("threading").enumerate())
+    assert not any(feed.alive for feed in feeds) and not loader._live_feeds and not resumed._live_feeds
 
 
 @pytest.mark.parametrize("form", ["padded", "concat"])
@@ -486,28 +487,26 @@ def test_the_background_feed_runs_into_the_next_epoch_and_goes_with_the_loader(s
     """After an epoch the feed thread keeps making the next epoch's batches (they are the
     batches of that epoch); a jump drops them; a loader nobody holds is collected with it."""
     import gc
-    import threading
     import weakref
 
     recipe = T.Compose([T.RandomIoUCrop(), T.RandomHorizontalFlip(), T.Resize((48, 64))])
     source = SampleListSource(samples)
-
-    def feeds():
-        return [t for t in threading.enumerate() if t.name == "detaug-feed"]
 
     inline = DetectionLoader(source, recipe, 4, device=DEVICE, shuffle=True, seed=8, ready_batches=0)
     want = [_batches(inline) for _ in range(4)]
     loader = DetectionLoader(source, recipe, 4, device=DEVICE, shuffle=True, seed=8)
     _same_batches(_batches(loader), want[0])
     kept = loader._kept_feed
-    assert kept is not None and loader._feed_at == (1, 0) and len(feeds()) == 1
+    assert kept is not None and kept.alive and loader._feed_at == (1, 0) and loader._live_feeds == [kept]
     _same_batches(_batches(loader), want[1])  # epoch 1 from the kept feed
     assert loader._kept_feed is kept
     loader.set_epoch(3)  # a jump: the kept feed (at epoch 2) is stopped, epoch 3 made anew
     _same_batches(_batches(loader), want[3])
     assert loader._kept_feed is not kept and not kept.alive
+    last = loader._kept_feed
+    assert last is not None and last.alive
     ref = weakref.ref(loader)
     del loader
     gc.collect()
-    assert ref() is None and feeds() == []
+    assert ref() is None and not last.alive
     inline.close()
