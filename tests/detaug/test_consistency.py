@@ -63,7 +63,7 @@ def test_boxes_match_object_pixels(name):
     problems, boxes_seen = [], 0
     for image, target, scene, scale in results:
         boxes_seen += len(target["boxes"])
-        found = check_boxes_match_pixels(image, target["boxes"].numpy(), target["labels"].numpy(), scene, area_scale=scale)
+        found = check_boxes_match_pixels(image, target["boxes"].cpu().numpy(), target["labels"].cpu().numpy(), scene, area_scale=scale)
         problems += [f"image {target['image_id']}: {p}" for p in found]
     assert boxes_seen > 0
     assert not problems, "\n".join(problems)
@@ -76,7 +76,7 @@ def test_objects_leaving_the_image_lose_their_boxes():
     total_boxes = sum(len(t["boxes"]) for _, t, _, _ in results)
     assert total_boxes < total_objects  # some objects left the image ...
     for image, target, scene, scale in results:  # ... and exactly those lost their boxes
-        assert not check_boxes_match_pixels(image, target["boxes"].numpy(), target["labels"].numpy(), scene, area_scale=scale)
+        assert not check_boxes_match_pixels(image, target["boxes"].cpu().numpy(), target["labels"].cpu().numpy(), scene, area_scale=scale)
 
 
 def test_rotated_border_boxes_are_tight_not_corner_hulls():
@@ -86,6 +86,6 @@ def test_rotated_border_boxes_are_tight_not_corner_hulls():
     strict = [
         p
         for image, target, scene, _ in results
-        for p in check_boxes_match_pixels(image, target["boxes"].numpy(), target["labels"].numpy(), scene, min_iou=0.93)
+        for p in check_boxes_match_pixels(image, target["boxes"].cpu().numpy(), target["labels"].cpu().numpy(), scene, min_iou=0.93)
     ]
     assert not strict, "\n".join(strict)

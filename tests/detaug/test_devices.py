@@ -44,8 +44,9 @@ def test_cpu_and_gpu_give_same_boxes(kind, tmp_path):
     gpu_images, gpu = run(DetectionLoader(make(), RECIPE, 8, device="gpu", seed=11))
     assert [t["image_id"] for t in cpu] == [t["image_id"] for t in gpu]
     for c, g in zip(cpu, gpu):
-        assert torch.equal(c["labels"], g["labels"])
-        torch.testing.assert_close(c["boxes"], g["boxes"], atol=1e-4, rtol=0)
+        assert g["boxes"].is_cuda and g["labels"].is_cuda  # the targets come on the images' device
+        assert torch.equal(c["labels"], g["labels"].cpu())
+        torch.testing.assert_close(c["boxes"], g["boxes"].cpu(), atol=1e-4, rtol=0)
     # Pixels: same geometry, decoders and interpolation may differ by a few grey levels.
     diff = (cpu_images.float() - gpu_images.float()).abs()
     assert diff.mean() < 2.0, f"mean abs pixel difference {diff.mean():.2f}"
@@ -78,7 +79,8 @@ def test_new_transforms_give_same_boxes_on_cpu_and_gpu(name):
     gpu_images, gpu = run(DetectionLoader(make(), recipe, 8, device="gpu", seed=3, shuffle=True))
     assert [t["image_id"] for t in cpu] == [t["image_id"] for t in gpu]
     for c, g in zip(cpu, gpu):
-        assert torch.equal(c["labels"], g["labels"])
-        torch.testing.assert_close(c["boxes"], g["boxes"], atol=1e-4, rtol=0)
+        assert g["boxes"].is_cuda and g["labels"].is_cuda  # the targets come on the images' device
+        assert torch.equal(c["labels"], g["labels"].cpu())
+        torch.testing.assert_close(c["boxes"], g["boxes"].cpu(), atol=1e-4, rtol=0)
     diff = (cpu_images.float() - gpu_images.float()).abs()
     assert diff.mean() < 3.0, f"{name}: mean abs pixel difference {diff.mean():.2f}"

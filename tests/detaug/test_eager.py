@@ -39,8 +39,8 @@ def test_eager_call_equals_the_loaders_sample():
             s = by_id[int(target["image_id"])]
             out = apply(recipe, s.image, s.boxes, s.labels, seed=3, epoch=2, image_id=s.image_id)
             np.testing.assert_array_equal(out["image"].transpose(2, 0, 1), image.numpy())
-            np.testing.assert_array_equal(out["boxes"], target["boxes"].numpy())
-            np.testing.assert_array_equal(out["labels"], target["labels"].numpy())
+            np.testing.assert_array_equal(out["boxes"], target["boxes"].cpu().numpy())
+            np.testing.assert_array_equal(out["labels"], target["labels"].cpu().numpy())
             seen += 1
     loader.close()
     assert seen == len(samples)

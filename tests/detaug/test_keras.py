@@ -423,8 +423,8 @@ def test_same_batches_as_the_pytorch_loader(source, epoch0):
         np.testing.assert_array_equal(images.cpu().numpy().transpose(0, 2, 3, 1).astype(np.float32), k_images)
         for k, target in enumerate(targets):
             n = len(target["boxes"])
-            np.testing.assert_array_equal(k_targets["boxes"][k, :n], target["boxes"].numpy())
-            np.testing.assert_array_equal(k_targets["labels"][k, :n], target["labels"].numpy())
+            np.testing.assert_array_equal(k_targets["boxes"][k, :n], target["boxes"].cpu().numpy())
+            np.testing.assert_array_equal(k_targets["labels"][k, :n], target["labels"].cpu().numpy())
             assert (k_targets["labels"][k, n:] == -1).all()
 
 

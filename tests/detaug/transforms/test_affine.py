@@ -115,7 +115,7 @@ def test_rotated_boxes_match_object_pixels(expand):
     assert_boxes_on_pixels(results)
     border = 0
     for image, target, _, _ in results:
-        b = target["boxes"].numpy()
+        b = target["boxes"].cpu().numpy()
         h, w = image.shape[:2]
         border += int(((b[:, 0] <= 0.5) | (b[:, 1] <= 0.5) | (b[:, 2] >= w - 0.5) | (b[:, 3] >= h - 0.5)).sum())
     assert (border > 0) != expand  # expand cuts nothing; without it the border cuts boxes

@@ -122,7 +122,7 @@ def run_consistency(transforms, n: int = 12, batch_size: int = 6, seed: int = 0)
         for i, target in enumerate(targets):
             image = images[i].cpu().numpy().transpose(1, 2, 0)
             seen += len(target["boxes"])
-            found = check_boxes_match_pixels(image, target["boxes"].numpy(), target["labels"].numpy(),
+            found = check_boxes_match_pixels(image, target["boxes"].cpu().numpy(), target["labels"].cpu().numpy(),
                                              scenes[target["image_id"] - 1], area_scale=scales[i])
             problems += [f"image {target['image_id']}: {p}" for p in found]
     return problems, seen

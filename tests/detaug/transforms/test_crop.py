@@ -59,7 +59,7 @@ def pixel_ious(results) -> np.ndarray:
     out = []
     for image, target, scene, _ in results:
         masks = object_masks(image, [o.color for o in scene.objects])
-        for box, label in zip(target["boxes"].numpy(), target["labels"].numpy()):
+        for box, label in zip(target["boxes"].cpu().numpy(), target["labels"].cpu().numpy()):
             tight = mask_box(masks[int(label) - 1])
             out.append(0.0 if tight is None else iou(np.asarray(box, np.float64), tight))
     return np.asarray(out)
@@ -78,7 +78,7 @@ def assert_boxes_on_pixels(results, *, check_missing=True) -> np.ndarray:
     if check_missing:
         problems = []
         for image, target, scene, scale in results:
-            found = check_boxes_match_pixels(image, target["boxes"].numpy(), target["labels"].numpy(), scene,
+            found = check_boxes_match_pixels(image, target["boxes"].cpu().numpy(), target["labels"].cpu().numpy(), scene,
                                              area_scale=scale, min_iou=0.85)
             problems += [f"image {target['image_id']}: {p}" for p in found]
         assert not problems, "\n".join(problems)

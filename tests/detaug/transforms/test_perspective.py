@@ -136,7 +136,7 @@ def test_boxes_match_object_pixels(name):
         for image, target in zip(images, targets):
             image = image.cpu().numpy().transpose(1, 2, 0)
             scene = scenes[target["image_id"] - 1]
-            boxes, labels = target["boxes"].numpy(), target["labels"].numpy()
+            boxes, labels = target["boxes"].cpu().numpy(), target["labels"].cpu().numpy()
             problems += [f"image {target['image_id']}: {p}" for p in check_boxes_match_pixels(image, boxes, labels, scene, min_iou=0.85)]
             masks = object_masks(image, [o.color for o in scene.objects])
             for box, label in zip(boxes, labels):
