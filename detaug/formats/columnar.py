@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from detaug.errors import DataWarning
+from detaug.errors import DatasetError, DataWarning
 from detaug.formats import validation as v
 
 __all__ = [
@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 #: Bumped whenever the cache layout or the rules that fill it change (old caches are rebuilt).
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 #: Bytes of the annotation file parsed at once by the streaming parser.
 CHUNK_BYTES = 32 << 20
 
@@ -68,15 +68,19 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 # -- the column store ------------------------------------------------------------------------------
 
-def save_columns(folder: str | os.PathLike, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> Path:
+def save_columns(folder: str | os.PathLike, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any],
+                 *, stamp: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None) -> Path:
     """Write ``arrays`` (one ``NAME.npy`` each) and ``meta`` (``meta.json``) into ``folder``,
-    replacing it atomically (written next to it, then renamed). Returns the folder."""
+    replacing it atomically (written next to it, then renamed). ``stamp(folder written so
+    far, meta) -> meta``: what ``meta.json`` holds, from the written arrays. Returns the
+    folder."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
     try:
         for name, array in arrays.items():
             np.save(tmp / f"{name}.npy", np.ascontiguousarray(array), allow_pickle=False)
+        meta = stamp(tmp, dict(meta)) if stamp is not None else meta
         (tmp / "meta.json").write_text(json.dumps(dict(meta), separators=(",", ":")))
         if folder.exists():
             old = folder.with_name(folder.name + f".old-{os.getpid()}")
@@ -516,7 +520,9 @@ class _Collector:
     """Columns of the images and annotations chunks, checked the plain way (any doubt:
     :class:`_Irregular`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, allow_paths_outside: bool = False) -> None:
+        self.allow_paths_outside = allow_paths_outside
+        self.outside = 0  # names that leave the images folder (counted when allowed)
         self.ids: list[np.ndarray] = []
         self.sizes: list[np.ndarray] = []
         self.exif: list[np.ndarray] = []
@@ -533,6 +539,10 @@ class _Collector:
         _plain(names, (str,))
         if not all(names):
             raise _Irregular("an empty file_name")
+        outside = v.outside_paths(names)
+        if outside and not self.allow_paths_outside:
+            raise _Irregular("a file_name outside the images folder")  # load_coco names it
+        self.outside += len(outside)
         heights = [im.get("height") for im in items]
         widths = [im.get("width") for im in items]
         _plain(heights, (int, type(None)))
@@ -597,10 +607,11 @@ def _cat(parts: list[np.ndarray], dtype: Any, shape: tuple[int, ...] = ()) -> np
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros((0, *shape), dtype)
 
 
-def parse_coco_columns(path: str | os.PathLike, *, name: str | None = None, chunk_bytes: int = CHUNK_BYTES) -> CocoColumns:
+def parse_coco_columns(path: str | os.PathLike, *, name: str | None = None, chunk_bytes: int = CHUNK_BYTES,
+                       allow_paths_outside: bool = False) -> CocoColumns:
     """Read and check a COCO detection JSON file into columns (the same result, repairs and
     report as :func:`~detaug.formats.coco.load_coco`, which parses the files the streaming
-    path does not take; see the module docstring).
+    path does not take; see the module docstring). ``allow_paths_outside``: as ``load_coco``'s.
 
     Raises:
         DatasetError: the file's errors, as ``load_coco`` names them.
@@ -612,16 +623,23 @@ def parse_coco_columns(path: str | os.PathLike, *, name: str | None = None, chun
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise _Irregular("empty file")
-            collector = _Collector()
+            collector = _Collector(allow_paths_outside)
             found = _top_level(_File(f.fileno()), chunk_bytes, collector.images, collector.annotations)
         columns = _finish(source, found, collector)
         columns.parsed_by = "stream"
-    except _Irregular:
+        columns.outside = collector.outside  # type: ignore[attr-defined]
+    except (_Irregular, RecursionError):  # RecursionError: a value nested too deeply
         from detaug.formats.coco import load_coco
 
-        columns = CocoColumns.from_dataset(load_coco(path, name=name))
+        columns = CocoColumns.from_dataset(load_coco(path, name=name, allow_paths_outside=allow_paths_outside))
         columns.parsed_by = "load_coco"
+        columns.outside = _count_outside(columns)  # type: ignore[attr-defined]
     return columns
+
+
+def _count_outside(columns: CocoColumns) -> int:
+    """How many ``file_name`` of ``columns`` leave the images folder."""
+    return len(v.outside_paths([columns.file_name(i) for i in range(len(columns))]))
 
 
 def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
@@ -696,17 +714,101 @@ def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
 
 
 # -- the cache -------------------------------------------------------------------------------------
+#
+# A cache is used only when it provably belongs to this very file (docs/security.md):
+#
+# * fast path: ``meta.json``'s ``key`` is the annotation file's ``[size, mtime_ns, ctime_ns, device,
+#   inode]`` and ``files`` the same of each of the cache's ``.npy`` files, as they were when it was
+#   built. No copy, extraction or edit keeps a file's inode and ctime (ctime cannot be set), so a
+#   cache shipped with a dataset, or an edited file or cache, never takes this path. Nothing is
+#   read but ``meta.json``: opening stays as fast as before.
+# * otherwise (the file was touched, copied, moved to another disk): the file's SHA-256 is
+#   computed and compared with the one recorded at build; the record is trusted only if its MAC
+#   (HMAC-SHA256 with a secret of this user, :func:`_secret`) is valid, which a cache built
+#   elsewhere cannot have. Then the arrays are checked as any source's (:func:`_check_cached`) and
+#   the keys renewed; anything else rebuilds the cache with a :class:`DataWarning` saying why.
 
-def _fingerprint(path: Path) -> str:
-    """What decides whether a cache is of this file: size, mtime, the first and last MiB."""
-    st = path.stat()
-    digest = hashlib.sha1(f"{CACHE_VERSION}:{st.st_size}:{st.st_mtime_ns}".encode())
+#: Bytes read at a time when hashing an annotation file.
+_HASH_BLOCK = 8 << 20
+
+
+def _file_key(path: str | os.PathLike) -> list[int]:
+    """``[size, mtime_ns, ctime_ns, device, inode]`` of ``path``."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino]
+
+
+def _files_key(folder: Path) -> list[list[Any]]:
+    """:func:`_file_key` of each ``.npy`` file of a cache folder, by name."""
+    return [[p.name, *_file_key(p)] for p in sorted(folder.glob("*.npy"))]
+
+
+def _file_hash(path: str | os.PathLike) -> str:
+    """SHA-256 of the whole file (read in bounded blocks)."""
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        digest.update(f.read(1 << 20))
-        if st.st_size > 2 << 20:
-            f.seek(-(1 << 20), os.SEEK_END)
-            digest.update(f.read())
+        while block := f.read(_HASH_BLOCK):
+            digest.update(block)
     return digest.hexdigest()
+
+
+def _arrays_hash(folder: Path) -> str:
+    """SHA-256 over the SHA-256 of each ``.npy`` file of a cache folder, in name order."""
+    digest = hashlib.sha256()
+    for p in sorted(folder.glob("*.npy")):
+        digest.update(f"{p.name}:{_file_hash(p)};".encode())
+    return digest.hexdigest()
+
+
+def _stamp(tmp: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` of a cache written into ``tmp``: its arrays' keys and hash, and the MAC over the
+    annotation file's hash and the arrays' hash (none without a secret)."""
+    arrays = _arrays_hash(tmp)
+    secret = _secret()
+    return {**meta, "files": _files_key(tmp), "arrays_sha256": arrays,
+            "mac": _mac(secret, meta["sha256"], arrays) if secret is not None else None}
+
+
+def _secret() -> bytes | None:
+    """This user's cache secret (32 random bytes in ``$DETAUG_CACHE_SECRET``, default
+    ``~/.cache/detaug/cache-secret``, mode 0600; made when first needed), or ``None`` when it
+    cannot be read or made (caches are then trusted on the fast path only)."""
+    where = os.environ.get("DETAUG_CACHE_SECRET")
+    if where is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        where = os.path.join(base, "detaug", "cache-secret")
+    try:
+        with open(where, "rb") as f:
+            data = f.read(64)
+        return data if len(data) == 32 else None
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    try:
+        os.makedirs(os.path.dirname(where) or ".", mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(where) or ".", prefix=".cache-secret.")
+        try:
+            os.write(fd, os.urandom(32))
+            os.close(fd)
+            try:
+                os.link(tmp, where)  # atomic; another process may have made it first
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(tmp)
+        with open(where, "rb") as f:
+            data = f.read(64)
+        return data if len(data) == 32 else None
+    except OSError:
+        return None
+
+
+def _mac(secret: bytes, digest: str, arrays: str) -> str:
+    """HMAC-SHA256 binding a cache's arrays (their hash) to an annotation file (its hash)."""
+    import hmac
+
+    return hmac.new(secret, f"detaug-cache:{CACHE_VERSION}:{digest}:{arrays}".encode(), hashlib.sha256).hexdigest()
 
 
 def cache_folder(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
@@ -721,42 +823,145 @@ def cache_folder(path: str | os.PathLike, cache_dir: str | os.PathLike | None = 
 
 
 def load_coco_columns(path: str | os.PathLike, *, cache: bool = True, cache_dir: str | os.PathLike | None = None,
-                      name: str | None = None) -> CocoColumns:
-    """The columns of a COCO file: from its cache when one of this very file exists (same size,
-    mtime and first/last MiB, same :data:`CACHE_VERSION`), else parsed
-    (:func:`parse_coco_columns`) and, with ``cache``, cached (a folder that cannot be written is
-    said with a :class:`DataWarning` and the columns are used anyway). Repairs are warned of
-    (:meth:`~validation.Report.finish`) each time, as ``load_coco`` does."""
+                      name: str | None = None, allow_paths_outside: bool = False) -> CocoColumns:
+    """The columns of a COCO file: from its cache when the cache provably belongs to this very
+    file (the rule above :func:`_file_key`: same size, mtime, ctime, device and inode as at
+    build, or the same SHA-256 recorded under this user's MAC; same :data:`CACHE_VERSION`),
+    else parsed (:func:`parse_coco_columns`) and, with ``cache``, cached (a cache that is not
+    this file's is rebuilt with a :class:`DataWarning` saying why; a folder that cannot be
+    written is said with one and the columns are used anyway). Repairs are warned of
+    (:meth:`~validation.Report.finish`) each time, as ``load_coco`` does.
+    ``allow_paths_outside``: as :func:`~detaug.formats.coco.load_coco`'s (a cache built with it
+    is refused without it, naming the paths)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: COCO annotations file not found")
     folder = cache_folder(path, cache_dir)
-    key = _fingerprint(path)
     if cache:
-        try:
-            arrays, meta = load_columns(folder)
-            if meta.get("fingerprint") == key and meta.get("version") == CACHE_VERSION:
-                columns = CocoColumns.from_columns(arrays, meta)
-                columns.cache = folder  # type: ignore[attr-defined]
-                _warn_repairs(columns.report)
-                return columns
-        except (OSError, ValueError, KeyError):
-            pass
+        columns = _open_cache(path, folder)
+        if columns is not None:
+            if getattr(columns, "outside", 0) and not allow_paths_outside:
+                from detaug.formats.coco import load_coco
+
+                load_coco(path, name=name)  # raises, naming every file_name outside the images folder
+            _warn_repairs(columns.report)
+            return columns
+    key = _file_key(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DataWarning)  # said below, once
-        columns = parse_coco_columns(path, name=name)
+        columns = parse_coco_columns(path, name=name, allow_paths_outside=allow_paths_outside)
     columns.report.source = columns.source
     if cache:
         try:
-            save_columns(folder, columns.arrays(), {**columns.meta(), "fingerprint": key, "version": CACHE_VERSION})
-            arrays, meta = load_columns(folder)
-            columns = CocoColumns.from_columns(arrays, meta)
-            columns.cache = folder  # type: ignore[attr-defined]
+            columns = _build_cache(path, folder, columns, key)
         except OSError as err:
             warnings.warn(f"{folder}: cannot write the annotation cache ({err}); parsed without it", DataWarning,
                           stacklevel=2)
     _warn_repairs(columns.report)
     return columns
+
+
+def _build_cache(path: Path, folder: Path, columns: CocoColumns, key: list[int]) -> CocoColumns:
+    """Write the cache of ``columns`` (parsed from ``path`` whose key was ``key`` before the
+    parse) and open it."""
+    digest = _file_hash(path)
+    if _file_key(path) != key:  # changed while parsed: cached under a key that will not match
+        key = [-1] * 5
+    meta = {**columns.meta(), "version": CACHE_VERSION, "key": key, "sha256": digest,
+            "outside": int(getattr(columns, "outside", 0))}
+    save_columns(folder, columns.arrays(), meta, stamp=_stamp)
+    arrays, meta = load_columns(folder)
+    built = CocoColumns.from_columns(arrays, meta)
+    built.cache = folder  # type: ignore[attr-defined]
+    built.outside = meta["outside"]  # type: ignore[attr-defined]
+    return built
+
+
+def _open_cache(path: Path, folder: Path) -> CocoColumns | None:
+    """The cached columns of ``path`` when its cache provably belongs to it, else ``None``
+    (with a :class:`DataWarning` saying why, when there was a cache)."""
+    if not (folder / "meta.json").is_file():
+        return None
+    try:
+        meta = json.loads((folder / "meta.json").read_bytes())
+        if not isinstance(meta, dict):
+            raise ValueError("meta.json is not an object")
+        if meta.get("version") != CACHE_VERSION:
+            warnings.warn(f"{folder}: a cache of another layout (version {str(meta.get('version'))[:20]}, this "
+                          f"detaug writes {CACHE_VERSION}): rebuilt", DataWarning, stacklevel=4)
+            return None
+        if meta.get("key") == _file_key(path) and meta.get("files") == _files_key(folder):
+            arrays, meta = load_columns(folder)
+            columns = CocoColumns.from_columns(arrays, meta)
+            columns.cache = folder  # type: ignore[attr-defined]
+            columns.outside = int(meta.get("outside", 0))  # type: ignore[attr-defined]
+            return columns
+        why = _renew(path, folder, meta)
+        if why is None:
+            return _open_cache_renewed(folder)
+    except (OSError, ValueError, KeyError, TypeError, DatasetError) as err:
+        why = f"unreadable ({' '.join(str(err).split())[:200]})"
+    warnings.warn(f"{folder}: the annotation cache is not provably that of {path} ({why}): rebuilt",
+                  DataWarning, stacklevel=4)
+    return None
+
+
+def _open_cache_renewed(folder: Path) -> CocoColumns:
+    arrays, meta = load_columns(folder)
+    columns = CocoColumns.from_columns(arrays, meta)
+    columns.cache = folder  # type: ignore[attr-defined]
+    columns.outside = int(meta.get("outside", 0))  # type: ignore[attr-defined]
+    return columns
+
+
+def _renew(path: Path, folder: Path, meta: dict[str, Any]) -> str | None:
+    """Renew the keys of a cache whose file was touched, copied or moved, when the file's SHA-256
+    is the one recorded under this user's MAC and the arrays pass the checks; else why not."""
+    secret = _secret()
+    mac = meta.get("mac")
+    if secret is None or not isinstance(mac, str):
+        return "the file or the cache changed since it was built"
+    import hmac
+
+    digest, arrays_digest = meta.get("sha256"), meta.get("arrays_sha256")
+    if not isinstance(digest, str) or not isinstance(arrays_digest, str) or not hmac.compare_digest(
+            mac, _mac(secret, digest, arrays_digest)):
+        return "not built here: its record is not signed by this user's cache secret"
+    key = _file_key(path)
+    if _file_hash(path) != digest:
+        return "the file changed since the cache was built"
+    if _arrays_hash(folder) != arrays_digest:
+        return "its arrays changed since it was built"
+    arrays, meta = load_columns(folder, mmap_mode=None)
+    columns = CocoColumns.from_columns(arrays, meta)
+    _check_cached(columns, bool(meta.get("outside", 0)))
+    meta = {**meta, "key": key, "files": _files_key(folder)}
+    tmp = folder / f"meta.json.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(meta, separators=(",", ":")))
+    os.replace(tmp, folder / "meta.json")
+    return None
+
+
+def _check_cached(columns: CocoColumns, outside_allowed: bool) -> None:
+    """Check cached columns as any source's (:func:`~validation.check_columns`, the file names
+    inside the images folder unless the cache says some are not, the names' offsets); a
+    :class:`DatasetError` at the first problem (the cache is then rebuilt: nothing is repaired
+    in a cache)."""
+    t = columns.table
+    report = v.Report(f"{columns.source} (cache)")
+    starts, names = np.asarray(columns.name_starts), np.asarray(columns.names)
+    n = len(t.image_ids)
+    if (starts.shape != (n + 1,) or starts[0] != 0 or (np.diff(starts) < 0).any() or starts[-1] != len(names)
+            or np.asarray(columns.exif).shape != (n,) or np.asarray(columns.iscrowd).shape != (len(t.labels),)
+            or np.asarray(columns.annotation_ids).shape != (len(t.labels),)):
+        raise DatasetError(f"{report.source}: the name offsets or per-box columns do not fit the table")
+    boxes, keep = v.check_columns(t.image_ids, t.sizes, t.box_starts, t.boxes, t.labels, columns.categories, report,
+                                  lambda i: report.source)
+    if not keep.all() or not np.array_equal(boxes, np.asarray(t.boxes, dtype=np.float32)) or report.total:
+        raise DatasetError(f"{report.source}: its arrays do not pass the checks ({dict(report.counts)})")
+    file_names = [columns.file_name(i) for i in range(n)]
+    if not outside_allowed and v.outside_paths(file_names):
+        raise DatasetError(f"{report.source}: a file_name outside the images folder")
 
 
 def _warn_repairs(report: v.Report) -> None:
@@ -838,7 +1043,7 @@ def cached_coco_source(annotations_file: str | os.PathLike, images_dir: str | os
                        cache: bool = True, cache_dir: str | os.PathLike | None = None, shuffle: bool = False,
                        seed: int | None = None, skip_empty: bool = False, include_iscrowd: bool = True,
                        shard_id: int | None = None, num_shards: int | None = None,
-                       orientation: str = "auto") -> Any:
+                       orientation: str = "auto", allow_paths_outside: bool = False) -> Any:
     """A :class:`~detaug.sources.CocoSource` whose samples are columns (:class:`SampleView`),
     parsed once and cached (:func:`load_coco_columns`): the same samples, ids, boxes, report
     and arguments as ``CocoSource(annotations_file, images_dir, ...)``, with a start-up that
@@ -853,7 +1058,9 @@ def cached_coco_source(annotations_file: str | os.PathLike, images_dir: str | os
         raise FileNotFoundError(f"{source.images_dir}: images folder not found")
     source.shuffle, source.seed, source.skip_empty = shuffle, seed, skip_empty
     source.include_iscrowd, source.shard_id, source.num_shards = include_iscrowd, shard_id, num_shards
-    columns = load_coco_columns(source.annotations_file, cache=cache, cache_dir=cache_dir)
+    source.allow_paths_outside = allow_paths_outside
+    columns = load_coco_columns(source.annotations_file, cache=cache, cache_dir=cache_dir,
+                                allow_paths_outside=allow_paths_outside)
     view, report = coco_view(columns, source.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
     source._adopt(view, columns.categories, report, orientation, COCO_FIELDS)
     source.present_labels = _TableCall(view, "present_labels")  # type: ignore[attr-defined]
