@@ -93,8 +93,12 @@ def read_recipe(path: str | os.PathLike[str]) -> Any:
     except OSError as err:
         raise CliError(f"{p}: cannot read the recipe: {err.strerror or err}") from err
     if kind == "yaml":
+        from detaug.transforms.recipe_file import safe_yaml_load
+
         try:
-            data = yaml.safe_load(text)
+            data = safe_yaml_load(text, file=str(p))  # plain YAML, size and alias expansion bounded
+        except RecipeError as err:
+            raise CliError(" ".join(str(err).split())) from err
         except yaml.MarkedYAMLError as err:
             raise CliError(f"{p}: {_yaml_problem(err)}") from err
         except yaml.YAMLError as err:
