@@ -590,7 +590,7 @@ class ShardSource(SampleListSource):
             categories = {int(k): str(name) for k, name in self.dataset["categories"]}
             orientation = check_orientation(orientation if orientation is not None
                                             else self.dataset.get("orientation", "auto"))
-        except (KeyError, TypeError, ValueError, IndexError) as err:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
             if isinstance(err, DatasetError):
                 raise
             raise DatasetError(f"{manifest}: not a shard manifest detaug wrote ({type(err).__name__}: "
