@@ -28,6 +28,7 @@ problem; a clean result of that is cached the same way.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
@@ -837,28 +838,61 @@ def load_coco_columns(path: str | os.PathLike, *, cache: bool = True, cache_dir:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: COCO annotations file not found")
     folder = cache_folder(path, cache_dir)
-    if cache:
-        columns = _open_cache(path, folder)
-        if columns is not None:
-            if getattr(columns, "outside", 0) and not allow_paths_outside:
-                from detaug.formats.coco import load_coco
+    if not cache:
+        return _parsed(path, name, allow_paths_outside)
+    columns = _open_cache(path, folder)
+    if columns is None:
+        with _build_lock(folder):  # one build per file and node: the other ranks wait, then open it
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DataWarning)  # said by the first look
+                columns = _open_cache(path, folder)
+            if columns is None:
+                key = _file_key(path)
+                columns = _parsed(path, name, allow_paths_outside, warn=False)
+                try:
+                    columns = _build_cache(path, folder, columns, key)
+                except OSError as err:
+                    warnings.warn(f"{folder}: cannot write the annotation cache ({err}); parsed without it",
+                                  DataWarning, stacklevel=2)
+                _warn_repairs(columns.report)
+                return columns
+    if getattr(columns, "outside", 0) and not allow_paths_outside:
+        from detaug.formats.coco import load_coco
 
-                load_coco(path, name=name)  # raises, naming every file_name outside the images folder
-            _warn_repairs(columns.report)
-            return columns
-    key = _file_key(path)
+        load_coco(path, name=name)  # raises, naming every file_name outside the images folder
+    _warn_repairs(columns.report)
+    return columns
+
+
+def _parsed(path: Path, name: str | None, allow_paths_outside: bool, *, warn: bool = True) -> CocoColumns:
+    """:func:`parse_coco_columns`, its repairs said once (with ``warn``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DataWarning)  # said below, once
         columns = parse_coco_columns(path, name=name, allow_paths_outside=allow_paths_outside)
     columns.report.source = columns.source
-    if cache:
-        try:
-            columns = _build_cache(path, folder, columns, key)
-        except OSError as err:
-            warnings.warn(f"{folder}: cannot write the annotation cache ({err}); parsed without it", DataWarning,
-                          stacklevel=2)
-    _warn_repairs(columns.report)
+    if warn:
+        _warn_repairs(columns.report)
     return columns
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<cache folder>.lock`` (beside the cache; left in place) while
+    the cache is built, so that the ranks of one node build it once; no lock where the file
+    cannot be made (the cache cannot be written there either)."""
+    try:
+        import fcntl
+
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder.with_name(folder.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _build_cache(path: Path, folder: Path, columns: CocoColumns, key: list[int]) -> CocoColumns:
