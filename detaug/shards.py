@@ -627,7 +627,7 @@ class ShardSource(SampleListSource):
                                f"the {n} samples")
         member = self.member_of if len(self._ext_names) else (lambda r: f"{self.root}: sample {r}")
         if n:
-            shard = np.searchsorted(self._shard_starts, np.arange(n), side="right") - 1
+            shard = np.repeat(np.arange(len(self.shard_sizes)), self.shard_sizes)
             ends = np.asarray(self._tar_bytes, dtype=np.int64)[shard]
             bad = np.flatnonzero((offsets < 0) | (lengths < 0) | (offsets > ends - lengths) | (exts >= len(self._ext_names)))
             if len(bad):

@@ -481,40 +481,51 @@ def check_boxes(
         float32 ``[N, 4]`` boxes (clipped where they were partly outside) and bool ``[N]``: the
         boxes kept (not empty, not outside). Non-finite boxes are errors and are not kept.
     """
+    given = np.asarray(boxes)
     with np.errstate(over="ignore", invalid="ignore"):
-        b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4).astype(np.float32)
+        b = given.reshape(-1, 4).astype(np.float32)  # a copy (beyond float32: inf)
     finite = np.isfinite(b).all(axis=1)
-    for j in np.flatnonzero(~finite):
-        _add(report, NON_FINITE, where, j, f"xyxy {np.asarray(boxes)[j].tolist()} (float32)")
+    _add_rows(report, NON_FINITE, where, np.flatnonzero(~finite),
+              lambda j: f"xyxy {given.reshape(-1, 4)[j].tolist()} (float32)")
     empty = finite & ((b[:, 2] <= b[:, 0]) | (b[:, 3] <= b[:, 1]))
-    for j in np.flatnonzero(empty):
-        _add(report, EMPTY_BOX, where, j, f"xyxy {b[j].tolist()}")
+    _add_rows(report, EMPTY_BOX, where, np.flatnonzero(empty), lambda j: f"xyxy {b[j].tolist()}")
     keep = finite & ~empty
-    sizes = np.asarray(sizes, dtype=np.float64).reshape(-1, 2)
+    sizes = np.asarray(sizes).reshape(-1, 2)
     known = keep & np.isfinite(sizes).all(axis=1)
     if known.any():
-        hw = sizes[known].astype(np.float32)
-        limit = np.stack([hw[:, 1], hw[:, 0], hw[:, 1], hw[:, 0]], axis=1)
-        inside = np.clip(b[known], np.float32(0), limit)
-        outside = (inside[:, 2] <= inside[:, 0]) | (inside[:, 3] <= inside[:, 1])
-        clipped = ~outside & (inside != b[known]).any(axis=1)
         rows = np.flatnonzero(known)
-        for j, (h, w) in zip(rows[outside], sizes[rows[outside]]):
-            _add(report, BOX_OUTSIDE, where, j, f"xyxy {b[j].tolist()}, image (h, w) ({int(h)}, {int(w)})")
-        for j, k in zip(rows[clipped], np.flatnonzero(clipped)):
-            _add(report, BOX_CLIPPED, where, j, f"xyxy {b[j].tolist()} -> {inside[k].tolist()}")
-        b[rows] = inside
-        keep[rows[outside]] = False
+        hw = sizes[rows].astype(np.float32)
+        part = b[rows]
+        limit = np.stack([hw[:, 1], hw[:, 0], hw[:, 1], hw[:, 0]], axis=1)
+        inside = np.clip(part, np.float32(0), limit)
+        outside = (inside[:, 2] <= inside[:, 0]) | (inside[:, 3] <= inside[:, 1])
+        clipped = ~outside & (inside != part).any(axis=1)
+        out_rows = rows[outside]
+        _add_rows(report, BOX_OUTSIDE, where, out_rows, lambda j: (
+            f"xyxy {b[j].tolist()}, image (h, w) ({int(sizes[j][0])}, {int(sizes[j][1])})"))
+        clip_at = np.flatnonzero(clipped)
+        _add_rows(report, BOX_CLIPPED, where, rows[clip_at],
+                  lambda j: f"xyxy {b[j].tolist()} -> {inside[np.searchsorted(rows, j)].tolist()}")
+        if clip_at.size:
+            b[rows[clip_at]] = inside[clip_at]
+        keep[out_rows] = False
     return b, keep
 
 
-def _add(report: Report, reason: str, where: Callable[[int], tuple[str, int | None, int | str | None]],
-         j: int, detail: str) -> None:
-    if report.counts[reason] >= MAX_EXAMPLES and RULES[reason] != "error":
-        report.counts[reason] += 1  # no example kept: skip formatting its message
+def _add_rows(report: Report, reason: str, where: Callable[[int], tuple[str, int | None, int | str | None]],
+              rows: np.ndarray, detail: Callable[[int], str]) -> None:
+    """Count a finding of ``reason`` for each box of ``rows``: the first ones (up to
+    :data:`MAX_EXAMPLES` examples of the reason) with their messages, the rest counted at once."""
+    if not len(rows):
         return
-    file, image_id, annotation = where(int(j))
-    report.add(reason, file, image_id=image_id, annotation=annotation, detail=detail)
+    room = max(0, MAX_EXAMPLES - len(report.examples.get(reason, [])))
+    if RULES[reason] == "error" and report._first_error is None:
+        room = max(room, 1)
+    for j in rows[:room]:
+        file, image_id, annotation = where(int(j))
+        report.add(reason, file, image_id=image_id, annotation=annotation, detail=detail(int(j)))
+    if len(rows) > room:
+        report.counts[reason] += len(rows) - room
 
 
 # -- paths a dataset names (containment) -----------------------------------------------------------
@@ -549,6 +560,10 @@ def outside_paths(names: Sequence[str]) -> list[int]:
 
 
 # -- columns of a whole dataset (shard manifests, caches) ------------------------------------------
+
+#: Boxes checked at once by :func:`check_columns`.
+_BLOCK_ROWS = 1 << 21
+
 
 def _more(report: Report, reason: str, count: int) -> None:
     """Count the findings of ``reason`` beyond the :data:`MAX_EXAMPLES` added one by one."""
@@ -606,8 +621,11 @@ def check_columns(
         report.add(NO_IMAGES, where_src, detail="no samples")
         return np.zeros((0, 4), np.float32), np.zeros(0, bool)
     ids = image_ids.astype(np.int64, copy=False)
-    order = np.argsort(ids, kind="stable")
-    same = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+    if n < 2 or (ids[1:] > ids[:-1]).all():  # ids written in order: unique without a sort
+        order, same = None, np.zeros(0, np.int64)
+    else:
+        order = np.argsort(ids, kind="stable")
+        same = np.flatnonzero(ids[order][1:] == ids[order][:-1])
     for k in same[:MAX_EXAMPLES]:
         row = int(order[k + 1])
         report.add(DUPLICATE_IMAGE_ID, file_of(row), image_id=int(ids[row]), detail=f"also the id of row {int(order[k])}")
@@ -618,24 +636,40 @@ def check_columns(
     for row in bad[:MAX_EXAMPLES]:
         report.add(BAD_SIZE, file_of(int(row)), image_id=int(ids[row]), detail=f"(h, w) {hw[row].tolist()}")
     _more(report, BAD_SIZE, len(bad))
-    owner = np.repeat(np.arange(n), np.diff(box_starts).astype(np.int64))
     lab = labels.astype(np.int64, copy=False)
+
+    def owner_of(j: int) -> int:
+        return int(np.searchsorted(box_starts, j, side="right") - 1)
+
+    def where(j: int) -> tuple[str, int | None, int | str | None]:
+        i = owner_of(j)
+        return file_of(i), int(ids[i]), f"box {int(j - box_starts[i])}"
 
     def label_error(reason: str, rows: np.ndarray) -> None:
         for j in rows[:MAX_EXAMPLES]:
-            report.add(reason, file_of(int(owner[j])), image_id=int(ids[owner[j]]), annotation=f"box {int(j - box_starts[owner[j]])}",
-                       detail=f"label {int(lab[j])}")
+            file, image_id, box = where(int(j))
+            report.add(reason, file, image_id=image_id, annotation=box, detail=f"label {int(lab[j])}")
         _more(report, reason, len(rows))
 
     label_error(NEGATIVE_LABEL, np.flatnonzero(lab < 0))
     label_error(LABEL_RANGE, np.flatnonzero(lab > INT32_MAX))
     if categories is not None:
         known = np.fromiter(categories, np.int64, len(categories))
-        label_error(UNKNOWN_CATEGORY, np.flatnonzero((lab >= 0) & (lab <= INT32_MAX) & ~np.isin(lab, known)))
-    box_hw = hw[owner].astype(np.float64)
-    box_hw[~declared[owner]] = np.nan
-
-    def where(j: int) -> tuple[str, int | None, int | str | None]:
-        return file_of(int(owner[j])), int(ids[owner[j]]), f"box {int(j - box_starts[owner[j]])}"
-
-    return check_boxes(boxes.astype(np.float64), box_hw, report, where)
+        top = int(lab.max(initial=0))
+        if len(lab) and int(lab.min()) >= 0 and top < 1 << 24:  # a lookup table: one pass
+            table = np.zeros(top + 1, bool)
+            table[known[(known >= 0) & (known <= top)]] = True
+            unknown = ~table[lab]
+        else:
+            unknown = (lab >= 0) & (lab <= INT32_MAX) & ~np.isin(lab, known)
+        label_error(UNKNOWN_CATEGORY, np.flatnonzero(unknown))
+    # the boxes, a block of rows at a time (bounded memory for 10M images)
+    out = np.empty((len(boxes), 4), np.float32)
+    keep = np.empty(len(boxes), bool)
+    for a in range(0, len(boxes), _BLOCK_ROWS):
+        b = min(len(boxes), a + _BLOCK_ROWS)
+        owner = np.searchsorted(box_starts, np.arange(a, b), side="right") - 1
+        box_hw = hw[owner].astype(np.float64)
+        box_hw[~declared[owner]] = np.nan
+        out[a:b], keep[a:b] = check_boxes(boxes[a:b], box_hw, report, lambda j, a=a: where(j + a))
+    return out, keep
