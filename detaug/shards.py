@@ -147,7 +147,10 @@ def read_index(path: str | os.PathLike) -> list[dict[str, tuple[int, int, str]]]
     """The samples of a DALI webdataset index file (v1.1/v1.2, as ``wds2idx`` writes): per
     sample ``{ext: (data offset, size, member name)}``. ``DatasetError`` naming the file when it
     is not one."""
-    lines = Path(path).read_text().splitlines()
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise DatasetError(f"{path}: not a DALI webdataset index file (not UTF-8 text at byte {err.start})") from None
     head = lines[0].split() if lines else []
     if len(head) != 2 or not head[0].startswith("v1.") or not head[1].isdigit():
         raise DatasetError(f"{path}: not a DALI webdataset index file (first line {lines[:1]})")
@@ -159,7 +162,12 @@ def read_index(path: str | os.PathLike) -> list[dict[str, tuple[int, int, str]]]
             raise DatasetError(f"{path}: line {number}: {line[:80]!r} is not {step} fields per component")
         sample = {}
         for k in range(0, len(parts), step):
-            ext, offset, size = parts[k], int(parts[k + 1]), int(parts[k + 2])
+            try:
+                ext, offset, size = parts[k], int(parts[k + 1]), int(parts[k + 2])
+            except ValueError:
+                raise DatasetError(f"{path}: line {number}: {line[:80]!r}: offset and size are not integers") from None
+            if offset < 0 or size < 0:
+                raise DatasetError(f"{path}: line {number}: {line[:80]!r}: a negative offset or size")
             sample[ext] = (offset, size, parts[k + 3] if step == 4 else "")
         samples.append(sample)
     if len(samples) != int(head[1]):
@@ -445,15 +453,26 @@ def rebuild_manifest(out: str | os.PathLike, *, allow_paths_outside: bool = Fals
                 width = max(width, len(member.split(".")[0]))
                 if ext not in ext_names:
                     ext_names.append(ext)
-                b = np.asarray(record["boxes"], dtype=np.float32).reshape(-1, 4)
-                ids.append(int(record["image_id"]))
-                sizes.append(record.get("size") or (0, 0))
+                try:
+                    if not isinstance(record, dict):
+                        raise TypeError(f"a {type(record).__name__}, not an object")
+                    b = np.asarray(record["boxes"], dtype=np.float32).reshape(-1, 4)
+                    image_id = int(record["image_id"])
+                    size = np.asarray(record.get("size") or (0, 0), dtype=np.int32).reshape(2)
+                    sample_labels = np.asarray(record["labels"], dtype=np.int64).reshape(-1)
+                    if len(sample_labels) != len(b):
+                        raise ValueError(f"{len(b)} boxes, {len(sample_labels)} labels")
+                except (KeyError, TypeError, ValueError, OverflowError) as err:
+                    raise DatasetError(f"{out / shard['tar']}: {entry['json'][2] or entry}: not a sample record "
+                                       f"({type(err).__name__}: {' '.join(str(err).split())[:120]})") from None
+                ids.append(image_id)
+                sizes.append(size)
                 counts.append(len(b))
                 offsets.append(img_off)
                 lengths.append(img_size)
                 exts.append(ext_names.index(ext))
                 boxes.append(b)
-                labels.append(np.asarray(record["labels"], dtype=np.int64).reshape(-1))
+                labels.append(sample_labels)
                 records_fields.append(record.get("fields") or {})
         shard["samples"], shard["bytes"] = len(entries), (out / shard["tar"]).stat().st_size
     table = SampleTable(np.asarray(ids, np.int64), np.asarray(sizes, np.int32).reshape(-1, 2),
@@ -465,7 +484,11 @@ def rebuild_manifest(out: str | os.PathLike, *, allow_paths_outside: bool = Fals
     if "fields" not in dataset:  # no dataset.json
         dataset["fields"] = _inferred_fields(records_fields, counts)
     specs = _specs_of(dataset)
-    columns = _field_columns([_typed_fields(f, specs, n) for f, n in zip(records_fields, counts)], specs)
+    try:
+        columns = _field_columns([_typed_fields(f, specs, n) for f, n in zip(records_fields, counts)], specs)
+    except (KeyError, TypeError, ValueError) as err:
+        raise DatasetError(f"{out}: a sample record's per-box fields do not fit dataset.json's \"fields\" "
+                           f"({type(err).__name__}: {' '.join(str(err).split())[:120]})") from None
     dataset.update(key_width=width, extensions=ext_names, samples=len(table), boxes=int(table.box_starts[-1]))
     save_manifest(out, table, np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), np.asarray(exts, np.uint8),
                   dataset, columns)

@@ -355,6 +355,55 @@ def test_a_rebuilt_manifest_is_checked_too(shards):
     assert len(ShardSource(out)) == 4
 
 
+INDEX_TAMPERING = {
+    "not an index": lambda text: "hello\n",
+    "empty": lambda text: "",
+    "offset not a number": lambda text: text.replace(" ", " x", 2),
+    "negative offset": lambda text: _field(text, 1, "-5"),
+    "offset past the tar": lambda text: _field(text, 1, str(10**9)),
+    "count too large": lambda text: text.replace(text.split()[1], "99", 1),
+    "a missing field": lambda text: text.replace(text.splitlines()[1], " ".join(text.splitlines()[1].split()[:-1])),
+}
+
+
+def _field(text: str, k: int, value: str) -> str:
+    lines = text.splitlines()
+    parts = lines[1].split()
+    parts[k] = value
+    lines[1] = " ".join(parts)
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("case", list(INDEX_TAMPERING))
+def test_a_tampered_index_is_named_when_the_manifest_is_rebuilt(shards, case):
+    out, _ = shards
+    index = out / "shard-000000.idx"
+    index.write_text(INDEX_TAMPERING[case](index.read_text()))
+    shutil.rmtree(out / "manifest")
+    with pytest.raises(DatasetError) as info:
+        ShardSource(out)
+    assert "shard-000000" in str(info.value)
+
+
+@pytest.mark.parametrize("record", [b"nonsense", b"[1, 2]", b'{"boxes": 5}', b'{"image_id": "x", "boxes": [], "labels": []}',
+                                    b'{"image_id": 1, "boxes": [[1, 2, 3, 4]], "labels": []}',
+                                    b'{"image_id": 1, "boxes": [[NaN, 2, 3, 4]], "labels": [1]}',
+                                    b'{"image_id": 1, "boxes": [[1, 2, 3, 4]], "labels": [999]}'])
+def test_a_tampered_sample_record_is_named_when_the_manifest_is_rebuilt(shards, record):
+    out, _ = shards
+    tar = out / "shard-000000.tar"
+    from detaug.shards import read_index
+
+    offset, size, member = read_index(out / "shard-000000.idx")[0]["json"]
+    data = bytearray(tar.read_bytes())
+    data[offset:offset + size] = record.ljust(size)[:size]
+    tar.write_bytes(bytes(data))
+    shutil.rmtree(out / "manifest")
+    with pytest.raises(DatasetError) as info:
+        ShardSource(out)
+    assert str(out) in str(info.value)
+
+
 # -- 3. caches that cannot lie ---------------------------------------------------------------------
 
 def _dataset(tmp_path: Path, n: int = 3) -> Path:
@@ -720,6 +769,28 @@ def test_a_hostile_voc_file_is_skipped_and_named(tmp_path, case):
             assert skipped == {"too many objects": 1}
     else:  # entities, includes and DTDs are not resolved; <filename> cannot leave the folder
         assert sorted(Path(f).name for f in files) == ["bad.jpg", "good.jpg"]
+
+
+@pytest.mark.parametrize("entry", ["../../outside/evil", "/OUT/evil", "a/../../../outside/evil", "../Annotations/good"])
+def test_a_voc_split_entry_stays_inside(tmp_path, entry):
+    from detaug.sources import VocSource
+
+    root, outside = tmp_path / "voc", tmp_path / "outside"
+    for sub in ("Annotations", "JPEGImages", "ImageSets/Main"):
+        (root / sub).mkdir(parents=True)
+    outside.mkdir()
+    good = "<annotation><filename>{}.jpg</filename><size><width>30</width><height>20</height></size>" + OBJ + "</annotation>"
+    (outside / "evil.xml").write_text(good.format("evil"))
+    jpeg(outside / "evil.jpg")
+    (root / "Annotations" / "good.xml").write_text(good.format("good"))
+    jpeg(root / "JPEGImages" / "good.jpg")
+    (root / "ImageSets" / "Main" / "train.txt").write_text("good\n" + entry.replace("/OUT", str(outside)) + "\n")
+    with Opens() as opened, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        source = VocSource(root, "train")
+    assert_nothing_outside(opened, root, outside)
+    assert [Path(source.file_of(i)).name for i in range(len(source))] == ["good.jpg"]
+    assert sum(source.report.conversion.images_skipped.values()) == 1  # the entry is named, skipped
 
 
 # -- 7. images -------------------------------------------------------------------------------------
