@@ -181,7 +181,8 @@ def make_source(args: argparse.Namespace) -> Any:
         if not args.images:
             raise CliError("--coco needs --images DIR (the folder its file_name entries are relative to)")
         images = _existing_folder("--images", args.images)
-        source = CocoSource(coco, images, shuffle=True, seed=args.seed)
+        source = CocoSource(coco, images, shuffle=True, seed=args.seed,
+                            allow_paths_outside=getattr(args, "allow_paths_outside", False))
         _check_images_there(source, coco, images)
         return source
     raise CliError("give a dataset: --voc ROOT, or --coco FILE --images DIR")
@@ -329,6 +330,9 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--labels", default="discover", help="VOC labels: voc, discover or a labels file")
     parser.add_argument("--coco", metavar="FILE", help="a COCO annotations JSON")
     parser.add_argument("--images", metavar="DIR", help="images folder of --coco")
+    parser.add_argument("--allow-paths-outside", action="store_true",
+                        help="accept --coco file_name entries that are absolute or leave --images (default: an error "
+                             "naming them; docs/security.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -176,6 +176,27 @@ def test_the_cli_flag_exists(world, tmp_path):
                  "--quiet"]) != 0
 
 
+def test_bench_data_refuses_outside_names_unless_allowed(world, tmp_path):
+    from detaug.bench.dataset import prepare_dataset
+    from detaug.bench.runner import build_parser
+
+    root, outside = world
+    jpeg(root / "images" / "a.jpg", (80, 80))  # the bench keeps images of 64 px a side or more
+    jpeg(outside / "outside.jpg", (80, 80))
+    doc = coco(["a.jpg", "../../outside/outside.jpg"])
+    for image in doc["images"]:
+        image["width"] = image["height"] = 80
+    (root / "ann.json").write_text(json.dumps(doc))
+    with Opens() as opened, pytest.raises(DatasetError, match="outside.jpg"):
+        prepare_dataset(root / "ann.json", images_dir=root / "images", work_dir=tmp_path / "w", progress=False)
+    assert_nothing_outside(opened, root, outside)
+    dataset = prepare_dataset(root / "ann.json", images_dir=root / "images", work_dir=tmp_path / "w",
+                              progress=False, allow_paths_outside=True)
+    assert dataset.num_images == 2
+    args = build_parser().parse_args(["--data", str(root / "ann.json"), "--allow-paths-outside"])
+    assert args.allow_paths_outside is True
+
+
 def test_a_million_names_are_checked_at_once():
     names = [f"train/{k:07d}.jpg" for k in range(1_000_000)]
     assert v.outside_paths(names) == []  # one search of the joined names
