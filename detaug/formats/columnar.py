@@ -718,9 +718,9 @@ def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
 #
 # A cache is used only when it provably belongs to this very file (docs/security.md):
 #
-# * fast path: ``meta.json``'s ``key`` is the annotation file's ``[size, mtime_ns, ctime_ns, device,
-#   inode]`` and ``files`` the same of each of the cache's ``.npy`` files, as they were when it was
-#   built. No copy, extraction or edit keeps a file's inode and ctime (ctime cannot be set), so a
+# * fast path: ``meta.json``'s ``trusted`` holds the annotation file's ``[size, mtime_ns, ctime_ns,
+#   device, inode]`` with the same of each of the cache's ``.npy`` files, as they were when it was
+#   built (or renewed: up to :data:`_TRUSTED_KEYS` such pairs). No copy, extraction or edit keeps a file's inode and ctime (ctime cannot be set), so a
 #   cache shipped with a dataset, or an edited file or cache, never takes this path. Nothing is
 #   read but ``meta.json``: opening stays as fast as before.
 # * otherwise (the file was touched, copied, moved to another disk): the file's SHA-256 is
@@ -729,6 +729,9 @@ def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
 #   elsewhere cannot have. Then the arrays are checked as any source's (:func:`_check_cached`) and
 #   the keys renewed; anything else rebuilds the cache with a :class:`DataWarning` saying why.
 
+#: Keys a cache keeps as its own (the file and its arrays as seen from up to this many hosts or
+#: copies, e.g. nodes that see other device numbers of one network file system).
+_TRUSTED_KEYS = 32
 #: Bytes read at a time when hashing an annotation file.
 _HASH_BLOCK = 8 << 20
 
@@ -762,12 +765,13 @@ def _arrays_hash(folder: Path) -> str:
 
 
 def _stamp(tmp: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """``meta`` of a cache written into ``tmp``: its arrays' keys and hash, and the MAC over the
-    annotation file's hash and the arrays' hash (none without a secret)."""
-    arrays = _arrays_hash(tmp)
+    """``meta`` of a cache written into ``tmp``: its arrays' keys and hash, and the MAC over
+    everything it says (none without a secret)."""
+    meta = {**meta, "arrays_sha256": _arrays_hash(tmp)}
+    meta["trusted"] = [[meta.pop("key"), _files_key(tmp)]]
     secret = _secret()
-    return {**meta, "files": _files_key(tmp), "arrays_sha256": arrays,
-            "mac": _mac(secret, meta["sha256"], arrays) if secret is not None else None}
+    meta["mac"] = _mac(secret, meta) if secret is not None else None
+    return meta
 
 
 def _secret() -> bytes | None:
@@ -805,11 +809,24 @@ def _secret() -> bytes | None:
         return None
 
 
-def _mac(secret: bytes, digest: str, arrays: str) -> str:
-    """HMAC-SHA256 binding a cache's arrays (their hash) to an annotation file (its hash)."""
+def _mac(secret: bytes, meta: Mapping[str, Any]) -> str:
+    """HMAC-SHA256 over what a cache's ``meta.json`` says (the annotation file's hash, the
+    arrays' hash, the categories, the report, ...), all but its keys and its MAC."""
     import hmac
 
-    return hmac.new(secret, f"detaug-cache:{CACHE_VERSION}:{digest}:{arrays}".encode(), hashlib.sha256).hexdigest()
+    signed = {k: value for k, value in meta.items() if k not in ("trusted", "mac")}
+    text = json.dumps(signed, sort_keys=True, separators=(",", ":"))
+    return hmac.new(secret, f"detaug-cache:{CACHE_VERSION}:{text}".encode(), hashlib.sha256).hexdigest()
+
+
+def _signed_by_us(meta: Mapping[str, Any], secret: bytes | None) -> bool:
+    """Whether ``meta``'s MAC is this user's (``True`` where there is no secret to check with)."""
+    import hmac
+
+    if secret is None:
+        return True
+    mac = meta.get("mac")
+    return isinstance(mac, str) and hmac.compare_digest(mac, _mac(secret, meta))
 
 
 def cache_folder(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
@@ -924,7 +941,9 @@ def _open_cache(path: Path, folder: Path) -> CocoColumns | None:
             warnings.warn(f"{folder}: a cache of another layout (version {str(meta.get('version'))[:20]}, this "
                           f"detaug writes {CACHE_VERSION}): rebuilt", DataWarning, stacklevel=4)
             return None
-        if meta.get("key") == _file_key(path) and meta.get("files") == _files_key(folder):
+        trusted = meta.get("trusted")
+        if (isinstance(trusted, list) and [_file_key(path), _files_key(folder)] in trusted
+                and _signed_by_us(meta, _secret())):
             arrays, meta = load_columns(folder)
             columns = CocoColumns.from_columns(arrays, meta)
             columns.cache = folder  # type: ignore[attr-defined]
@@ -952,14 +971,10 @@ def _renew(path: Path, folder: Path, meta: dict[str, Any]) -> str | None:
     """Renew the keys of a cache whose file was touched, copied or moved, when the file's SHA-256
     is the one recorded under this user's MAC and the arrays pass the checks; else why not."""
     secret = _secret()
-    mac = meta.get("mac")
-    if secret is None or not isinstance(mac, str):
+    if secret is None:
         return "the file or the cache changed since it was built"
-    import hmac
-
     digest, arrays_digest = meta.get("sha256"), meta.get("arrays_sha256")
-    if not isinstance(digest, str) or not isinstance(arrays_digest, str) or not hmac.compare_digest(
-            mac, _mac(secret, digest, arrays_digest)):
+    if not isinstance(digest, str) or not isinstance(arrays_digest, str) or not _signed_by_us(meta, secret):
         return "not built here: its record is not signed by this user's cache secret"
     key = _file_key(path)
     if _file_hash(path) != digest:
@@ -969,10 +984,15 @@ def _renew(path: Path, folder: Path, meta: dict[str, Any]) -> str | None:
     arrays, meta = load_columns(folder, mmap_mode=None)
     columns = CocoColumns.from_columns(arrays, meta)
     _check_cached(columns, bool(meta.get("outside", 0)))
-    meta = {**meta, "key": key, "files": _files_key(folder)}
+    trusted = [k for k in meta.get("trusted", []) if isinstance(k, list)][-(_TRUSTED_KEYS - 1):]
+    meta = {**meta, "trusted": [*trusted, [key, _files_key(folder)]]}
     tmp = folder / f"meta.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(meta, separators=(",", ":")))
-    os.replace(tmp, folder / "meta.json")
+    try:  # kept for the next start-up; a read-only cache is used all the same
+        tmp.write_text(json.dumps(meta, separators=(",", ":")))
+        os.replace(tmp, folder / "meta.json")
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
     return None
 
 

@@ -471,7 +471,8 @@ def test_a_planted_cache_is_rebuilt_with_a_warning(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("tamper", ["nan boxes", "label -5", "other boxes", "names", "meta image count",
-                                    "meta report", "delete an array", "extra array"])
+                                    "meta max boxes", "meta categories", "meta keys", "delete an array",
+                                    "extra array"])
 def test_a_tampered_cache_is_rebuilt(tmp_path, tamper):
     path = _dataset(tmp_path)
     _quiet_load(path)
@@ -493,13 +494,18 @@ def test_a_tampered_cache_is_rebuilt(tmp_path, tamper):
         meta = json.loads((folder / "meta.json").read_text())
         if tamper == "meta image count":
             meta["report"]["images"] = 99
-        meta["key"] = [0, 0, 0, 0, 0]
+        if tamper == "meta max boxes":
+            meta["max_boxes"] = 0
+        if tamper == "meta categories":
+            meta["categories"] = [[1, "thing"], [2, "other"]]
+        meta["trusted"] = [[[0, 0, 0, 0, 0], []]] if tamper == "meta keys" else meta["trusted"]
         (folder / "meta.json").write_text(json.dumps(meta))
     columns, said = _quiet_load(path)
-    if tamper in ("meta report",):  # only the key changed: renewed from the signed hash, no rebuild
+    if tamper == "meta keys":  # only the keys changed: renewed from the signed hashes, no rebuild
         assert said == [] and columns.parsed_by == "cache"
         return
-    assert any("rebuilt" in m for m in said) or tamper == "meta image count"
+    assert any("rebuilt" in m for m in said)
+    assert columns.report.images == 3 and columns.table.max_boxes() == 1 and columns.categories == {1: "thing"}
     assert np.isfinite(columns.table.boxes).all() and columns.file_name(0) == "0.jpg"
     assert len(columns) == 3 and (np.asarray(columns.table.labels) == 1).all()
     assert (np.asarray(columns.table.boxes) == [2, 2, 12, 12]).all()
