@@ -607,19 +607,21 @@ class ShardSource(SampleListSource):
             self._present = np.asarray(meta["present_labels"], dtype=np.int64)
             self._max_boxes = int(meta["max_boxes"])
             self._width = int(self.dataset["key_width"])
+            if not 1 <= self._width <= 32:
+                raise DatasetError(f"{self.root / 'dataset.json'}: key_width {self._width} is not 1..32")
             self._ext_names = [str(e) for e in self.dataset["extensions"]]
             specs = _specs_of(self.dataset)
             self.field_columns = {name: arrays[f"field_{k}"] for k, name in enumerate(specs)}
             categories = {int(k): str(name) for k, name in self.dataset["categories"]}
             orientation = check_orientation(orientation if orientation is not None
                                             else self.dataset.get("orientation", "auto"))
+            self._files: dict[int, int] = {}
+            self._check_tars()
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
             if isinstance(err, DatasetError):
                 raise
             raise DatasetError(f"{manifest}: not a shard manifest detaug wrote ({type(err).__name__}: "
                                f"{' '.join(str(err).split())[:200]})") from None
-        self._files: dict[int, int] = {}
-        self._check_tars()
         report = self._check_manifest(categories, specs)
         view = SampleView(self.table, _TarMember(self), fields_of=_ShardFields(self) if specs else None)
         self._adopt(view, categories, report, orientation, specs)  # type: ignore[arg-type]
@@ -660,6 +662,10 @@ class ShardSource(SampleListSource):
                                    f"its tar {self.tars[int(shard[r])]} ({int(ends[r])} bytes); "
                                    f"{len(bad)} such sample(s)")
         for name, column in self.field_columns.items():
+            spec = specs[name]
+            if spec.dtype.kind not in "biuf" or column.dtype != spec.dtype or column.shape[1:] != spec.shape:
+                raise DatasetError(f"{self.root / 'dataset.json'}: field {name!r} is {spec.dtype} {list(spec.shape)}, "
+                                   f"its column {column.dtype} {list(column.shape[1:])} (numbers only)")
             if len(column) != len(t.boxes):
                 raise DatasetError(f"{self.root / 'manifest'}: field {name!r} has {len(column)} rows, "
                                    f"{len(t.boxes)} boxes")

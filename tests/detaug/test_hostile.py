@@ -361,6 +361,29 @@ def test_a_broken_dataset_json_is_a_dataset_error(shards, text):
         ShardSource(out)
 
 
+DATASET_EDITS = {
+    "key_width huge": lambda d: d.__setitem__("key_width", 10**9),
+    "key_width zero": lambda d: d.__setitem__("key_width", 0),
+    "bytes not a number": lambda d: d["shards"][0].__setitem__("bytes", "many"),
+    "shards not a list": lambda d: d.__setitem__("shards", 5),
+    "shard not an object": lambda d: d.__setitem__("shards", [5]),
+    "categories not pairs": lambda d: d.__setitem__("categories", [5]),
+    "extensions missing": lambda d: d.pop("extensions"),
+    "fields of objects": lambda d: d.__setitem__("fields", [["iscrowd", "|O", []], ["area", "<f4", []]]),
+    "orientation unknown": lambda d: d.__setitem__("orientation", "sideways"),
+    "another tar list": lambda d: d["shards"].append(dict(d["shards"][0])),
+}
+
+
+@pytest.mark.parametrize("case", list(DATASET_EDITS))
+def test_a_tampered_dataset_json_is_a_dataset_error(shards, case):
+    out, _ = shards
+    _edit_json(out / "dataset.json", DATASET_EDITS[case])
+    with pytest.raises((DatasetError, ValueError)) as info:
+        ShardSource(out)
+    assert str(out) in str(info.value) or case == "orientation unknown"
+
+
 @pytest.mark.parametrize("text", ['{"version": 1}', '{"version": 9, "shards": []}', "[1]"])
 def test_a_broken_manifest_meta_is_a_dataset_error(shards, text):
     out, _ = shards
