@@ -595,13 +595,27 @@ class _Collector:
             self.ann["id"].append(np.array(aid, dtype=np.int64))
             self.ann["image_id"].append(np.array(iid, dtype=np.int64))
             self.ann["category_id"].append(np.array(cid, dtype=np.int64))
-            self.ann["bbox"].append(np.array(bbox, dtype=np.float64).reshape(-1, 4))
+            xywh = np.array(bbox, dtype=np.float64).reshape(-1, 4)
+            with np.errstate(over="ignore", invalid="ignore"):  # xyxy in float64, kept in float32 (beyond: inf)
+                xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1).astype(np.float32)
+            self.ann["bbox"].append(xyxy)
         except OverflowError:
             raise _Irregular("an integer beyond int64") from None
         c = np.array(crowd, dtype=np.float64)
         if not np.isin(c, (0.0, 1.0)).all():
             raise _Irregular("iscrowd not 0/1")
         self.ann["iscrowd"].append(c == 1)
+
+
+#: Boxes checked at once when a COCO file is parsed into columns.
+_CHECK_ROWS = 1 << 21
+
+
+def _take(lists: dict[str, list[np.ndarray]], key: str, dtype: Any, shape: tuple[int, ...] = ()) -> np.ndarray:
+    """:func:`_cat` of ``lists[key]``, the list emptied (its chunks freed)."""
+    joined = _cat(lists[key], dtype, shape)
+    lists[key].clear()
+    return joined
 
 
 def _cat(parts: list[np.ndarray], dtype: Any, shape: tuple[int, ...] = ()) -> np.ndarray:
@@ -658,6 +672,7 @@ def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
     if report.total:
         raise _Irregular("the categories have errors")
     ids = _cat(c.ids, np.int64)
+    c.ids.clear()
     if not len(ids):
         raise _Irregular("no images")
     order = np.argsort(ids, kind="stable")
@@ -665,11 +680,13 @@ def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
     if (sorted_ids[1:] == sorted_ids[:-1]).any():
         raise _Irregular("duplicate image ids")
     hashes = np.sort(_cat(c.name_hashes, np.int64))
+    c.name_hashes.clear()
     if (hashes[1:] == hashes[:-1]).any():
         raise _Irregular("duplicate (or colliding) file names")
     sizes = _cat(c.sizes, np.int32, (2,)).reshape(-1, 2)
     lengths = _cat(c.name_lengths, np.int64)
     names = np.frombuffer(b"".join(c.names), np.uint8)
+    c.sizes.clear(), c.name_lengths.clear(), c.names.clear()
     name_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
     def file_of(i: int) -> str:
@@ -679,39 +696,41 @@ def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
     _add_many(report, v.SIZE_NOT_DECLARED, len(undeclared),
               lambda k: (file_of(int(undeclared[k])), int(ids[undeclared[k]]), None), detail="no width/height")
 
-    image_of = _cat(c.ann["image_id"], np.int64)
-    labels = _cat(c.ann["category_id"], np.int64)
+    image_of = _take(c.ann, "image_id", np.int64)
+    labels = _take(c.ann, "category_id", np.int64)
     if len(image_of):
         slot = np.searchsorted(sorted_ids, image_of)
         slot = np.minimum(slot, len(ids) - 1)
         if (sorted_ids[slot] != image_of).any():
             raise _Irregular("an annotation of an unknown image")
         owner = order[slot]
+        del slot, image_of
         if not np.isin(labels, np.fromiter(categories, np.int64, len(categories))).all():
             raise _Irregular("an unknown category id")
     else:
         owner = np.zeros(0, np.int64)
-    table_xywh = _cat(c.ann["bbox"], np.float64, (4,)).reshape(-1, 4)
-    ann_ids = _cat(c.ann["id"], np.int64)
-    crowd = _cat(c.ann["iscrowd"], bool)
-    with np.errstate(over="ignore", invalid="ignore"):
-        xyxy = np.concatenate([table_xywh[:, :2], table_xywh[:, :2] + table_xywh[:, 2:]], axis=1)
-    hw = sizes[owner].astype(np.float64)
-    hw[hw[:, 0] == 0] = np.nan
+    xyxy = _take(c.ann, "bbox", np.float32, (4,)).reshape(-1, 4)  # the chunks' lists freed as they are joined
+    ann_ids = _take(c.ann, "id", np.int64)
+    crowd = _take(c.ann, "iscrowd", bool)
 
     def where(j: int) -> tuple[str, int | None, int | str | None]:
         annotation = int(ann_ids[j]) if ann_ids[j] != -1 else f"annotations[{j}]"
         return file_of(int(owner[j])), int(ids[owner[j]]), annotation
 
-    boxes, keep = v.check_boxes(xyxy, hw, report, where)
+    boxes, keep = xyxy, np.empty(len(xyxy), bool)  # checked in place, a block at a time (bounded memory)
+    for a in range(0, len(xyxy), _CHECK_ROWS):
+        b = min(len(xyxy), a + _CHECK_ROWS)
+        hw = sizes[owner[a:b]].astype(np.float32)
+        hw[hw[:, 0] == 0] = np.nan
+        boxes[a:b], keep[a:b] = v.check_boxes(xyxy[a:b], hw, report, lambda j, a=a: where(j + a))
     report.raise_errors()
-    rank = np.argsort(owner[keep], kind="stable")
-    owner = owner[keep][rank]
-    box_starts = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=len(ids)))]).astype(np.int64)
-    table = SampleTable(ids, sizes, box_starts, boxes[keep][rank], labels[keep][rank].astype(np.int32))
+    kept = np.flatnonzero(keep)
+    kept = kept[np.argsort(owner[kept], kind="stable")]  # grouped by image, in the annotations' order
+    box_starts = np.concatenate([[0], np.cumsum(np.bincount(owner[kept], minlength=len(ids)))]).astype(np.int64)
+    table = SampleTable(ids, sizes, box_starts, boxes[kept], labels[kept].astype(np.int32))
     report.images, report.boxes = len(ids), int(box_starts[-1])
-    return CocoColumns(source, table, names, name_starts, _cat(c.exif, np.int8), crowd[keep][rank],
-                       ann_ids[keep][rank], categories, report)
+    return CocoColumns(source, table, names, name_starts, _cat(c.exif, np.int8), crowd[kept],
+                       ann_ids[kept], categories, report)
 
 
 # -- the cache -------------------------------------------------------------------------------------
@@ -869,8 +888,7 @@ def load_coco_columns(path: str | os.PathLike, *, cache: bool = True, cache_dir:
                 try:
                     columns = _build_cache(path, folder, columns, key)
                 except OSError as err:
-                    warnings.warn(f"{folder}: cannot write the annotation cache ({err}); parsed without it",
-                                  DataWarning, stacklevel=2)
+                    _warn(f"{folder}: cannot write the annotation cache ({err}); parsed without it")
                 _warn_repairs(columns.report)
                 return columns
     if getattr(columns, "outside", 0) and not allow_paths_outside:
@@ -879,6 +897,11 @@ def load_coco_columns(path: str | os.PathLike, *, cache: bool = True, cache_dir:
         load_coco(path, name=name)  # raises, naming every file_name outside the images folder
     _warn_repairs(columns.report)
     return columns
+
+
+def _warn(text: str) -> None:
+    """A :class:`DataWarning` pointing at the user's call (the first frame outside detaug)."""
+    warnings.warn(text, DataWarning, stacklevel=v._caller_level())
 
 
 def _parsed(path: Path, name: str | None, allow_paths_outside: bool, *, warn: bool = True) -> CocoColumns:
@@ -938,8 +961,8 @@ def _open_cache(path: Path, folder: Path) -> CocoColumns | None:
         if not isinstance(meta, dict):
             raise ValueError("meta.json is not an object")
         if meta.get("version") != CACHE_VERSION:
-            warnings.warn(f"{folder}: a cache of another layout (version {str(meta.get('version'))[:20]}, this "
-                          f"detaug writes {CACHE_VERSION}): rebuilt", DataWarning, stacklevel=4)
+            _warn(f"{folder}: a cache of another layout (version {str(meta.get('version'))[:20]}, this "
+                  f"detaug writes {CACHE_VERSION}): rebuilt")
             return None
         trusted = meta.get("trusted")
         if (isinstance(trusted, list) and [_file_key(path), _files_key(folder)] in trusted
@@ -954,8 +977,7 @@ def _open_cache(path: Path, folder: Path) -> CocoColumns | None:
             return _open_cache_renewed(folder)
     except (OSError, ValueError, KeyError, TypeError, DatasetError) as err:
         why = f"unreadable ({' '.join(str(err).split())[:200]})"
-    warnings.warn(f"{folder}: the annotation cache is not provably that of {path} ({why}): rebuilt",
-                  DataWarning, stacklevel=4)
+    _warn(f"{folder}: the annotation cache is not provably that of {path} ({why}): rebuilt")
     return None
 
 
