@@ -773,7 +773,15 @@ def _check_names(names: Sequence[str], file: Path, allow_paths_outside: bool) ->
 
 
 def _open_shard_source(root: str, options: dict[str, Any]) -> ShardSource:
-    return ShardSource(root, **options)
+    """A pickled source opened again (in a worker process): the same checks and repairs, said
+    once by the process that built it."""
+    import warnings
+
+    from detaug.errors import DataWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataWarning)
+        return ShardSource(root, **options)
 
 
 def iter_webdataset(root: str | os.PathLike, *, allow_paths_outside: bool = False) -> Iterator[tuple[str, str]]:
