@@ -86,7 +86,11 @@ def read_recipe(path: str | os.PathLike[str]) -> Any:
         raise CliError(f"--recipe {p}: file not found")
     if p.is_dir():
         raise CliError(f"--recipe {p}: is a folder, not a recipe file")
+    from detaug.transforms.recipe_file import MAX_RECIPE_BYTES
+
     try:
+        if p.stat().st_size > MAX_RECIPE_BYTES:
+            raise CliError(f"{p}: {p.stat().st_size} bytes: a recipe file is at most {MAX_RECIPE_BYTES} bytes")
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise CliError(f"{p}: not UTF-8 text (byte {err.start}); a recipe is YAML or JSON text") from err

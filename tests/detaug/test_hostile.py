@@ -352,6 +352,19 @@ def test_manifest_boxes_are_repaired_and_counted(shards, box, reason, kept):
     assert len(source.samples[0].labels) == kept
 
 
+def test_a_repaired_manifest_is_the_same_in_a_worker(shards):
+    import pickle
+
+    out, _ = shards
+    _edit_array(out, "boxes", lambda a: _set(a, 1, [-5, -5, 1e30, 10]))
+    with pytest.warns(DataWarning, match="clipped"):
+        source = ShardSource(out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)  # said once, by the process that built it
+        again = pickle.loads(pickle.dumps(source))
+    assert again.load(1)[1].tolist() == source.load(1)[1].tolist() == [[0, 0, 30, 10]]
+
+
 @pytest.mark.parametrize("text", ["", "[", "{}", "[]", '{"shards": 5}', "null", '{"version": 1}', "\xff"])
 def test_a_broken_dataset_json_is_a_dataset_error(shards, text):
     out, _ = shards
