@@ -147,6 +147,10 @@ def read_index(path: str | os.PathLike) -> list[dict[str, tuple[int, int, str]]]
     """The samples of a DALI webdataset index file (v1.1/v1.2, as ``wds2idx`` writes): per
     sample ``{ext: (data offset, size, member name)}``. ``DatasetError`` naming the file when it
     is not one."""
+    import stat
+
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe would block, a device never end
+        raise DatasetError(f"{path}: not a DALI webdataset index file (not a regular file)")
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as err:

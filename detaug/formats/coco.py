@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,8 +73,12 @@ class CocoDataset:
 
 def read_json(path: str | os.PathLike) -> Any:
     """The parsed JSON file; :class:`DatasetError` naming the file (and line, column) when it is
-    not JSON. ``OSError`` (e.g. ``FileNotFoundError``) passes through."""
-    data = Path(path).read_bytes()
+    not JSON, or not a regular file (a link to ``/dev/zero``). ``OSError`` (e.g.
+    ``FileNotFoundError``) passes through."""
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a device or a pipe planted as a file (opening a pipe blocks)
+        raise DatasetError(f"{path}: {v.NOT_JSON}: not a regular file")
+    with open(path, "rb") as f:
+        data = f.read()
     try:
         return json.loads(data)
     except json.JSONDecodeError as err:

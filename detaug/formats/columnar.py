@@ -35,6 +35,7 @@ import mmap
 import os
 import re
 import shutil
+import stat
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -101,16 +102,36 @@ def load_columns(folder: str | os.PathLike, names: Sequence[str] | None = None,
     """``(arrays, meta)`` of a folder written by :func:`save_columns`; the arrays memory-mapped
     read-only (``mmap_mode=None``: read into memory). ``OSError`` when a file is missing."""
     folder = Path(folder)
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = json.loads(_read_regular(folder / "meta.json", _META_BYTES))
     names = list(names) if names is not None else [p.stem for p in sorted(folder.glob("*.npy"))]
     arrays = {}
     for name in names:
         path = folder / f"{name}.npy"
+        if not stat.S_ISREG(path.stat().st_mode):  # a pipe would block, a device never end
+            raise ValueError(f"{path}: not a regular file")
         # np.load cannot map an empty file; small arrays are read
         arrays[name] = array = np.load(path, mmap_mode=mmap_mode if path.stat().st_size > 4096 else None,
                                        allow_pickle=False)
         _random_access(array)
     return arrays, meta
+
+
+#: Largest ``meta.json`` read (a cache's or a manifest's is a few kB to a few MB).
+_META_BYTES = 64 << 20
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; ``ValueError`` naming it for a
+    device, a pipe (a link to ``/dev/zero`` planted in a dataset) or a larger file."""
+    if not stat.S_ISREG(os.stat(path).st_mode):  # checked before opening: opening a pipe blocks
+        raise ValueError(f"{path}: not a regular file")
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: not a regular file")
+        if st.st_size > limit:
+            raise ValueError(f"{path}: {st.st_size} bytes, more than the {limit} a meta.json may have")
+        return f.read(limit + 1)
 
 
 def _random_access(array: np.ndarray) -> None:
@@ -769,6 +790,8 @@ def _files_key(folder: Path) -> list[list[Any]]:
 def _file_hash(path: str | os.PathLike) -> str:
     """SHA-256 of the whole file (read in bounded blocks)."""
     digest = hashlib.sha256()
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a device never ends, a pipe blocks
+        raise ValueError(f"{path}: not a regular file")
     with open(path, "rb") as f:
         while block := f.read(_HASH_BLOCK):
             digest.update(block)
@@ -924,7 +947,7 @@ def _build_lock(folder: Path) -> Iterator[None]:
         import fcntl
 
         folder.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder.with_name(folder.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(folder.with_name(folder.name + ".lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
     except (ImportError, OSError):
         yield
         return
@@ -954,10 +977,10 @@ def _build_cache(path: Path, folder: Path, columns: CocoColumns, key: list[int])
 def _open_cache(path: Path, folder: Path) -> CocoColumns | None:
     """The cached columns of ``path`` when its cache provably belongs to it, else ``None``
     (with a :class:`DataWarning` saying why, when there was a cache)."""
-    if not (folder / "meta.json").is_file():
+    if not os.path.lexists(folder / "meta.json"):
         return None
     try:
-        meta = json.loads((folder / "meta.json").read_bytes())
+        meta = json.loads(_read_regular(folder / "meta.json", _META_BYTES))
         if not isinstance(meta, dict):
             raise ValueError("meta.json is not an object")
         if meta.get("version") != CACHE_VERSION:

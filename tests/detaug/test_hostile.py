@@ -405,6 +405,40 @@ def test_a_broken_manifest_meta_is_a_dataset_error(shards, text):
         ShardSource(out)
 
 
+@pytest.mark.parametrize("where", ["manifest/meta.json", "dataset.json", "manifest/boxes.npy", "shard-000000.idx",
+                                   "fifo:manifest/labels.npy", "fifo:dataset.json", "fifo:shard-000000.idx"])
+def test_a_device_or_pipe_planted_in_a_shard_folder_is_refused(shards, where):
+    out, _ = shards
+    fifo = where.startswith("fifo:")
+    path = out / where.removeprefix("fifo:")
+    path.unlink()
+    if fifo:
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    if where.endswith(".idx"):
+        shutil.rmtree(out / "manifest")
+    if where == "manifest/meta.json":  # no manifest there: rebuilt from the tars
+        assert len(ShardSource(out)) == 4
+        return
+    with pytest.raises(DatasetError, match="regular file"):
+        ShardSource(out)
+
+
+@pytest.mark.parametrize("name", ["meta.json", "boxes.npy", "fifo:boxes.npy", "fifo:meta.json"])
+def test_a_device_or_pipe_planted_in_a_cache_is_rebuilt(tmp_path, name):
+    path = _dataset(tmp_path)
+    _quiet_load(path)
+    target = cache_folder(path) / name.removeprefix("fifo:")
+    target.unlink()
+    if name.startswith("fifo:"):
+        os.mkfifo(target)
+    else:
+        target.symlink_to("/dev/zero")
+    columns, said = _quiet_load(path)
+    assert any("rebuilt" in m for m in said) and len(columns) == 3
+
+
 def test_a_rebuilt_manifest_is_checked_too(shards):
     out, _ = shards
     shutil.rmtree(out / "manifest")
