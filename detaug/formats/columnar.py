@@ -760,14 +760,16 @@ def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
 #
 # * fast path: ``meta.json``'s ``trusted`` holds the annotation file's ``[size, mtime_ns, ctime_ns,
 #   device, inode]`` with the same of each of the cache's ``.npy`` files, as they were when it was
-#   built (or renewed: up to :data:`_TRUSTED_KEYS` such pairs). No copy, extraction or edit keeps a file's inode and ctime (ctime cannot be set), so a
-#   cache shipped with a dataset, or an edited file or cache, never takes this path. Nothing is
-#   read but ``meta.json``: opening stays as fast as before.
-# * otherwise (the file was touched, copied, moved to another disk): the file's SHA-256 is
-#   computed and compared with the one recorded at build; the record is trusted only if its MAC
-#   (HMAC-SHA256 with a secret of this user, :func:`_secret`) is valid, which a cache built
-#   elsewhere cannot have. Then the arrays are checked as any source's (:func:`_check_cached`) and
-#   the keys renewed; anything else rebuilds the cache with a :class:`DataWarning` saying why.
+#   built (or renewed: up to :data:`_TRUSTED_KEYS` such pairs), and its MAC (HMAC-SHA256 with a
+#   secret of this user, :func:`_secret`) over everything else it says is valid. No copy,
+#   extraction or edit keeps a file's inode and ctime (ctime cannot be set), and a cache made
+#   elsewhere has no valid MAC, so a cache shipped with a dataset, or an edited file or cache,
+#   never takes this path. Nothing is read but ``meta.json`` and the secret: opening stays as
+#   fast as before.
+# * otherwise (the file was touched, copied, moved to another disk): the SHA-256 of the file and
+#   of the arrays are computed and compared with those signed at build; then the arrays are
+#   checked as any source's (:func:`_check_cached`) and the new keys kept; anything else rebuilds
+#   the cache with a :class:`DataWarning` saying why.
 
 #: Keys a cache keeps as its own (the file and its arrays as seen from up to this many hosts or
 #: copies, e.g. nodes that see other device numbers of one network file system).
