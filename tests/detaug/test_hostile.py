@@ -29,10 +29,11 @@ from detaug.transforms import Compose
 # -- watching opens --------------------------------------------------------------------------------
 
 _OPENED: list[str] = []
+_WATCHING: list[bool] = []  # not empty inside an Opens block (the hook stays for the session: records nothing else)
 
 
 def _audit(event: str, args: tuple) -> None:
-    if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+    if _WATCHING and event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
         _OPENED.append(os.fsdecode(args[0]))
 
 
@@ -43,12 +44,15 @@ class Opens:
     """The files opened (by Python) inside the ``with`` block."""
 
     def __enter__(self) -> list[str]:
-        self.start = len(_OPENED)
+        _OPENED.clear()
+        _WATCHING.append(True)
         self.seen: list[str] = []
         return self.seen
 
     def __exit__(self, *exc: object) -> None:
-        self.seen.extend(_OPENED[self.start:])
+        _WATCHING.pop()
+        self.seen.extend(_OPENED)
+        _OPENED.clear()
 
 
 def assert_nothing_outside(opened: list[str], root: Path, outside: Path) -> None:
@@ -138,7 +142,10 @@ def test_allow_paths_outside_takes_them(world, name):
     (root / "ann.json").write_text(json.dumps(coco(["a.jpg", name])))
     for cache in (False, True):
         source = CocoSource(root / "ann.json", root / "images", cache=cache, allow_paths_outside=True)
-        assert source.load(1)[0].size == (outside / "outside.jpg").stat().st_size
+        with Opens() as opened:
+            assert source.load(1)[0].size == (outside / "outside.jpg").stat().st_size
+        with pytest.raises(AssertionError, match="outside"):  # the watch sees it: the other cases' checks can fail
+            assert_nothing_outside(opened, root, outside)
     with pytest.raises(DatasetError, match="image_id 2"):  # the cache built with it does not open without it
         CocoSource(root / "ann.json", root / "images", cache=True)
 
