@@ -27,6 +27,10 @@ from detaug.formats.images import MAX_PIXELS
 #: A coordinate or a side at or beyond this (in absolute value) is absurd: no image that the
 #: loader accepts has a side that long (its width * height would reach MAX_PIXELS).
 ABSURD = float(MAX_PIXELS)
+#: Most ``<object>`` elements of one annotation file (real VOC files hold a few dozen); a file
+#: with more is skipped with reason :data:`TOO_MANY_OBJECTS` (docs/security.md).
+MAX_OBJECTS = 10_000
+TOO_MANY_OBJECTS = "too many objects"
 
 #: The attributes carried over to COCO as integers (VOC flags) and as strings.
 FLAG_ATTRIBUTES = ("difficult", "truncated", "occluded")
@@ -96,7 +100,8 @@ def parse_voc_xml(data: bytes) -> VocAnnotation:
     """Parse the bytes of one VOC XML file.
 
     Raises :class:`VocParseError` with reason ``malformed XML`` (the message gives the line and
-    column) or ``not a VOC annotation`` (the root element is not ``<annotation>``).
+    column), ``not a VOC annotation`` (the root element is not ``<annotation>``) or ``too many
+    objects`` (more than :data:`MAX_OBJECTS` ``<object>`` elements).
     """
     try:
         root = etree.fromstring(data, _PARSER)
@@ -115,6 +120,9 @@ def parse_voc_xml(data: bytes) -> VocAnnotation:
     for child in root:
         tag = child.tag
         if tag == "object":
+            if len(objects) >= MAX_OBJECTS:
+                raise VocParseError(TOO_MANY_OBJECTS, f"more than {MAX_OBJECTS} <object> elements "
+                                    "(converters.voc.MAX_OBJECTS)")
             objects.append(_parse_object(child))
         elif tag == "filename" and filename is None:
             filename = _strip(child.text)

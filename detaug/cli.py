@@ -86,15 +86,23 @@ def read_recipe(path: str | os.PathLike[str]) -> Any:
         raise CliError(f"--recipe {p}: file not found")
     if p.is_dir():
         raise CliError(f"--recipe {p}: is a folder, not a recipe file")
+    from detaug.transforms.recipe_file import MAX_RECIPE_BYTES
+
     try:
+        if p.stat().st_size > MAX_RECIPE_BYTES:
+            raise CliError(f"{p}: {p.stat().st_size} bytes: a recipe file is at most {MAX_RECIPE_BYTES} bytes")
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise CliError(f"{p}: not UTF-8 text (byte {err.start}); a recipe is YAML or JSON text") from err
     except OSError as err:
         raise CliError(f"{p}: cannot read the recipe: {err.strerror or err}") from err
     if kind == "yaml":
+        from detaug.transforms.recipe_file import safe_yaml_load
+
         try:
-            data = yaml.safe_load(text)
+            data = safe_yaml_load(text, file=str(p))  # plain YAML, size and alias expansion bounded
+        except RecipeError as err:
+            raise CliError(" ".join(str(err).split())) from err
         except yaml.MarkedYAMLError as err:
             raise CliError(f"{p}: {_yaml_problem(err)}") from err
         except yaml.YAMLError as err:
@@ -177,7 +185,8 @@ def make_source(args: argparse.Namespace) -> Any:
         if not args.images:
             raise CliError("--coco needs --images DIR (the folder its file_name entries are relative to)")
         images = _existing_folder("--images", args.images)
-        source = CocoSource(coco, images, shuffle=True, seed=args.seed)
+        source = CocoSource(coco, images, shuffle=True, seed=args.seed,
+                            allow_paths_outside=getattr(args, "allow_paths_outside", False))
         _check_images_there(source, coco, images)
         return source
     raise CliError("give a dataset: --voc ROOT, or --coco FILE --images DIR")
@@ -325,6 +334,9 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--labels", default="discover", help="VOC labels: voc, discover or a labels file")
     parser.add_argument("--coco", metavar="FILE", help="a COCO annotations JSON")
     parser.add_argument("--images", metavar="DIR", help="images folder of --coco")
+    parser.add_argument("--allow-paths-outside", action="store_true",
+                        help="accept --coco file_name entries that are absolute or leave --images (default: an error "
+                             "naming them; docs/security.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -54,6 +54,7 @@ import numpy as np
 
 from detaug.errors import DatasetError, DataWarning
 from detaug.formats import validation as v
+from detaug.formats.coco import read_json
 from detaug.formats.columnar import SampleTable, SampleView, load_columns, save_columns
 from detaug.sources import FieldSpec, SampleListSource, check_orientation, field_specs
 
@@ -147,7 +148,14 @@ def read_index(path: str | os.PathLike) -> list[dict[str, tuple[int, int, str]]]
     """The samples of a DALI webdataset index file (v1.1/v1.2, as ``wds2idx`` writes): per
     sample ``{ext: (data offset, size, member name)}``. ``DatasetError`` naming the file when it
     is not one."""
-    lines = Path(path).read_text().splitlines()
+    import stat
+
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe would block, a device never end
+        raise DatasetError(f"{path}: not a DALI webdataset index file (not a regular file)")
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise DatasetError(f"{path}: not a DALI webdataset index file (not UTF-8 text at byte {err.start})") from None
     head = lines[0].split() if lines else []
     if len(head) != 2 or not head[0].startswith("v1.") or not head[1].isdigit():
         raise DatasetError(f"{path}: not a DALI webdataset index file (first line {lines[:1]})")
@@ -159,7 +167,12 @@ def read_index(path: str | os.PathLike) -> list[dict[str, tuple[int, int, str]]]
             raise DatasetError(f"{path}: line {number}: {line[:80]!r} is not {step} fields per component")
         sample = {}
         for k in range(0, len(parts), step):
-            ext, offset, size = parts[k], int(parts[k + 1]), int(parts[k + 2])
+            try:
+                ext, offset, size = parts[k], int(parts[k + 1]), int(parts[k + 2])
+            except ValueError:
+                raise DatasetError(f"{path}: line {number}: {line[:80]!r}: offset and size are not integers") from None
+            if offset < 0 or size < 0:
+                raise DatasetError(f"{path}: line {number}: {line[:80]!r}: a negative offset or size")
             sample[ext] = (offset, size, parts[k + 3] if step == 4 else "")
         samples.append(sample)
     if len(samples) != int(head[1]):
@@ -403,15 +416,21 @@ def save_manifest(out: Path, table: SampleTable, offsets: np.ndarray, lengths: n
     (out / "dataset.json").write_text(json.dumps(dataset, indent=1))
 
 
-def rebuild_manifest(out: str | os.PathLike) -> None:
+def rebuild_manifest(out: str | os.PathLike, *, allow_paths_outside: bool = False) -> None:
     """Rebuild ``manifest/`` of a shard folder from its tar files, their index files and the
     samples' JSONs (``dataset.json`` gives the tar files' order and the categories; without it,
     the tars in name order and the labels as category names). Slow (reads every JSON): for a
-    folder whose manifest was lost."""
+    folder whose manifest was lost. Tar and index files named outside the folder: as
+    :class:`ShardSource` (``allow_paths_outside``)."""
     out = Path(out)
     dataset_file = out / "dataset.json"
     if dataset_file.is_file():
-        dataset = json.loads(dataset_file.read_text())
+        dataset = read_json(dataset_file)
+        try:
+            _check_names([str(s[k]) for s in dataset["shards"] for k in ("tar", "index")], dataset_file,
+                         allow_paths_outside)
+        except (KeyError, TypeError) as err:
+            raise DatasetError(f"{dataset_file}: not a shard folder's dataset.json ({type(err).__name__}: {err})") from None
     else:
         tars = sorted(p.name for p in out.glob("*.tar"))
         dataset = {"version": MANIFEST_VERSION, "categories": None, "orientation": "auto",
@@ -430,20 +449,35 @@ def rebuild_manifest(out: str | os.PathLike) -> None:
                 if image is None:
                     raise DatasetError(f"{out / shard['tar']}: sample {entry} has no image member")
                 off, size, _ = entry["json"]
-                record = json.loads(os.pread(f.fileno(), size, off))
+                try:
+                    record = json.loads(os.pread(f.fileno(), size, off))
+                except (ValueError, RecursionError) as err:
+                    raise DatasetError(f"{out / shard['tar']}: {entry['json'][2] or entry}: not JSON "
+                                       f"({' '.join(str(err).split())[:120]})") from None
                 ext, (img_off, img_size, member) = image
                 width = max(width, len(member.split(".")[0]))
                 if ext not in ext_names:
                     ext_names.append(ext)
-                b = np.asarray(record["boxes"], dtype=np.float32).reshape(-1, 4)
-                ids.append(int(record["image_id"]))
-                sizes.append(record.get("size") or (0, 0))
+                try:
+                    if not isinstance(record, dict):
+                        raise TypeError(f"a {type(record).__name__}, not an object")
+                    b = np.asarray(record["boxes"], dtype=np.float32).reshape(-1, 4)
+                    image_id = int(record["image_id"])
+                    size = np.asarray(record.get("size") or (0, 0), dtype=np.int32).reshape(2)
+                    sample_labels = np.asarray(record["labels"], dtype=np.int64).reshape(-1)
+                    if len(sample_labels) != len(b):
+                        raise ValueError(f"{len(b)} boxes, {len(sample_labels)} labels")
+                except (KeyError, TypeError, ValueError, OverflowError) as err:
+                    raise DatasetError(f"{out / shard['tar']}: {entry['json'][2] or entry}: not a sample record "
+                                       f"({type(err).__name__}: {' '.join(str(err).split())[:120]})") from None
+                ids.append(image_id)
+                sizes.append(size)
                 counts.append(len(b))
                 offsets.append(img_off)
                 lengths.append(img_size)
                 exts.append(ext_names.index(ext))
                 boxes.append(b)
-                labels.append(np.asarray(record["labels"], dtype=np.int64).reshape(-1))
+                labels.append(sample_labels)
                 records_fields.append(record.get("fields") or {})
         shard["samples"], shard["bytes"] = len(entries), (out / shard["tar"]).stat().st_size
     table = SampleTable(np.asarray(ids, np.int64), np.asarray(sizes, np.int32).reshape(-1, 2),
@@ -455,7 +489,11 @@ def rebuild_manifest(out: str | os.PathLike) -> None:
     if "fields" not in dataset:  # no dataset.json
         dataset["fields"] = _inferred_fields(records_fields, counts)
     specs = _specs_of(dataset)
-    columns = _field_columns([_typed_fields(f, specs, n) for f, n in zip(records_fields, counts)], specs)
+    try:
+        columns = _field_columns([_typed_fields(f, specs, n) for f, n in zip(records_fields, counts)], specs)
+    except (KeyError, TypeError, ValueError) as err:
+        raise DatasetError(f"{out}: a sample record's per-box fields do not fit dataset.json's \"fields\" "
+                           f"({type(err).__name__}: {' '.join(str(err).split())[:120]})") from None
     dataset.update(key_width=width, extensions=ext_names, samples=len(table), boxes=int(table.box_starts[-1]))
     save_manifest(out, table, np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), np.asarray(exts, np.uint8),
                   dataset, columns)
@@ -522,45 +560,74 @@ class ShardSource(SampleListSource):
             :meth:`epoch_order`).
         orientation: the frame of the boxes of EXIF-rotated images; ``None``: the one the
             folder was written with.
+        allow_paths_outside: accept tar and index files that ``manifest/meta.json`` or
+            ``dataset.json`` name by an absolute path or one leaving the folder with ``..``
+            (default: a :class:`~detaug.errors.DatasetError`; docs/security.md).
+
+    The manifest is untrusted input and passes the checks of every source
+    (:func:`detaug.formats.validation.check_columns`, vectorised): unique image ids, valid
+    sizes, labels among the categories, finite boxes (errors); empty boxes and boxes outside
+    the declared image dropped, boxes partly outside clipped (repairs, counted in ``report``
+    and said with one :class:`~detaug.errors.DataWarning`; the repaired columns are then held
+    in memory). Each image's bytes must lie inside its tar.
 
     Raises:
         FileNotFoundError: the folder, or one of its tar files, is missing.
-        DatasetError: a tar file shorter than the manifest says (truncated), or a manifest of
-            another version.
+        DatasetError: a tar file shorter than the manifest says (truncated), a manifest of
+            another version, a path outside the folder, or a manifest that fails the checks
+            (the message names the folder, the tar member and the image id).
     """
 
     def __init__(self, root: str | os.PathLike, *, shuffle: bool = False, seed: int | None = None,
-                 shard_id: int | None = None, num_shards: int | None = None, orientation: str | None = None) -> None:
+                 shard_id: int | None = None, num_shards: int | None = None, orientation: str | None = None,
+                 allow_paths_outside: bool = False) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise FileNotFoundError(f"{self.root}: shard folder not found")
         self.shuffle, self.seed, self.shard_id, self.num_shards = shuffle, seed, shard_id, num_shards
+        self.allow_paths_outside = allow_paths_outside
         self._options = {"shuffle": shuffle, "seed": seed, "shard_id": shard_id, "num_shards": num_shards,
-                         "orientation": orientation}
+                         "orientation": orientation, "allow_paths_outside": allow_paths_outside}
         if not (self.root / "manifest" / "meta.json").is_file():
-            rebuild_manifest(self.root)
-        arrays, meta = load_columns(self.root / "manifest")
-        self.dataset = json.loads((self.root / "dataset.json").read_text())
-        if meta.get("version") != MANIFEST_VERSION:
-            raise DatasetError(f"{self.root / 'manifest'}: manifest version {meta.get('version')}, "
-                               f"this detaug reads {MANIFEST_VERSION} (rebuild it: detaug.shards.rebuild_manifest)")
-        self.table = SampleTable.from_arrays(arrays)
-        self.offsets, self.lengths, self.exts = arrays["offsets"], arrays["lengths"], arrays["exts"]
-        self.tars = [str(self.root / name) for name in meta["shards"]]
-        self.shard_sizes = tuple(int(k) for k in meta["shard_samples"])
-        self._shard_starts = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
-        self._present = np.asarray(meta["present_labels"], dtype=np.int64)
-        self._max_boxes = int(meta["max_boxes"])
-        self._width = int(self.dataset["key_width"])
-        self._ext_names = list(self.dataset["extensions"])
-        self._files: dict[int, int] = {}
-        specs = _specs_of(self.dataset)
-        self.field_columns = {name: arrays[f"field_{k}"] for k, name in enumerate(specs)}
-        self._check_tars()
-        report = v.Report(str(self.root))
-        report.images, report.boxes = len(self.table), int(self.table.box_starts[-1])
-        categories = {int(k): str(name) for k, name in self.dataset["categories"]}
-        orientation = check_orientation(orientation if orientation is not None else self.dataset.get("orientation", "auto"))
+            rebuild_manifest(self.root, allow_paths_outside=allow_paths_outside)
+        manifest = self.root / "manifest"
+        try:
+            arrays, meta = load_columns(manifest)
+            self.dataset = read_json(self.root / "dataset.json")
+            if meta.get("version") != MANIFEST_VERSION:
+                raise DatasetError(f"{manifest}: manifest version {str(meta.get('version'))[:20]}, "
+                                   f"this detaug reads {MANIFEST_VERSION} (rebuild it: detaug.shards.rebuild_manifest)")
+            self.table = SampleTable.from_arrays(arrays)
+            self.offsets, self.lengths, self.exts = arrays["offsets"], arrays["lengths"], arrays["exts"]
+            names = [str(name) for name in meta["shards"]]
+            _check_names(names, manifest / "meta.json", allow_paths_outside)
+            _check_names([str(s["tar"]) for s in self.dataset["shards"]] + [str(s["index"]) for s in self.dataset["shards"]],
+                         self.root / "dataset.json", allow_paths_outside)
+            self.tars = [str(self.root / name) for name in names]
+            self.shard_sizes = tuple(int(k) for k in meta["shard_samples"])
+            if len(self.shard_sizes) != len(names) or len(names) != len(self.dataset["shards"]) or any(
+                    str(s["tar"]) != name for s, name in zip(self.dataset["shards"], names)):
+                raise DatasetError(f"{manifest / 'meta.json'}: its tar files differ from those of dataset.json")
+            self._shard_starts = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
+            self._present = np.asarray(meta["present_labels"], dtype=np.int64)
+            self._max_boxes = int(meta["max_boxes"])
+            self._width = int(self.dataset["key_width"])
+            if not 1 <= self._width <= 32:
+                raise DatasetError(f"{self.root / 'dataset.json'}: key_width {self._width} is not 1..32")
+            self._ext_names = [str(e) for e in self.dataset["extensions"]]
+            specs = _specs_of(self.dataset)
+            self.field_columns = {name: arrays[f"field_{k}"] for k, name in enumerate(specs)}
+            categories = {int(k): str(name) for k, name in self.dataset["categories"]}
+            orientation = check_orientation(orientation if orientation is not None
+                                            else self.dataset.get("orientation", "auto"))
+            self._files: dict[int, int] = {}
+            self._check_tars()
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+            if isinstance(err, DatasetError):
+                raise
+            raise DatasetError(f"{manifest}: not a shard manifest detaug wrote ({type(err).__name__}: "
+                               f"{' '.join(str(err).split())[:200]})") from None
+        report = self._check_manifest(categories, specs)
         view = SampleView(self.table, _TarMember(self), fields_of=_ShardFields(self) if specs else None)
         self._adopt(view, categories, report, orientation, specs)  # type: ignore[arg-type]
         if self.skipped_when_written:  # named when written; said again to whoever reads the folder
@@ -571,6 +638,7 @@ class ShardSource(SampleListSource):
 
     def _check_tars(self) -> None:
         """Every tar is there and as long as when it was written (one ``stat`` per tar)."""
+        self._tar_bytes = []
         for tar, shard in zip(self.tars, self.dataset["shards"]):
             try:
                 size = os.stat(tar).st_size
@@ -578,6 +646,59 @@ class ShardSource(SampleListSource):
                 raise FileNotFoundError(f"{tar}: tar file of the shard folder not found") from None
             if size < int(shard["bytes"]):
                 raise DatasetError(f"{tar}: {size} bytes, {shard['bytes']} when written (truncated?)")
+            self._tar_bytes.append(size)
+
+    def _check_manifest(self, categories: dict[int, int | str], specs: dict[str, FieldSpec]) -> v.Report:
+        """Check the manifest's columns as every source's are (vectorised); repairs make the
+        table an in-memory copy. The report (raised when it has errors, warned of when it has
+        repairs)."""
+        report = v.Report(str(self.root))
+        t = self.table
+        n = len(t.image_ids)
+        offsets, lengths, exts = (np.asarray(a) for a in (self.offsets, self.lengths, self.exts))
+        if (offsets.shape != (n,) or lengths.shape != (n,) or exts.shape != (n,) or sum(self.shard_sizes) != n
+                or min(self.shard_sizes, default=0) < 0):
+            raise DatasetError(f"{self.root / 'manifest'}: offsets, lengths, exts or shard_samples do not fit "
+                               f"the {n} samples")
+        member = self.member_of if len(self._ext_names) else (lambda r: f"{self.root}: sample {r}")
+        if n:
+            shard = np.repeat(np.arange(len(self.shard_sizes)), self.shard_sizes)
+            ends = np.asarray(self._tar_bytes, dtype=np.int64)[shard]
+            bad = np.flatnonzero((offsets < 0) | (lengths < 0) | (offsets > ends - lengths) | (exts >= len(self._ext_names)))
+            if len(bad):
+                r = int(bad[0])
+                raise DatasetError(f"{self.root / 'manifest'}: sample {r} (image_id {int(t.image_ids[r])}): "
+                                   f"bytes {int(offsets[r])}+{int(lengths[r])} (ext {int(exts[r])}) are not inside "
+                                   f"its tar {self.tars[int(shard[r])]} ({int(ends[r])} bytes); "
+                                   f"{len(bad)} such sample(s)")
+        for name, column in self.field_columns.items():
+            spec = specs[name]
+            if spec.dtype.kind not in "biuf" or column.dtype != spec.dtype or column.shape[1:] != spec.shape:
+                raise DatasetError(f"{self.root / 'dataset.json'}: field {name!r} is {spec.dtype} {list(spec.shape)}, "
+                                   f"its column {column.dtype} {list(column.shape[1:])} (numbers only)")
+            if len(column) != len(t.boxes):
+                raise DatasetError(f"{self.root / 'manifest'}: field {name!r} has {len(column)} rows, "
+                                   f"{len(t.boxes)} boxes")
+        boxes, keep = v.check_columns(t.image_ids, t.sizes, t.box_starts, t.boxes, t.labels, categories, report,
+                                      member)
+        report.raise_errors()
+        labels = np.asarray(t.labels)
+        if len(labels) and int(labels.min()) >= 0 and int(labels.max()) < 1 << 24:
+            present = np.flatnonzero(np.bincount(labels[keep] if report.repairs else labels)).astype(np.int64)
+        else:
+            present = np.unique(labels[keep]).astype(np.int64)
+        self._present = present  # the manifest's own list is not trusted
+        self._max_boxes = int(np.diff(np.asarray(t.box_starts)).max(initial=0))
+        if report.repairs:
+            owner = np.repeat(np.arange(n), np.diff(np.asarray(t.box_starts)))[keep]
+            starts = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=n))]).astype(np.int64)
+            self.table = SampleTable(np.asarray(t.image_ids), np.asarray(t.sizes), starts, boxes[keep],
+                                     np.asarray(t.labels)[keep])
+            self.field_columns = {name: np.asarray(c)[keep] for name, c in self.field_columns.items()}
+            self._max_boxes = int(np.diff(starts).max(initial=0))
+        report.images, report.boxes = n, int(self.table.box_starts[-1])
+        report.finish()
+        return report
 
     # -- what the loaders use --------------------------------------------------------------------
 
@@ -649,14 +770,36 @@ class ShardSource(SampleListSource):
         return f"ShardSource({str(self.root)!r}, {len(self)} samples in {len(self.tars)} tar file(s))"
 
 
+def _check_names(names: Sequence[str], file: Path, allow_paths_outside: bool) -> None:
+    """A :class:`DatasetError` naming ``file`` and the path when one of the file ``names`` it
+    gives is absolute or leaves the shard folder (:func:`detaug.formats.validation.path_problem`)."""
+    if allow_paths_outside:
+        return
+    for name in names:
+        why = v.path_problem(name)
+        if why is not None:
+            raise DatasetError(f"{file}: {v.PATH_OUTSIDE}: {name[:200]!r} {why} "
+                               "(allow_paths_outside=True accepts it)")
+
+
 def _open_shard_source(root: str, options: dict[str, Any]) -> ShardSource:
-    return ShardSource(root, **options)
+    """A pickled source opened again (in a worker process): the same checks and repairs, said
+    once by the process that built it."""
+    import warnings
+
+    from detaug.errors import DataWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataWarning)
+        return ShardSource(root, **options)
 
 
-def iter_webdataset(root: str | os.PathLike) -> Iterator[tuple[str, str]]:
+def iter_webdataset(root: str | os.PathLike, *, allow_paths_outside: bool = False) -> Iterator[tuple[str, str]]:
     """``(tar, index)`` paths of a shard folder, in order (for ``fn.readers.webdataset``'s
-    ``paths`` and ``index_paths``)."""
-    dataset = json.loads((Path(root) / "dataset.json").read_text())
+    ``paths`` and ``index_paths``); paths outside the folder as :class:`ShardSource`."""
+    dataset = read_json(Path(root) / "dataset.json")
+    _check_names([str(s[k]) for s in dataset["shards"] for k in ("tar", "index")], Path(root) / "dataset.json",
+                 allow_paths_outside)
     for shard in dataset["shards"]:
         yield str(Path(root) / shard["tar"]), str(Path(root) / shard["index"])
 
@@ -679,6 +822,9 @@ def add_shards_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser
     parser.add_argument("--labels", default="discover", help="VOC labels: voc, discover or a labels file")
     parser.add_argument("--prefix", default="shard", help="tar file names: PREFIX-000000.tar (default: %(default)s)")
     parser.add_argument("--no-verify", action="store_true", help="write image bytes without probing their headers")
+    parser.add_argument("--allow-paths-outside", action="store_true",
+                        help="accept COCO file_name entries that are absolute or leave the images folder with .. "
+                             "(default: an error naming them; docs/security.md)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=run_shards)
     return parser
@@ -691,8 +837,10 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def source_of(src: str, *, images: str | None = None, split: str | None = None, labels: str = "discover") -> Any:
-    """The source ``detaug shards`` reads: a VOC folder, or a COCO JSON with its images folder."""
+def source_of(src: str, *, images: str | None = None, split: str | None = None, labels: str = "discover",
+              allow_paths_outside: bool = False) -> Any:
+    """The source ``detaug shards`` reads: a VOC folder, or a COCO JSON with its images folder
+    (``allow_paths_outside``: :class:`~detaug.sources.CocoSource`'s)."""
     from detaug.sources import CocoSource, VocSource
 
     path = Path(src)
@@ -707,13 +855,14 @@ def source_of(src: str, *, images: str | None = None, split: str | None = None, 
     folder = Path(images) if images else (path.parent / "images" if (path.parent / "images").is_dir() else path.parent)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: images folder not found (--images)")
-    return CocoSource(path, folder)
+    return CocoSource(path, folder, allow_paths_outside=allow_paths_outside)
 
 
 def run_shards(args: argparse.Namespace) -> int:
     """``detaug shards``: write the shards, print the summary (stdout) and the progress (stderr).
     Exit status 0 (images skipped are named in the summary)."""
-    source = source_of(args.src, images=args.images, split=args.split, labels=args.labels)
+    source = source_of(args.src, images=args.images, split=args.split, labels=args.labels,
+                       allow_paths_outside=getattr(args, "allow_paths_outside", False))
     print(source.report.summary(), file=sys.stderr)
     summary = write_shards(source, args.out, shard_size=args.shard_size, verify=not args.no_verify,
                            progress=not args.quiet, prefix=args.prefix)

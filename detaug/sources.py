@@ -262,7 +262,13 @@ class CocoSource(SampleListSource):
             ``<json>.detaug-cache/``, or ``$DETAUG_CACHE_DIR``; a path: under that folder): later
             start-ups open the cache instead of parsing (10M images: 0.35 s and 0.56 GB against
             minutes and tens of GB; see docs/shards.md). The samples, ids, boxes and report are
-            those of the uncached source. ``False`` (default): parse in memory.
+            those of the uncached source. ``False`` (default): parse in memory. A cache is used
+            only when it provably belongs to this very file (else rebuilt, with a warning;
+            docs/security.md).
+        allow_paths_outside: accept ``file_name`` entries that are absolute or leave
+            ``images_dir`` with ``..`` (default: a :class:`~detaug.errors.DatasetError` naming
+            the file, the image id and the path). Symbolic links inside ``images_dir`` are
+            followed either way (docs/security.md).
 
     Attributes:
         categories: names by category id. report: the checks' findings.
@@ -284,8 +290,10 @@ class CocoSource(SampleListSource):
         num_shards: int | None = None,
         orientation: str = "auto",
         cache: bool | str | os.PathLike = False,
+        allow_paths_outside: bool = False,
     ) -> None:
         orientation = check_orientation(orientation)
+        self.allow_paths_outside = allow_paths_outside
         if isinstance(annotations_file, Mapping):
             self.annotations_file: Path | None = None
         else:
@@ -304,11 +312,12 @@ class CocoSource(SampleListSource):
         if cache and self.annotations_file is not None:
             from detaug.formats.columnar import coco_view, load_coco_columns
 
-            columns = load_coco_columns(self.annotations_file, cache_dir=None if cache is True else cache)
+            columns = load_coco_columns(self.annotations_file, cache_dir=None if cache is True else cache,
+                                        allow_paths_outside=allow_paths_outside)
             view, report = coco_view(columns, self.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
             self._adopt(view, columns.categories, report, orientation, COCO_FIELDS)
             return
-        dataset = load_coco(annotations_file)
+        dataset = load_coco(annotations_file, allow_paths_outside=allow_paths_outside)
         samples = coco_to_samples(dataset, self.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
         self._adopt(samples, dataset.categories, dataset.report, orientation, COCO_FIELDS)
 

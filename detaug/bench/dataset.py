@@ -135,6 +135,7 @@ def prepare_dataset(
     data: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
     *,
     images_dir: str | os.PathLike[str] | None = None,
+    allow_paths_outside: bool = False,
     repeat_to: int | None = None,
     work_dir: str | os.PathLike[str] | None = None,
     num_images: int = 2048,
@@ -150,6 +151,8 @@ def prepare_dataset(
             boxes each into ``cache_dir/synthetic-coco-<num_images>-600x420-seed<seed>`` (reused
             when present).
         images_dir: the images folder of a COCO JSON ``data`` (``file_name`` is relative to it).
+        allow_paths_outside: accept ``file_name`` entries that are absolute or leave it
+            (docs/security.md; default: a ``DatasetError`` naming them).
         repeat_to: the images of the dataset, in order, repeated (or cut) to this many.
         work_dir: where a dataset written from ``data`` goes (``work_dir/bench-data``); ``None``:
             a new temporary folder, named in :attr:`BenchDataset.root` (the caller removes it).
@@ -199,7 +202,7 @@ def prepare_dataset(
             images = root.parent / "images" if (root.parent / "images").is_dir() else root.parent
         if not images.is_dir():
             raise ValueError(f"--images-dir {images}: not a folder")
-        samples, categories, left_out = _coco_samples(json_file, images)
+        samples, categories, left_out = _coco_samples(json_file, images, allow_paths_outside)
         return _write(samples, categories, left_out, repeat_to, work_dir, source=f"{json_file} (images in {images})")
     if root.is_dir() and (root / "Annotations").is_dir():
         if images_dir is not None:
@@ -243,11 +246,12 @@ class _Sample:
     names: tuple[str, ...]
 
 
-def _coco_samples(json_file: Path, images_dir: Path) -> tuple[list[_Sample], list[str], dict[str, int]]:
+def _coco_samples(json_file: Path, images_dir: Path,
+                  allow_paths_outside: bool = False) -> tuple[list[_Sample], list[str], dict[str, int]]:
     from detaug.formats.coco import load_coco
     from detaug.sources import coco_to_samples
 
-    dataset = load_coco(json_file)
+    dataset = load_coco(json_file, allow_paths_outside=allow_paths_outside)
     samples = coco_to_samples(dataset, images_dir)
     left_out: dict[str, int] = {}
     kept = [k for s in samples if (k := _keep(s, dataset.categories, left_out)) is not None]

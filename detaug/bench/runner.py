@@ -831,6 +831,7 @@ def run_bench(
     *,
     data: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
     images_dir: str | os.PathLike[str] | None = None,
+    allow_paths_outside: bool = False,
     repeat_to: int | None = None,
     num_images: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -865,6 +866,8 @@ def run_bench(
             in ``images_dir``) or a list of VOC folders; ``None`` generates (once, cached)
             ``num_images`` synthetic JPEGs.
         images_dir: the images folder of a COCO JSON ``data``.
+        allow_paths_outside: accept ``file_name`` entries of a COCO JSON ``data`` that leave
+            ``images_dir`` (``--allow-paths-outside``; docs/security.md).
         repeat_to: repeat the images of ``data`` to this many (written as links in a temporary
             folder, removed at the end).
         device: ``"gpu"``, ``"cpu"``, or ``None``/``"auto"``: the GPU when CUDA is available.
@@ -956,7 +959,7 @@ def run_bench(
     work = tempfile.mkdtemp(prefix="detaug-bench-")
     try:
         dataset = prepare_dataset(
-            data, images_dir=images_dir, repeat_to=repeat_to, work_dir=work,
+            data, images_dir=images_dir, allow_paths_outside=allow_paths_outside, repeat_to=repeat_to, work_dir=work,
             num_images=num_images, cache_dir=cache_dir, seed=seed, progress=progress,
         )
         log(f"dataset: {dataset.describe()}")
@@ -1449,6 +1452,9 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
     )
     parser.add_argument("--images-dir", type=Path,
                         help="images folder of a COCO JSON --data (default: images/ next to it, else its folder)")
+    parser.add_argument("--allow-paths-outside", action="store_true",
+                        help="accept file_name entries of a COCO JSON --data that are absolute or leave its images "
+                             "folder (default: an error naming them; docs/security.md)")
     parser.add_argument(
         "--realdata", type=Path, metavar="DIR",
         help="every Pascal VOC folder directly under DIR, merged (e.g. ../shared/realdata); instead of --data",
@@ -1616,6 +1622,7 @@ def main(argv: Sequence[str] | None = None, *, debug: bool = False) -> int:
             report = run_bench(
                 data=data,
                 images_dir=args.images_dir,
+                allow_paths_outside=args.allow_paths_outside,
                 repeat_to=args.repeat_to,
                 num_images=args.num_images,
                 cache_dir=args.cache_dir,

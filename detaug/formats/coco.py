@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,8 +73,12 @@ class CocoDataset:
 
 def read_json(path: str | os.PathLike) -> Any:
     """The parsed JSON file; :class:`DatasetError` naming the file (and line, column) when it is
-    not JSON. ``OSError`` (e.g. ``FileNotFoundError``) passes through."""
-    data = Path(path).read_bytes()
+    not JSON, or not a regular file (a link to ``/dev/zero``). ``OSError`` (e.g.
+    ``FileNotFoundError``) passes through."""
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a device or a pipe planted as a file (opening a pipe blocks)
+        raise DatasetError(f"{path}: {v.NOT_JSON}: not a regular file")
+    with open(path, "rb") as f:
+        data = f.read()
     try:
         return json.loads(data)
     except json.JSONDecodeError as err:
@@ -86,12 +91,16 @@ def read_json(path: str | os.PathLike) -> Any:
         raise DatasetError(f"{path}: {v.NOT_JSON}: {err}") from None
 
 
-def load_coco(path_or_dict: str | os.PathLike | Mapping[str, Any], *, name: str | None = None) -> CocoDataset:
+def load_coco(path_or_dict: str | os.PathLike | Mapping[str, Any], *, name: str | None = None,
+              allow_paths_outside: bool = False) -> CocoDataset:
     """Read and check a COCO detection JSON file, or a dict of one.
 
     Args:
         path_or_dict: the file, or the parsed dict.
         name: how messages name the data (default: the path, or ``"<COCO dict>"``).
+        allow_paths_outside: accept a ``file_name`` that is absolute or leaves the images
+            folder with ``..`` (default: an error, "path outside the dataset folder";
+            :func:`~detaug.formats.validation.path_problem`, docs/security.md).
 
     Returns:
         The dataset, repairs applied and counted in its ``report`` (a :class:`DataWarning` says
@@ -108,7 +117,7 @@ def load_coco(path_or_dict: str | os.PathLike | Mapping[str, Any], *, name: str 
         doc, source = read_json(path_or_dict), name or str(path_or_dict)
     else:
         raise TypeError(f"load_coco takes a path or a dict, got {type(path_or_dict).__name__}")
-    return _Parser(source).parse(doc)
+    return _Parser(source, allow_paths_outside=allow_paths_outside).parse(doc)
 
 
 def _short(value: Any) -> str:
@@ -117,8 +126,9 @@ def _short(value: Any) -> str:
 
 
 class _Parser:
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, *, allow_paths_outside: bool = False) -> None:
         self.source = source
+        self.allow_paths_outside = allow_paths_outside
         self.report = v.Report(source)
 
     def error(self, reason: str, *, image_id: int | None = None, annotation: int | str | None = None,
@@ -201,6 +211,12 @@ class _Parser:
             if not isinstance(file_name, str) or not file_name:
                 self.error(v.MALFORMED_IMAGE, image_id=iid, detail=f"file_name {_short(file_name)} is not a file name")
                 file_name = None
+            elif not self.allow_paths_outside:
+                why = v.path_problem(file_name)
+                if why is not None:
+                    self.error(v.PATH_OUTSIDE, image_id=iid, detail=f"file_name {_short(file_name)} {why} "
+                               "(allow_paths_outside=True accepts it)")
+                    file_name = None
             file = f"{self.source}: {file_name}" if file_name else self.source
             size = None
             height, width = im.get("height"), im.get("width")

@@ -28,12 +28,14 @@ problem; a clean result of that is cached the same way.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
 import os
 import re
 import shutil
+import stat
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from detaug.errors import DataWarning
+from detaug.errors import DatasetError, DataWarning
 from detaug.formats import validation as v
 
 __all__ = [
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 #: Bumped whenever the cache layout or the rules that fill it change (old caches are rebuilt).
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 #: Bytes of the annotation file parsed at once by the streaming parser.
 CHUNK_BYTES = 32 << 20
 
@@ -68,15 +70,19 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 # -- the column store ------------------------------------------------------------------------------
 
-def save_columns(folder: str | os.PathLike, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> Path:
+def save_columns(folder: str | os.PathLike, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any],
+                 *, stamp: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None) -> Path:
     """Write ``arrays`` (one ``NAME.npy`` each) and ``meta`` (``meta.json``) into ``folder``,
-    replacing it atomically (written next to it, then renamed). Returns the folder."""
+    replacing it atomically (written next to it, then renamed). ``stamp(folder written so
+    far, meta) -> meta``: what ``meta.json`` holds, from the written arrays. Returns the
+    folder."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
     try:
         for name, array in arrays.items():
             np.save(tmp / f"{name}.npy", np.ascontiguousarray(array), allow_pickle=False)
+        meta = stamp(tmp, dict(meta)) if stamp is not None else meta
         (tmp / "meta.json").write_text(json.dumps(dict(meta), separators=(",", ":")))
         if folder.exists():
             old = folder.with_name(folder.name + f".old-{os.getpid()}")
@@ -96,16 +102,36 @@ def load_columns(folder: str | os.PathLike, names: Sequence[str] | None = None,
     """``(arrays, meta)`` of a folder written by :func:`save_columns`; the arrays memory-mapped
     read-only (``mmap_mode=None``: read into memory). ``OSError`` when a file is missing."""
     folder = Path(folder)
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = json.loads(_read_regular(folder / "meta.json", _META_BYTES))
     names = list(names) if names is not None else [p.stem for p in sorted(folder.glob("*.npy"))]
     arrays = {}
     for name in names:
         path = folder / f"{name}.npy"
+        if not stat.S_ISREG(path.stat().st_mode):  # a pipe would block, a device never end
+            raise ValueError(f"{path}: not a regular file")
         # np.load cannot map an empty file; small arrays are read
         arrays[name] = array = np.load(path, mmap_mode=mmap_mode if path.stat().st_size > 4096 else None,
                                        allow_pickle=False)
         _random_access(array)
     return arrays, meta
+
+
+#: Largest ``meta.json`` read (a cache's or a manifest's is a few kB to a few MB).
+_META_BYTES = 64 << 20
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; ``ValueError`` naming it for a
+    device, a pipe (a link to ``/dev/zero`` planted in a dataset) or a larger file."""
+    if not stat.S_ISREG(os.stat(path).st_mode):  # checked before opening: opening a pipe blocks
+        raise ValueError(f"{path}: not a regular file")
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: not a regular file")
+        if st.st_size > limit:
+            raise ValueError(f"{path}: {st.st_size} bytes, more than the {limit} a meta.json may have")
+        return f.read(limit + 1)
 
 
 def _random_access(array: np.ndarray) -> None:
@@ -516,7 +542,9 @@ class _Collector:
     """Columns of the images and annotations chunks, checked the plain way (any doubt:
     :class:`_Irregular`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, allow_paths_outside: bool = False) -> None:
+        self.allow_paths_outside = allow_paths_outside
+        self.outside = 0  # names that leave the images folder (counted when allowed)
         self.ids: list[np.ndarray] = []
         self.sizes: list[np.ndarray] = []
         self.exif: list[np.ndarray] = []
@@ -533,6 +561,10 @@ class _Collector:
         _plain(names, (str,))
         if not all(names):
             raise _Irregular("an empty file_name")
+        outside = v.outside_paths(names)
+        if outside and not self.allow_paths_outside:
+            raise _Irregular("a file_name outside the images folder")  # load_coco names it
+        self.outside += len(outside)
         heights = [im.get("height") for im in items]
         widths = [im.get("width") for im in items]
         _plain(heights, (int, type(None)))
@@ -584,7 +616,10 @@ class _Collector:
             self.ann["id"].append(np.array(aid, dtype=np.int64))
             self.ann["image_id"].append(np.array(iid, dtype=np.int64))
             self.ann["category_id"].append(np.array(cid, dtype=np.int64))
-            self.ann["bbox"].append(np.array(bbox, dtype=np.float64).reshape(-1, 4))
+            xywh = np.array(bbox, dtype=np.float64).reshape(-1, 4)
+            with np.errstate(over="ignore", invalid="ignore"):  # xyxy in float64, kept in float32 (beyond: inf)
+                xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1).astype(np.float32)
+            self.ann["bbox"].append(xyxy)
         except OverflowError:
             raise _Irregular("an integer beyond int64") from None
         c = np.array(crowd, dtype=np.float64)
@@ -593,14 +628,26 @@ class _Collector:
         self.ann["iscrowd"].append(c == 1)
 
 
+#: Boxes checked at once when a COCO file is parsed into columns.
+_CHECK_ROWS = 1 << 21
+
+
+def _take(lists: dict[str, list[np.ndarray]], key: str, dtype: Any, shape: tuple[int, ...] = ()) -> np.ndarray:
+    """:func:`_cat` of ``lists[key]``, the list emptied (its chunks freed)."""
+    joined = _cat(lists[key], dtype, shape)
+    lists[key].clear()
+    return joined
+
+
 def _cat(parts: list[np.ndarray], dtype: Any, shape: tuple[int, ...] = ()) -> np.ndarray:
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros((0, *shape), dtype)
 
 
-def parse_coco_columns(path: str | os.PathLike, *, name: str | None = None, chunk_bytes: int = CHUNK_BYTES) -> CocoColumns:
+def parse_coco_columns(path: str | os.PathLike, *, name: str | None = None, chunk_bytes: int = CHUNK_BYTES,
+                       allow_paths_outside: bool = False) -> CocoColumns:
     """Read and check a COCO detection JSON file into columns (the same result, repairs and
     report as :func:`~detaug.formats.coco.load_coco`, which parses the files the streaming
-    path does not take; see the module docstring).
+    path does not take; see the module docstring). ``allow_paths_outside``: as ``load_coco``'s.
 
     Raises:
         DatasetError: the file's errors, as ``load_coco`` names them.
@@ -612,16 +659,23 @@ def parse_coco_columns(path: str | os.PathLike, *, name: str | None = None, chun
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise _Irregular("empty file")
-            collector = _Collector()
+            collector = _Collector(allow_paths_outside)
             found = _top_level(_File(f.fileno()), chunk_bytes, collector.images, collector.annotations)
         columns = _finish(source, found, collector)
         columns.parsed_by = "stream"
-    except _Irregular:
+        columns.outside = collector.outside  # type: ignore[attr-defined]
+    except (_Irregular, RecursionError):  # RecursionError: a value nested too deeply
         from detaug.formats.coco import load_coco
 
-        columns = CocoColumns.from_dataset(load_coco(path, name=name))
+        columns = CocoColumns.from_dataset(load_coco(path, name=name, allow_paths_outside=allow_paths_outside))
         columns.parsed_by = "load_coco"
+        columns.outside = _count_outside(columns)  # type: ignore[attr-defined]
     return columns
+
+
+def _count_outside(columns: CocoColumns) -> int:
+    """How many ``file_name`` of ``columns`` leave the images folder."""
+    return len(v.outside_paths([columns.file_name(i) for i in range(len(columns))]))
 
 
 def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
@@ -639,6 +693,7 @@ def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
     if report.total:
         raise _Irregular("the categories have errors")
     ids = _cat(c.ids, np.int64)
+    c.ids.clear()
     if not len(ids):
         raise _Irregular("no images")
     order = np.argsort(ids, kind="stable")
@@ -646,11 +701,13 @@ def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
     if (sorted_ids[1:] == sorted_ids[:-1]).any():
         raise _Irregular("duplicate image ids")
     hashes = np.sort(_cat(c.name_hashes, np.int64))
+    c.name_hashes.clear()
     if (hashes[1:] == hashes[:-1]).any():
         raise _Irregular("duplicate (or colliding) file names")
     sizes = _cat(c.sizes, np.int32, (2,)).reshape(-1, 2)
     lengths = _cat(c.name_lengths, np.int64)
     names = np.frombuffer(b"".join(c.names), np.uint8)
+    c.sizes.clear(), c.name_lengths.clear(), c.names.clear()
     name_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
     def file_of(i: int) -> str:
@@ -660,53 +717,160 @@ def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
     _add_many(report, v.SIZE_NOT_DECLARED, len(undeclared),
               lambda k: (file_of(int(undeclared[k])), int(ids[undeclared[k]]), None), detail="no width/height")
 
-    image_of = _cat(c.ann["image_id"], np.int64)
-    labels = _cat(c.ann["category_id"], np.int64)
+    image_of = _take(c.ann, "image_id", np.int64)
+    labels = _take(c.ann, "category_id", np.int64)
     if len(image_of):
         slot = np.searchsorted(sorted_ids, image_of)
         slot = np.minimum(slot, len(ids) - 1)
         if (sorted_ids[slot] != image_of).any():
             raise _Irregular("an annotation of an unknown image")
         owner = order[slot]
+        del slot, image_of
         if not np.isin(labels, np.fromiter(categories, np.int64, len(categories))).all():
             raise _Irregular("an unknown category id")
     else:
         owner = np.zeros(0, np.int64)
-    table_xywh = _cat(c.ann["bbox"], np.float64, (4,)).reshape(-1, 4)
-    ann_ids = _cat(c.ann["id"], np.int64)
-    crowd = _cat(c.ann["iscrowd"], bool)
-    with np.errstate(over="ignore", invalid="ignore"):
-        xyxy = np.concatenate([table_xywh[:, :2], table_xywh[:, :2] + table_xywh[:, 2:]], axis=1)
-    hw = sizes[owner].astype(np.float64)
-    hw[hw[:, 0] == 0] = np.nan
+    xyxy = _take(c.ann, "bbox", np.float32, (4,)).reshape(-1, 4)  # the chunks' lists freed as they are joined
+    ann_ids = _take(c.ann, "id", np.int64)
+    crowd = _take(c.ann, "iscrowd", bool)
 
     def where(j: int) -> tuple[str, int | None, int | str | None]:
         annotation = int(ann_ids[j]) if ann_ids[j] != -1 else f"annotations[{j}]"
         return file_of(int(owner[j])), int(ids[owner[j]]), annotation
 
-    boxes, keep = v.check_boxes(xyxy, hw, report, where)
+    boxes, keep = xyxy, np.empty(len(xyxy), bool)  # checked in place, a block at a time (bounded memory)
+    for a in range(0, len(xyxy), _CHECK_ROWS):
+        b = min(len(xyxy), a + _CHECK_ROWS)
+        hw = sizes[owner[a:b]].astype(np.float32)
+        hw[hw[:, 0] == 0] = np.nan
+        boxes[a:b], keep[a:b] = v.check_boxes(xyxy[a:b], hw, report, lambda j, a=a: where(j + a))
     report.raise_errors()
-    rank = np.argsort(owner[keep], kind="stable")
-    owner = owner[keep][rank]
-    box_starts = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=len(ids)))]).astype(np.int64)
-    table = SampleTable(ids, sizes, box_starts, boxes[keep][rank], labels[keep][rank].astype(np.int32))
+    kept = np.flatnonzero(keep)
+    kept = kept[np.argsort(owner[kept], kind="stable")]  # grouped by image, in the annotations' order
+    box_starts = np.concatenate([[0], np.cumsum(np.bincount(owner[kept], minlength=len(ids)))]).astype(np.int64)
+    table = SampleTable(ids, sizes, box_starts, boxes[kept], labels[kept].astype(np.int32))
     report.images, report.boxes = len(ids), int(box_starts[-1])
-    return CocoColumns(source, table, names, name_starts, _cat(c.exif, np.int8), crowd[keep][rank],
-                       ann_ids[keep][rank], categories, report)
+    return CocoColumns(source, table, names, name_starts, _cat(c.exif, np.int8), crowd[kept],
+                       ann_ids[kept], categories, report)
 
 
 # -- the cache -------------------------------------------------------------------------------------
+#
+# A cache is used only when it provably belongs to this very file (docs/security.md):
+#
+# * fast path: ``meta.json``'s ``trusted`` holds the annotation file's ``[size, mtime_ns, ctime_ns,
+#   device, inode]`` with the same of each of the cache's ``.npy`` files, as they were when it was
+#   built (or renewed: up to :data:`_TRUSTED_KEYS` such pairs), and its MAC (HMAC-SHA256 with a
+#   secret of this user, :func:`_secret`) over everything else it says is valid. No copy,
+#   extraction or edit keeps a file's inode and ctime (ctime cannot be set), and a cache made
+#   elsewhere has no valid MAC, so a cache shipped with a dataset, or an edited file or cache,
+#   never takes this path. Nothing is read but ``meta.json`` and the secret: opening stays as
+#   fast as before.
+# * otherwise (the file was touched, copied, moved to another disk): the SHA-256 of the file and
+#   of the arrays are computed and compared with those signed at build; then the arrays are
+#   checked as any source's (:func:`_check_cached`) and the new keys kept; anything else rebuilds
+#   the cache with a :class:`DataWarning` saying why.
 
-def _fingerprint(path: Path) -> str:
-    """What decides whether a cache is of this file: size, mtime, the first and last MiB."""
-    st = path.stat()
-    digest = hashlib.sha1(f"{CACHE_VERSION}:{st.st_size}:{st.st_mtime_ns}".encode())
+#: Keys a cache keeps as its own (the file and its arrays as seen from up to this many hosts or
+#: copies, e.g. nodes that see other device numbers of one network file system).
+_TRUSTED_KEYS = 32
+#: Bytes read at a time when hashing an annotation file.
+_HASH_BLOCK = 8 << 20
+
+
+def _file_key(path: str | os.PathLike) -> list[int]:
+    """``[size, mtime_ns, ctime_ns, device, inode]`` of ``path``."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino]
+
+
+def _files_key(folder: Path) -> list[list[Any]]:
+    """:func:`_file_key` of each ``.npy`` file of a cache folder, by name."""
+    return [[p.name, *_file_key(p)] for p in sorted(folder.glob("*.npy"))]
+
+
+def _file_hash(path: str | os.PathLike) -> str:
+    """SHA-256 of the whole file (read in bounded blocks)."""
+    digest = hashlib.sha256()
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a device never ends, a pipe blocks
+        raise ValueError(f"{path}: not a regular file")
     with open(path, "rb") as f:
-        digest.update(f.read(1 << 20))
-        if st.st_size > 2 << 20:
-            f.seek(-(1 << 20), os.SEEK_END)
-            digest.update(f.read())
+        while block := f.read(_HASH_BLOCK):
+            digest.update(block)
     return digest.hexdigest()
+
+
+def _arrays_hash(folder: Path) -> str:
+    """SHA-256 over the SHA-256 of each ``.npy`` file of a cache folder, in name order."""
+    digest = hashlib.sha256()
+    for p in sorted(folder.glob("*.npy")):
+        digest.update(f"{p.name}:{_file_hash(p)};".encode())
+    return digest.hexdigest()
+
+
+def _stamp(tmp: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` of a cache written into ``tmp``: its arrays' keys and hash, and the MAC over
+    everything it says (none without a secret)."""
+    meta = {**meta, "arrays_sha256": _arrays_hash(tmp)}
+    meta["trusted"] = [[meta.pop("key"), _files_key(tmp)]]
+    secret = _secret()
+    meta["mac"] = _mac(secret, meta) if secret is not None else None
+    return meta
+
+
+def _secret() -> bytes | None:
+    """This user's cache secret (32 random bytes in ``$DETAUG_CACHE_SECRET``, default
+    ``~/.cache/detaug/cache-secret``, mode 0600; made when first needed), or ``None`` when it
+    cannot be read or made (caches are then trusted on the fast path only)."""
+    where = os.environ.get("DETAUG_CACHE_SECRET")
+    if where is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        where = os.path.join(base, "detaug", "cache-secret")
+    try:
+        with open(where, "rb") as f:
+            data = f.read(64)
+        return data if len(data) == 32 else None
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    try:
+        os.makedirs(os.path.dirname(where) or ".", mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(where) or ".", prefix=".cache-secret.")
+        try:
+            os.write(fd, os.urandom(32))
+            os.close(fd)
+            try:
+                os.link(tmp, where)  # atomic; another process may have made it first
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(tmp)
+        with open(where, "rb") as f:
+            data = f.read(64)
+        return data if len(data) == 32 else None
+    except OSError:
+        return None
+
+
+def _mac(secret: bytes, meta: Mapping[str, Any]) -> str:
+    """HMAC-SHA256 over what a cache's ``meta.json`` says (the annotation file's hash, the
+    arrays' hash, the categories, the report, ...), all but its keys and its MAC."""
+    import hmac
+
+    signed = {k: value for k, value in meta.items() if k not in ("trusted", "mac")}
+    text = json.dumps(signed, sort_keys=True, separators=(",", ":"))
+    return hmac.new(secret, f"detaug-cache:{CACHE_VERSION}:{text}".encode(), hashlib.sha256).hexdigest()
+
+
+def _signed_by_us(meta: Mapping[str, Any], secret: bytes | None) -> bool:
+    """Whether ``meta``'s MAC is this user's (``True`` where there is no secret to check with)."""
+    import hmac
+
+    if secret is None:
+        return True
+    mac = meta.get("mac")
+    return isinstance(mac, str) and hmac.compare_digest(mac, _mac(secret, meta))
 
 
 def cache_folder(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
@@ -721,42 +885,184 @@ def cache_folder(path: str | os.PathLike, cache_dir: str | os.PathLike | None = 
 
 
 def load_coco_columns(path: str | os.PathLike, *, cache: bool = True, cache_dir: str | os.PathLike | None = None,
-                      name: str | None = None) -> CocoColumns:
-    """The columns of a COCO file: from its cache when one of this very file exists (same size,
-    mtime and first/last MiB, same :data:`CACHE_VERSION`), else parsed
-    (:func:`parse_coco_columns`) and, with ``cache``, cached (a folder that cannot be written is
-    said with a :class:`DataWarning` and the columns are used anyway). Repairs are warned of
-    (:meth:`~validation.Report.finish`) each time, as ``load_coco`` does."""
+                      name: str | None = None, allow_paths_outside: bool = False) -> CocoColumns:
+    """The columns of a COCO file: from its cache when the cache provably belongs to this very
+    file (the rule above :func:`_file_key`: same size, mtime, ctime, device and inode as at
+    build, or the same SHA-256 recorded under this user's MAC; same :data:`CACHE_VERSION`),
+    else parsed (:func:`parse_coco_columns`) and, with ``cache``, cached (a cache that is not
+    this file's is rebuilt with a :class:`DataWarning` saying why; a folder that cannot be
+    written is said with one and the columns are used anyway). Repairs are warned of
+    (:meth:`~validation.Report.finish`) each time, as ``load_coco`` does.
+    ``allow_paths_outside``: as :func:`~detaug.formats.coco.load_coco`'s (a cache built with it
+    is refused without it, naming the paths)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: COCO annotations file not found")
     folder = cache_folder(path, cache_dir)
-    key = _fingerprint(path)
-    if cache:
-        try:
-            arrays, meta = load_columns(folder)
-            if meta.get("fingerprint") == key and meta.get("version") == CACHE_VERSION:
-                columns = CocoColumns.from_columns(arrays, meta)
-                columns.cache = folder  # type: ignore[attr-defined]
+    if not cache:
+        return _parsed(path, name, allow_paths_outside)
+    columns = _open_cache(path, folder)
+    if columns is None:
+        with _build_lock(folder):  # one build per file and node: the other ranks wait, then open it
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DataWarning)  # said by the first look
+                columns = _open_cache(path, folder)
+            if columns is None:
+                key = _file_key(path)
+                columns = _parsed(path, name, allow_paths_outside, warn=False)
+                try:
+                    columns = _build_cache(path, folder, columns, key)
+                except OSError as err:
+                    _warn(f"{folder}: cannot write the annotation cache ({err}); parsed without it")
                 _warn_repairs(columns.report)
                 return columns
-        except (OSError, ValueError, KeyError):
-            pass
+    if getattr(columns, "outside", 0) and not allow_paths_outside:
+        from detaug.formats.coco import load_coco
+
+        load_coco(path, name=name)  # raises, naming every file_name outside the images folder
+    _warn_repairs(columns.report)
+    return columns
+
+
+def _warn(text: str) -> None:
+    """A :class:`DataWarning` pointing at the user's call (the first frame outside detaug)."""
+    warnings.warn(text, DataWarning, stacklevel=v._caller_level())
+
+
+def _parsed(path: Path, name: str | None, allow_paths_outside: bool, *, warn: bool = True) -> CocoColumns:
+    """:func:`parse_coco_columns`, its repairs said once (with ``warn``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DataWarning)  # said below, once
-        columns = parse_coco_columns(path, name=name)
+        columns = parse_coco_columns(path, name=name, allow_paths_outside=allow_paths_outside)
     columns.report.source = columns.source
-    if cache:
-        try:
-            save_columns(folder, columns.arrays(), {**columns.meta(), "fingerprint": key, "version": CACHE_VERSION})
+    if warn:
+        _warn_repairs(columns.report)
+    return columns
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<cache folder>.lock`` (beside the cache; left in place) while
+    the cache is built, so that the ranks of one node build it once; no lock where the file
+    cannot be made (the cache cannot be written there either)."""
+    try:
+        import fcntl
+
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder.with_name(folder.name + ".lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _build_cache(path: Path, folder: Path, columns: CocoColumns, key: list[int]) -> CocoColumns:
+    """Write the cache of ``columns`` (parsed from ``path`` whose key was ``key`` before the
+    parse) and open it."""
+    digest = _file_hash(path)
+    if _file_key(path) != key:  # changed while parsed: cached under a key that will not match
+        key = [-1] * 5
+    meta = {**columns.meta(), "version": CACHE_VERSION, "key": key, "sha256": digest,
+            "outside": int(getattr(columns, "outside", 0))}
+    save_columns(folder, columns.arrays(), meta, stamp=_stamp)
+    arrays, meta = load_columns(folder)
+    built = CocoColumns.from_columns(arrays, meta)
+    built.cache = folder  # type: ignore[attr-defined]
+    built.outside = meta["outside"]  # type: ignore[attr-defined]
+    return built
+
+
+def _open_cache(path: Path, folder: Path) -> CocoColumns | None:
+    """The cached columns of ``path`` when its cache provably belongs to it, else ``None``
+    (with a :class:`DataWarning` saying why, when there was a cache)."""
+    if not os.path.lexists(folder / "meta.json"):
+        return None
+    try:
+        meta = json.loads(_read_regular(folder / "meta.json", _META_BYTES))
+        if not isinstance(meta, dict):
+            raise ValueError("meta.json is not an object")
+        if meta.get("version") != CACHE_VERSION:
+            _warn(f"{folder}: a cache of another layout (version {str(meta.get('version'))[:20]}, this "
+                  f"detaug writes {CACHE_VERSION}): rebuilt")
+            return None
+        trusted = meta.get("trusted")
+        if (isinstance(trusted, list) and [_file_key(path), _files_key(folder)] in trusted
+                and _signed_by_us(meta, _secret())):
             arrays, meta = load_columns(folder)
             columns = CocoColumns.from_columns(arrays, meta)
             columns.cache = folder  # type: ignore[attr-defined]
-        except OSError as err:
-            warnings.warn(f"{folder}: cannot write the annotation cache ({err}); parsed without it", DataWarning,
-                          stacklevel=2)
-    _warn_repairs(columns.report)
+            columns.outside = int(meta.get("outside", 0))  # type: ignore[attr-defined]
+            return columns
+        why = _renew(path, folder, meta)
+        if why is None:
+            return _open_cache_renewed(folder)
+    except (OSError, ValueError, KeyError, TypeError, DatasetError) as err:
+        why = f"unreadable ({' '.join(str(err).split())[:200]})"
+    _warn(f"{folder}: the annotation cache is not provably that of {path} ({why}): rebuilt")
+    return None
+
+
+def _open_cache_renewed(folder: Path) -> CocoColumns:
+    arrays, meta = load_columns(folder)
+    columns = CocoColumns.from_columns(arrays, meta)
+    columns.cache = folder  # type: ignore[attr-defined]
+    columns.outside = int(meta.get("outside", 0))  # type: ignore[attr-defined]
     return columns
+
+
+def _renew(path: Path, folder: Path, meta: dict[str, Any]) -> str | None:
+    """Renew the keys of a cache whose file was touched, copied or moved, when the file's SHA-256
+    is the one recorded under this user's MAC and the arrays pass the checks; else why not."""
+    secret = _secret()
+    if secret is None:
+        return "the file or the cache changed since it was built"
+    digest, arrays_digest = meta.get("sha256"), meta.get("arrays_sha256")
+    if not isinstance(digest, str) or not isinstance(arrays_digest, str) or not _signed_by_us(meta, secret):
+        return "not built here: its record is not signed by this user's cache secret"
+    key = _file_key(path)
+    if _file_hash(path) != digest:
+        return "the file changed since the cache was built"
+    if _arrays_hash(folder) != arrays_digest:
+        return "its arrays changed since it was built"
+    arrays, meta = load_columns(folder, mmap_mode=None)
+    columns = CocoColumns.from_columns(arrays, meta)
+    _check_cached(columns, bool(meta.get("outside", 0)))
+    trusted = [k for k in meta.get("trusted", []) if isinstance(k, list)][-(_TRUSTED_KEYS - 1):]
+    meta = {**meta, "trusted": [*trusted, [key, _files_key(folder)]]}
+    tmp = folder / f"meta.json.tmp-{os.getpid()}"
+    try:  # kept for the next start-up; a read-only cache is used all the same
+        tmp.write_text(json.dumps(meta, separators=(",", ":")))
+        os.replace(tmp, folder / "meta.json")
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return None
+
+
+def _check_cached(columns: CocoColumns, outside_allowed: bool) -> None:
+    """Check cached columns as any source's (:func:`~validation.check_columns`, the file names
+    inside the images folder unless the cache says some are not, the names' offsets); a
+    :class:`DatasetError` at the first problem (the cache is then rebuilt: nothing is repaired
+    in a cache)."""
+    t = columns.table
+    report = v.Report(f"{columns.source} (cache)")
+    starts, names = np.asarray(columns.name_starts), np.asarray(columns.names)
+    n = len(t.image_ids)
+    if (starts.shape != (n + 1,) or starts[0] != 0 or (np.diff(starts) < 0).any() or starts[-1] != len(names)
+            or np.asarray(columns.exif).shape != (n,) or np.asarray(columns.iscrowd).shape != (len(t.labels),)
+            or np.asarray(columns.annotation_ids).shape != (len(t.labels),)):
+        raise DatasetError(f"{report.source}: the name offsets or per-box columns do not fit the table")
+    boxes, keep = v.check_columns(t.image_ids, t.sizes, t.box_starts, t.boxes, t.labels, columns.categories, report,
+                                  lambda i: report.source)
+    if not keep.all() or not np.array_equal(boxes, np.asarray(t.boxes, dtype=np.float32)) or report.total:
+        raise DatasetError(f"{report.source}: its arrays do not pass the checks ({dict(report.counts)})")
+    file_names = [columns.file_name(i) for i in range(n)]
+    if not outside_allowed and v.outside_paths(file_names):
+        raise DatasetError(f"{report.source}: a file_name outside the images folder")
 
 
 def _warn_repairs(report: v.Report) -> None:
@@ -838,7 +1144,7 @@ def cached_coco_source(annotations_file: str | os.PathLike, images_dir: str | os
                        cache: bool = True, cache_dir: str | os.PathLike | None = None, shuffle: bool = False,
                        seed: int | None = None, skip_empty: bool = False, include_iscrowd: bool = True,
                        shard_id: int | None = None, num_shards: int | None = None,
-                       orientation: str = "auto") -> Any:
+                       orientation: str = "auto", allow_paths_outside: bool = False) -> Any:
     """A :class:`~detaug.sources.CocoSource` whose samples are columns (:class:`SampleView`),
     parsed once and cached (:func:`load_coco_columns`): the same samples, ids, boxes, report
     and arguments as ``CocoSource(annotations_file, images_dir, ...)``, with a start-up that
@@ -853,7 +1159,9 @@ def cached_coco_source(annotations_file: str | os.PathLike, images_dir: str | os
         raise FileNotFoundError(f"{source.images_dir}: images folder not found")
     source.shuffle, source.seed, source.skip_empty = shuffle, seed, skip_empty
     source.include_iscrowd, source.shard_id, source.num_shards = include_iscrowd, shard_id, num_shards
-    columns = load_coco_columns(source.annotations_file, cache=cache, cache_dir=cache_dir)
+    source.allow_paths_outside = allow_paths_outside
+    columns = load_coco_columns(source.annotations_file, cache=cache, cache_dir=cache_dir,
+                                allow_paths_outside=allow_paths_outside)
     view, report = coco_view(columns, source.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
     source._adopt(view, columns.categories, report, orientation, COCO_FIELDS)
     source.present_labels = _TableCall(view, "present_labels")  # type: ignore[attr-defined]

@@ -15,7 +15,12 @@ data: ``ImageInfo.problem`` says why DALI would not decode the image, ``None`` w
 * ``<FORMAT>: not a format DALI decodes``: GIF, HEIF, AVIF, PSD, ICO, ... (DALI decodes JPEG,
   PNG, BMP, TIFF, PNM, WebP and JPEG 2000: :data:`DALI_FORMATS`);
 * ``unreadable <FORMAT> header``: a DALI format whose header does not parse;
-* ``too large (width * height >= 30000 * 30000)``: the header's size reaches :data:`MAX_PIXELS`;
+* ``too large (over detaug's image size limit)``: the header's size has more than
+  :func:`image_limits` pixels (default :data:`DEFAULT_MAX_IMAGE_PIXELS`, 2**28: 16384 x
+  16384), or a side longer than its side limit (default :data:`DEFAULT_MAX_IMAGE_SIDE`,
+  32768); raise them with ``$DETAUG_MAX_IMAGE_PIXELS`` / ``$DETAUG_MAX_IMAGE_SIDE`` or
+  :func:`set_image_limits`, up to :data:`HARD_MAX_IMAGE_PIXELS` / :data:`HARD_MAX_IMAGE_SIDE`
+  (beyond those DALI's kernels fail or crash: a 29999 x 29999 JPEG ends the process);
 * ``truncated JPEG (no end-of-image marker)``: no ``FF D9`` after the first scan header
   (trailing NULs, whitespace or a trailer after the marker are fine);
 * ``truncated PNG (no IEND chunk)``: a chunk runs past the end, or there is no ``IEND``;
@@ -54,14 +59,25 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["MAX_PIXELS", "ORIENTATIONS", "DALI_FORMATS", "ORIENTED_FORMATS", "ImageInfo",
+__all__ = ["MAX_PIXELS", "DEFAULT_MAX_IMAGE_PIXELS", "DEFAULT_MAX_IMAGE_SIDE", "HARD_MAX_IMAGE_PIXELS",
+           "HARD_MAX_IMAGE_SIDE", "image_limits", "set_image_limits", "ORIENTATIONS", "DALI_FORMATS", "ORIENTED_FORMATS", "ImageInfo",
            "probe_image", "probe_file", "read_and_probe", "read_bytes", "exif_matrix", "orient_boxes",
            "annotation_frame", "explain_frame", "describe_orientation"]
 
-#: An image whose header claims ``width * height >= MAX_PIXELS`` is a problem ("too large").
-#: Also the bound of a plausible coordinate or side length in annotations (no side of an
-#: acceptable image reaches it).
+#: The bound of a plausible coordinate or side length in annotations (no side of an acceptable
+#: image reaches it); images are judged by :func:`image_limits`.
 MAX_PIXELS = 30000 * 30000
+#: Default largest image (pixels) the probe accepts: 2**28 (16384 x 16384), well above real
+#: photos (100 MP is 1e8) and a few GB of DALI memory at most.
+DEFAULT_MAX_IMAGE_PIXELS = 1 << 28
+#: Default longest side the probe accepts.
+DEFAULT_MAX_IMAGE_SIDE = 1 << 15
+#: The most pixels a limit may be raised to: the bytes of a decoded HWC uint8 image must fit
+#: int32 in DALI's kernels (29999 x 29999 x 3 does not: the process is killed by SIGSEGV).
+HARD_MAX_IMAGE_PIXELS = (2**31 - 1) // 3
+#: The longest side a limit may be raised to (JPEG's own bound).
+HARD_MAX_IMAGE_SIDE = 65535
+_PIXELS_ENV, _SIDE_ENV = "DETAUG_MAX_IMAGE_PIXELS", "DETAUG_MAX_IMAGE_SIDE"
 #: How the frame of an image's boxes is chosen (see :func:`annotation_frame`).
 ORIENTATIONS = ("auto", "apply", "ignore")
 #: The formats DALI's ``fn.decoders.image`` decodes (``ImageInfo.format`` names).
@@ -73,11 +89,59 @@ ORIENTED_FORMATS = frozenset({"JPEG", "PNG", "TIFF", "WEBP"})
 EMPTY = "empty file"
 NOT_A_FILE = "cannot read: not a regular file"
 NOT_AN_IMAGE = "not an image (unknown format)"
-TOO_LARGE = "too large (width * height >= 30000 * 30000)"
+TOO_LARGE = "too large (over detaug's image size limit)"
 TRUNCATED_JPEG = "truncated JPEG (no end-of-image marker)"
 TRUNCATED_PNG = "truncated PNG (no IEND chunk)"
 TRUNCATED_WEBP = "truncated WebP (shorter than its RIFF size)"
 WEBP_EXIF_PADDING = "WebP with EXIF after an odd-sized chunk: DALI cannot decode it"
+
+
+def _limit(name: str, default: int, hard: int) -> int:
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        return default
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise ValueError(f"${name}={text!r}: not an integer") from None
+    if not 1 <= value <= hard:
+        raise ValueError(f"${name}={value}: must be 1..{hard} (DALI's kernels do not take more)")
+    return value
+
+
+_limits: tuple[int, int] | None = None
+
+
+def image_limits() -> tuple[int, int]:
+    """``(pixels, side)``: the largest image (``width * height``) and the longest side the probe
+    accepts; a larger image is a problem (:data:`TOO_LARGE`): named and skipped before DALI
+    sees it. From ``$DETAUG_MAX_IMAGE_PIXELS`` / ``$DETAUG_MAX_IMAGE_SIDE`` (read once; worker
+    processes inherit them), else :data:`DEFAULT_MAX_IMAGE_PIXELS` / :data:`DEFAULT_MAX_IMAGE_SIDE`.
+    ``ValueError`` for a value that is not an integer in ``1..HARD_MAX_*``."""
+    global _limits
+    if _limits is None:
+        _limits = (_limit(_PIXELS_ENV, DEFAULT_MAX_IMAGE_PIXELS, HARD_MAX_IMAGE_PIXELS),
+                   _limit(_SIDE_ENV, DEFAULT_MAX_IMAGE_SIDE, HARD_MAX_IMAGE_SIDE))
+    return _limits
+
+
+def set_image_limits(pixels: int | None = None, side: int | None = None) -> tuple[int, int]:
+    """Set the image limits (``None``: the default) for this process and, through the
+    environment variables, for the worker processes it starts afterwards; returns the
+    previous ``(pixels, side)``. ``ValueError`` beyond ``HARD_MAX_IMAGE_PIXELS`` /
+    ``HARD_MAX_IMAGE_SIDE``."""
+    global _limits
+    before = image_limits()
+    for name, value, default, hard in ((_PIXELS_ENV, pixels, DEFAULT_MAX_IMAGE_PIXELS, HARD_MAX_IMAGE_PIXELS),
+                                       (_SIDE_ENV, side, DEFAULT_MAX_IMAGE_SIDE, HARD_MAX_IMAGE_SIDE)):
+        value = default if value is None else int(value)
+        if not 1 <= value <= hard:
+            raise ValueError(f"{name.lower().removeprefix('detaug_')}={value}: must be 1..{hard} "
+                             "(DALI's kernels do not take more)")
+        os.environ[name] = str(value)
+    _limits = None
+    image_limits()
+    return before
 
 
 def unsupported(fmt: str) -> str:
@@ -269,8 +333,10 @@ def _probe(fp: BinaryIO, size: int) -> ImageInfo:
 
 def _finish(fmt: str, hw: tuple[int, int], orientation: int, problem: str | None,
             mode: str | None) -> ImageInfo:
-    """The info, "too large" taking precedence over the structure's problem."""
-    if hw[0] * hw[1] >= MAX_PIXELS:
+    """The info, "too large" (:func:`image_limits`) taking precedence over the structure's
+    problem."""
+    pixels, side = image_limits()
+    if hw[0] * hw[1] > pixels or max(hw) > side:
         problem = TOO_LARGE
     return ImageInfo(fmt, hw, orientation, problem, mode)
 

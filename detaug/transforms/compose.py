@@ -508,7 +508,11 @@ class Compose:
 
     @classmethod
     def from_json(cls, text: str, *, file: str | None = None) -> "Compose":
-        return cls.from_dict(json.loads(text), lines=recipe_lines(text), file=file)
+        """Build from JSON text (:mod:`detaug.transforms.recipe_file`'s limits; every problem a
+        :class:`~detaug.errors.RecipeError`)."""
+        from detaug.transforms.recipe_file import load_recipe_data
+
+        return cls.from_dict(load_recipe_data(text, kind="json", file=file), lines=recipe_lines(text), file=file)
 
     def to_yaml(self) -> str:
         import yaml
@@ -517,9 +521,12 @@ class Compose:
 
     @classmethod
     def from_yaml(cls, text: str, *, file: str | None = None) -> "Compose":
-        import yaml
+        """Build from YAML text: plain YAML only, size and alias expansion bounded
+        (:mod:`detaug.transforms.recipe_file`); every problem a :class:`~detaug.errors.RecipeError`
+        naming ``file`` and the line."""
+        from detaug.transforms.recipe_file import load_recipe_data
 
-        return cls.from_dict(yaml.safe_load(text), lines=recipe_lines(text), file=file)
+        return cls.from_dict(load_recipe_data(text, kind="yaml", file=file), lines=recipe_lines(text), file=file)
 
     def save(self, path: str | Path) -> None:
         """Write the recipe as YAML (``.yaml``/``.yml``) or JSON (any other suffix)."""
@@ -529,12 +536,13 @@ class Compose:
 
     @classmethod
     def load(cls, path: str | Path) -> "Compose":
-        """Read a recipe written by :meth:`save` (YAML or JSON, by suffix)."""
-        path = Path(path)
-        text = path.read_text(encoding="utf-8")
-        if path.suffix.lower() in (".yaml", ".yml"):
-            return cls.from_yaml(text, file=str(path))
-        return cls.from_json(text, file=str(path))
+        """Read a recipe written by :meth:`save` (YAML or JSON, by suffix;
+        :func:`detaug.transforms.recipe_file.read_recipe_file`: every problem of the content is
+        a :class:`~detaug.errors.RecipeError` naming the file and the line, ``OSError`` passes)."""
+        from detaug.transforms.recipe_file import read_recipe_file
+
+        data, text = read_recipe_file(path)
+        return cls.from_dict(data, lines=recipe_lines(text), file=str(path))
 
     def __call__(self, image: Any = None, boxes: Any = None, labels: Any = None, **kwargs: Any) -> dict[str, Any]:
         """Run the recipe eagerly on one sample (albumentations / torchvision style):

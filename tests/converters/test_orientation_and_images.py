@@ -222,7 +222,7 @@ def test_verify_images_rejects_exactly_what_the_loader_skips(tmp_path: Path) -> 
     assert verified.report.images_skipped == {
         "empty file": 1, "not an image (unknown format)": 1,
         "truncated JPEG (no end-of-image marker)": 1, "truncated PNG (no IEND chunk)": 1,
-        "GIF: not a format DALI decodes": 1, "too large (width * height >= 30000 * 30000)": 1}
+        "GIF: not a format DALI decodes": 1, "too large (over detaug's image size limit)": 1}
     assert [i["file_name"] for i in verified.coco["images"]] == ["good.jpg", "pngnamedjpg.jpg"]
     for message in verified.report.messages_of("image"):
         assert message.detail.endswith(f"{Path(message.path).stem}.jpg")  # names the image

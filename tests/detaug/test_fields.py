@@ -157,9 +157,9 @@ def test_torch_targets_carry_the_fields_through_a_crop_and_a_flip(source):
                 assert t["iscrowd"].dtype == torch.int64 and t["area"].dtype == torch.float32
                 assert t["track_id"].dtype == torch.int32 and t["score"].shape == (len(t["boxes"]), 2)
                 boxes, labels = reference(CROP_FLIP, source, epoch, [t["image_id"]], [by_id[t["image_id"]]])
-                np.testing.assert_array_equal(t["boxes"].numpy(), boxes[0])
-                np.testing.assert_array_equal(t["labels"].numpy(), labels[0])
-                np.testing.assert_array_equal(t0["labels"].numpy(), labels[0])
+                np.testing.assert_array_equal(t["boxes"].cpu().numpy(), boxes[0])
+                np.testing.assert_array_equal(t["labels"].cpu().numpy(), labels[0])
+                np.testing.assert_array_equal(t0["labels"].cpu().numpy(), labels[0])
                 check_rows(t["boxes"], t["labels"], {k: t[k].numpy() for k in ("track_id", "iscrowd", "area", "score")})
                 dropped += 5 - len(t["labels"])
     assert dropped > 0  # the crop dropped boxes (and their rows)
@@ -267,7 +267,7 @@ def test_coco_iscrowd_and_area_from_a_coco_json(tmp_path):
     assert select_fields(plain) == ("iscrowd", "area")
     t = targets[0]
     assert t["iscrowd"].tolist() == [0, 1] and t["labels"].tolist() == [1, 2]
-    np.testing.assert_array_equal(t["boxes"].numpy(), [[14, 1, 19, 5], [2, 5, 10, 11]])
+    np.testing.assert_array_equal(t["boxes"].cpu().numpy(), [[14, 1, 19, 5], [2, 5, 10, 11]])
     assert t["area"].dtype == torch.float32 and t["area"].tolist() == [20.0, 48.0]
     assert targets[1]["area"].tolist() == [300.0] and targets[1]["iscrowd"].tolist() == [0]
 

@@ -210,7 +210,7 @@ SHM_SCRIPT = textwrap.dedent(
     recipe = T.Compose([T.RandomHorizontalFlip(), T.RandomAffine(degrees=10), T.Resize((32, 32))])
     def run(workers):
         loader = DetectionLoader(source, recipe, 2, device="cpu", num_workers=workers, shuffle=True, seed=1)
-        return [(t["image_id"], t["boxes"].numpy().round(4).tolist()) for _, targets in loader for t in targets]
+        return [(t["image_id"], t["boxes"].cpu().numpy().round(4).tolist()) for _, targets in loader for t in targets]
     with warnings.catch_warnings(record=True) as caught:
         with_workers = run(2)
     print("same", with_workers == run(0), "ids", sorted(i for i, _ in with_workers), flush=True)

@@ -164,7 +164,7 @@ def test_index_files_are_dalis_and_fn_readers_webdataset_reads_the_shards(shards
 def test_loader_gives_the_coco_sources_boxes_for_the_same_images_and_seed(coco, shards):
     def epoch(source):
         loader = DetectionLoader(source, RECIPE, 4, device="cpu", seed=7, num_threads=1)
-        return {t["image_id"]: t["boxes"].numpy() for _, targets in loader for t in targets}
+        return {t["image_id"]: t["boxes"].cpu().numpy() for _, targets in loader for t in targets}
 
     from_coco, from_shards = epoch(coco), epoch(ShardSource(shards[0]))
     assert sorted(from_coco) == sorted(from_shards) == sorted(s.image_id for s in coco.samples)

@@ -148,7 +148,7 @@ def test_loader_epoch_and_resume(source):
         out = []
         for k, (images, targets) in enumerate(loader):
             assert len(images) == len(targets)
-            out.append([(t["image_id"], t["boxes"].numpy()) for t in targets])
+            out.append([(t["image_id"], t["boxes"].cpu().numpy()) for t in targets])
             if count is not None and k + 1 == count:
                 break
         return out

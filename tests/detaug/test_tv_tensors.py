@@ -44,7 +44,7 @@ def test_tv_tensor_targets_feed_torchvision_v2():
     boxes = targets[0]["boxes"]
     assert isinstance(boxes, tv_tensors.BoundingBoxes) and tuple(boxes.canvas_size) == (32, 48)
     flipped, out = V2.RandomHorizontalFlip(p=1.0)(images[0], {"boxes": boxes})
-    np.testing.assert_allclose(out["boxes"].numpy(), [[24, 4, 44, 16]], atol=1e-4)  # [5, 5, 30, 20] x 0.8, flipped in 48
+    np.testing.assert_allclose(out["boxes"].cpu().numpy(), [[24, 4, 44, 16]], atol=1e-4)  # [5, 5, 30, 20] x 0.8, flipped in 48
     loader.close()
 
 

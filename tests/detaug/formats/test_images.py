@@ -16,7 +16,6 @@ from PIL import Image, ImageOps
 
 from detaug.formats import images as I
 from detaug.formats.images import (
-    MAX_PIXELS,
     ORIENTATIONS,
     ImageInfo,
     annotation_frame,
@@ -209,13 +208,37 @@ def test_truncated_webp() -> None:
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
 def test_header_claiming_too_many_pixels(fmt: str) -> None:
     make = png_by_hand if fmt == "PNG" else jpeg_by_hand
-    huge = probe_image(make(30000, 30000))
-    assert huge == ImageInfo(fmt, (30000, 30000), 1, "too large (width * height >= 30000 * 30000)",
-                             "RGB")
-    assert probe_image(make(60000, 15000)).problem == I.TOO_LARGE  # the product counts
-    just_below = probe_image(make(29999, 30000))
-    assert just_below.problem is None and just_below.stored_hw == (30000, 29999)
-    assert 29999 * 30000 < MAX_PIXELS <= 30000 * 30000
+    pixels, side = I.image_limits()
+    assert (pixels, side) == (I.DEFAULT_MAX_IMAGE_PIXELS, I.DEFAULT_MAX_IMAGE_SIDE) == (16384 * 16384, 32768)
+    huge = probe_image(make(29999, 29999))  # the size that ended the process in DALI (SIGSEGV)
+    assert huge == ImageInfo(fmt, (29999, 29999), 1, I.TOO_LARGE, "RGB")
+    assert huge.problem == "too large (over detaug's image size limit)"
+    assert probe_image(make(20000, 20000)).problem == I.TOO_LARGE  # 3.7 GB per image in DALI
+    assert probe_image(make(16384 * 2, 8192)).problem is None  # the product counts: 2**28 exactly
+    assert probe_image(make(16384 * 2, 8193)).problem == I.TOO_LARGE
+    assert probe_image(make(32769, 10)).problem == I.TOO_LARGE  # and the longest side
+    assert probe_image(make(10, 32768)).problem is None
+    assert 29999 * 29999 > I.HARD_MAX_IMAGE_PIXELS  # no limit may be raised to what crashes DALI
+
+
+def test_image_limits_can_be_raised_and_lowered() -> None:
+    data = jpeg_by_hand(20000, 20000)
+    before = I.set_image_limits(pixels=20000 * 20000)
+    try:
+        assert os.environ["DETAUG_MAX_IMAGE_PIXELS"] == str(20000 * 20000)  # worker processes inherit it
+        assert probe_image(data).problem is None
+        I.set_image_limits(pixels=100, side=9)
+        assert probe_image(jpeg_by_hand(10, 9)).problem == I.TOO_LARGE
+        assert probe_image(jpeg_by_hand(9, 9)).problem is None
+        with pytest.raises(ValueError, match="must be 1..715827882"):
+            I.set_image_limits(pixels=29999 * 29999)
+        with pytest.raises(ValueError, match="must be 1..65535"):
+            I.set_image_limits(side=70000)
+    finally:
+        I.set_image_limits(*before)
+        os.environ.pop("DETAUG_MAX_IMAGE_PIXELS", None)
+        os.environ.pop("DETAUG_MAX_IMAGE_SIDE", None)
+    assert probe_image(data).problem == I.TOO_LARGE
 
 
 def test_probe_accepts_bytes_memoryview_and_arrays() -> None:

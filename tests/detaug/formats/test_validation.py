@@ -150,3 +150,64 @@ def test_finish_warns_once_when_something_was_repaired():
         report.finish()
     assert len(record) == 1
     assert record[0].filename == __file__  # points at the caller, not into detaug
+
+
+# -- containment and whole-dataset columns (issue 39) ----------------------------------------------
+
+@pytest.mark.parametrize("name, problem", [
+    ("a.jpg", None), ("sub/../a.jpg", None), ("..a", None), ("a..b", None), ("..\\x", None),
+    ("../x", "leaves its folder (..)"), ("a/../../x", "leaves its folder (..)"), ("./..", "leaves its folder (..)"),
+    ("/etc/passwd", "is an absolute path"), ("x\0y", "holds a NUL byte"),
+])
+def test_path_problem(name, problem):
+    assert v.path_problem(name) == problem
+    assert v.outside_paths(["ok.jpg", name]) == ([] if problem is None else [1])
+
+
+def _columns(boxes, labels=None, ids=(1, 2, 3), sizes=((20, 30),) * 3, starts=(0, 1, 2, 3)):
+    boxes = np.asarray(boxes, np.float32).reshape(-1, 4)
+    labels = np.ones(len(boxes), np.int32) if labels is None else np.asarray(labels, np.int32)
+    return (np.asarray(ids, np.int64), np.asarray(sizes, np.int32), np.asarray(starts, np.int64), boxes, labels)
+
+
+def test_check_columns_names_the_row_across_blocks(monkeypatch):
+    monkeypatch.setattr(v, "_BLOCK_ROWS", 2)  # the third box is in the second block
+    report = v.Report("manifest")
+    good = [2, 2, 10, 10]
+    boxes, keep = v.check_columns(*_columns([good, good, [np.nan, 0, 1, 1]]), {1: "x"}, report, lambda i: f"file{i}")
+    assert keep.tolist() == [True, True, False]
+    finding = report.examples[v.NON_FINITE][0]
+    assert (finding.file, finding.image_id, finding.annotation) == ("file2", 3, "box 0")
+    with pytest.raises(DatasetError, match="file2 \\(image_id 3, box 0\\): non-finite"):
+        report.raise_errors()
+
+
+def test_check_columns_repairs_and_counts():
+    report = v.Report("manifest")
+    boxes, keep = v.check_columns(*_columns([[5, 5, 2, 9], [0, 0, 1e30, 1e30], [-5, -5, 10, 10]]), {1: "x"},
+                                  report, str)
+    assert keep.tolist() == [False, True, True]
+    assert boxes[1].tolist() == [0, 0, 30, 20] and boxes[2].tolist() == [0, 0, 10, 10]
+    assert report.repairs == {v.EMPTY_BOX: 1, v.BOX_CLIPPED: 2} and not report.errors
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (dict(labels=[1, 999, 1]), v.UNKNOWN_CATEGORY), (dict(labels=[1, -5, 1]), v.NEGATIVE_LABEL),
+    (dict(labels=[1, 2**31, 1]), v.LABEL_RANGE), (dict(ids=(1, 2, 1)), v.DUPLICATE_IMAGE_ID),
+    (dict(sizes=((20, 30), (-1, 30), (20, 30))), v.BAD_SIZE), (dict(sizes=((20, 0),) * 3), v.BAD_SIZE),
+])
+def test_check_columns_errors(edit, reason):
+    good = [2, 2, 10, 10]
+    labels = edit.pop("labels", None)
+    arrays = list(_columns([good] * 3, **edit))
+    if labels is not None:
+        arrays[4] = np.asarray(labels, np.int64)
+    report = v.Report("manifest")
+    v.check_columns(*arrays, {1: "x"}, report, lambda i: f"file{i}")
+    assert reason in report.errors
+
+
+@pytest.mark.parametrize("starts", [(0, 2, 1, 3), (0, 1, 2), (1, 1, 2, 3), (0, 1, 2, 4)])
+def test_check_columns_refuses_columns_that_do_not_fit(starts):
+    with pytest.raises(DatasetError, match="do not fit together"):
+        v.check_columns(*_columns([[2, 2, 10, 10]] * 3, starts=starts), {1: "x"}, v.Report("m"), str)
