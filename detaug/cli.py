@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from detaug.cli_support import CliError, OneLineParser, error_line, positive_int, run_guarded
+from detaug.cli_support import CliError, OneLineParser, error_line, log_to_stderr, positive_int, run_guarded
 
 __all__ = ["RECIPE_SUFFIXES", "CliError", "OneLineParser", "error_line", "main", "read_recipe"]
 
@@ -359,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    log_to_stderr()
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     if argv[:1] == ["bench"]:

@@ -1,5 +1,5 @@
-"""What every detaug command line shares: the one-line argument parser, argument types, and the
-guarded run that turns an error into one line and an exit status.
+"""What every detaug command line shares: the one-line argument parser, argument types, the
+guarded run that turns an error into one line and an exit status, and the ``detaug`` log on stderr.
 
 ``detaug`` (:mod:`detaug.cli`) and ``detaug bench`` (:mod:`detaug.bench.runner`) use them; a user
 error is ``PROG: error: MESSAGE`` and exit status 2, anything else one line with status 1 (the
@@ -9,11 +9,12 @@ traceback with ``--debug``), Ctrl-C 130.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import traceback
 from collections.abc import Callable
 
-__all__ = ["CliError", "OneLineParser", "error_line", "positive_int", "run_guarded"]
+__all__ = ["CliError", "OneLineParser", "error_line", "log_to_stderr", "positive_int", "run_guarded"]
 
 
 class CliError(Exception):
@@ -83,3 +84,28 @@ def run_guarded(name: str, run: Callable[[], int], debug: bool) -> int:
         return status
     finally:
         warnings.formatwarning = formatwarning
+
+
+class _StderrLines(logging.Handler):
+    """Log records as lines on the ``sys.stderr`` of the moment (a redirected or captured stream
+    included, as :data:`logging.lastResort`)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # noqa: BLE001 - logging's own rule: a failing handler reports, never raises
+            self.handleError(record)
+
+
+def log_to_stderr() -> None:
+    """Show the ``detaug`` log (INFO and up: what detaug decided, e.g. ``device='auto'``) on stderr
+    as ``detaug: MESSAGE`` lines, for a command line; the library itself adds only a
+    ``NullHandler``. Once per process: a second call adds nothing."""
+    log = logging.getLogger("detaug")
+    if any(isinstance(h, _StderrLines) for h in log.handlers):
+        return
+    handler = _StderrLines()
+    handler.setFormatter(logging.Formatter("detaug: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False  # one line, not a second one from a root handler
