@@ -14,9 +14,10 @@ message, then print the new digests with
 
     PYTHONPATH=$PWD python3 -m tests.detaug.test_digests
 
-and paste them into :data:`DIGESTS`. They hold for the CPU pipelines of the pinned DALI, NumPy
-and PyTorch versions; a new version of those (not of detaug) may change them, which is checked
-the same way (run it twice, read what changed) before updating.
+and paste them into :data:`DIGESTS`. They were recorded with DALI 2.4.0, NumPy 2.4.6 and
+PyTorch 2.13 on the CPU; the batches do not depend on the number of DALI threads. A new version
+of those (not of detaug) may change them: check that nothing in detaug changed, run it twice
+(the digests must agree), then update them in a commit of their own that names the versions.
 """
 
 from __future__ import annotations
