@@ -8,10 +8,7 @@ __version__ = "0.1.0"
 
 __all__ = ["DataWarning", "DatasetError", "DeviceError", "ImageError", "RecipeError", "__version__"]
 
-_log = logging.getLogger("detaug")
-if not _log.handlers:  # one line on stderr for what detaug decided (device="auto"); configurable
-    _handler = logging.StreamHandler()
-    _handler.setFormatter(logging.Formatter("detaug: %(message)s"))
-    _log.addHandler(_handler)
-    _log.setLevel(logging.INFO)
-    _log.propagate = False
+# A library adds no handler of its own: what detaug decides (device="auto") goes to the "detaug"
+# logger at INFO, shown where the application configures logging; the command lines print it
+# (detaug.cli_support.log_to_stderr).
+logging.getLogger("detaug").addHandler(logging.NullHandler())

@@ -14,10 +14,11 @@ import argparse
 import os
 import sys
 import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from detaug.cli_support import CliError, OneLineParser, error_line, log_to_stderr, positive_int, run_guarded
 
 __all__ = ["RECIPE_SUFFIXES", "CliError", "OneLineParser", "error_line", "main", "read_recipe"]
 
@@ -25,30 +26,7 @@ __all__ = ["RECIPE_SUFFIXES", "CliError", "OneLineParser", "error_line", "main",
 RECIPE_SUFFIXES = {".yaml": "yaml", ".yml": "yaml", ".json": "json"}
 
 
-class CliError(Exception):
-    """A user error of the command line; its message is the whole error line (exit status 2)."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line (``PROG: error: MESSAGE (see --help)``,
-    exit status 2) instead of the usage block and the message."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-# -- the pieces the commands share ------------------------------------------------------------------
-
-
-def positive_int(text: str) -> int:
-    """``argparse`` type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+# -- the pieces the commands share (and detaug.cli_support) ----------------------------------------
 
 
 def pick_device(device: str) -> str:
@@ -391,54 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def error_line(err: BaseException) -> tuple[int, str]:
-    """``(exit status, one line)`` for an exception ending a command: 2 for the user's errors
-    (missing or unreadable files, bad values, datasets that cannot be read, no GPU), 1 for
-    anything else. A message of several lines keeps its first, which names the file at fault."""
-    from detaug.errors import DeviceError
-
-    if isinstance(err, OSError) and not isinstance(err, (ConnectionError, TimeoutError)):
-        where = f"{err.filename}: " if err.filename is not None else ""
-        text, status = f"{where}{err.strerror or err}", 2
-    elif isinstance(err, (CliError, ValueError, DeviceError)):
-        text, status = str(err), 2
-    else:
-        text, status = f"{type(err).__name__}: {err}", 1
-    lines = [line for line in text.splitlines() if line.strip()] or [type(err).__name__]
-    line = lines[0].strip()
-    if len(lines) > 1:
-        line += f" (and {len(lines) - 1} more lines: --debug shows them)"
-    if status != 2:
-        line += " (--debug shows the traceback)"
-    return status, line
-
-
-def run_guarded(name: str, run: Callable[[], int], debug: bool) -> int:
-    """Run a command; its errors become one line (:func:`error_line`) and an exit status, its
-    warnings (a skipped image, a repaired box) one line each, ``NAME: warning: MESSAGE``
-    (Python's file and source line with ``--debug``)."""
-    import warnings
-
-    formatwarning = warnings.formatwarning
-    if not debug:
-        warnings.formatwarning = lambda message, category, *args, **kwargs: f"{name}: warning: {message}\n"
-    try:
-        return run()
-    except KeyboardInterrupt:
-        print(f"{name}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as err:  # noqa: BLE001 - every error ends as one line (and a traceback with --debug)
-        if debug:
-            traceback.print_exc()
-        status, line = error_line(err)
-        print(f"{name}: error: {line}", file=sys.stderr)
-        return status
-    finally:
-        warnings.formatwarning = formatwarning
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    log_to_stderr()
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     if argv[:1] == ["bench"]:

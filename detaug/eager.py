@@ -209,7 +209,7 @@ def _image_out(out: Any, kind: str, original: Any) -> Any:
     if kind == "torch":
         import torch
 
-        from detaug.torch import dali_images_to_torch
+        from detaug.handover import dali_images_to_torch
 
         device = original.device if hasattr(original, "device") else torch.device("cpu")
         images = dali_images_to_torch(out, device)

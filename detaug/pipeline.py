@@ -7,13 +7,15 @@ It moves pixels only: what to read and how to warp it comes planned from the hos
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from detaug.decoding import decoder_options, default_num_threads
 from detaug.errors import DeviceError
-from detaug.transforms import Compose
+
+if TYPE_CHECKING:  # the pipeline reads a recipe through its methods; recipes sit above it (tests/test_layers.py)
+    from detaug.transforms import Compose
 
 __all__ = ["DEVICES", "build_pipeline", "cuda_devices", "feed", "feed_first_run", "feed_inputs", "input_names",
            "outputs_outlive_runs", "pick_device", "resolve_device"]

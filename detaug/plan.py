@@ -64,7 +64,23 @@ from detaug.boxes import (
 
 from detaug.seeds import SampleRandom
 
-__all__ = ["PlanState", "BoxResult"]
+__all__ = ["PlanState", "BoxResult", "Partners"]
+
+
+@dataclass
+class Partners:
+    """The partner images of a batch (:meth:`detaug.transforms.Compose.plan_batch`),
+    ``J = Compose.num_partners`` slots per sample: ``Mosaic``'s tiles 1-3, then ``MixUp``'s partner.
+
+    Attributes:
+        shapes: per slot, per sample, the decoded image shape ``(H, W, C)``.
+        boxes: per slot, per sample, float32 ``[N, 4]`` xyxy boxes on that image.
+        labels: per slot, per sample, int ``[N]``.
+    """
+
+    shapes: list[list[np.ndarray]]
+    boxes: list[list[np.ndarray]]
+    labels: list[list[np.ndarray]]
 
 
 @dataclass

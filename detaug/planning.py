@@ -51,7 +51,7 @@ import io
 import pickle
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -59,10 +59,12 @@ from detaug.epochs import batch_slice, num_batches, shard_order, shard_size
 from detaug.errors import DatasetError, ImageError
 from detaug.formats.images import annotation_frame, orient_boxes, probe_image
 from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
+from detaug.plan import Partners
 from detaug.seeds import sample_keys
 from detaug.sources import FieldSpec, box_area, field_specs
-from detaug.transforms import Compose
-from detaug.transforms.compose import Partners
+
+if TYPE_CHECKING:  # the planner reads a recipe through its methods; recipes sit above it (tests/test_layers.py)
+    from detaug.transforms import Compose
 
 __all__ = [
     "FIELD_CHOICES", "ON_ERROR", "EpochSpec", "PlannedBatch", "BatchPlanner", "DecodedShapes", "DecodeFailure",

@@ -1425,7 +1425,7 @@ def _module_version(name: str) -> str | None:
 
 
 def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
-    from detaug.cli import OneLineParser, positive_int
+    from detaug.cli_support import OneLineParser, positive_int
 
     gpu, cpu = DEFAULTS["gpu"], DEFAULTS["cpu"]
     parser = OneLineParser(
@@ -1603,9 +1603,10 @@ def main(argv: Sequence[str] | None = None, *, debug: bool = False) -> int:
     """``detaug bench``; returns the exit status: 2 for a bad option or dataset (one line naming
     it; ``--debug`` adds the traceback), 1 with ``--check`` when a target fails. With
     ``--startup``, :func:`detaug.bench.startup.main` runs instead."""
-    from detaug.cli import run_guarded
+    from detaug.cli_support import log_to_stderr, run_guarded
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    log_to_stderr()  # also for python -m detaug.bench
     if "--startup" in argv:
         return _startup(argv)
     parser = build_parser()

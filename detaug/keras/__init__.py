@@ -5,10 +5,11 @@ The package, one job a module:
 
 * :mod:`detaug.keras.sequence`: the Keras face, :class:`DetectionSequence` (arguments, epochs,
   ``seq[i]``, errors), the only module that imports Keras;
-* :mod:`detaug.keras.prefetch`: the plan-ahead, worker processes planning the batches of the
-  current and the next epoch before they are asked for;
-* :mod:`detaug.keras.pool`: the DALI pipeline that Keras' ``workers`` share, two batches at
-  once, and the batch prefetched for a sequential reader;
+* :mod:`detaug.keras.plan_ahead`: ``PlanAhead``, worker processes planning the batches of the
+  current and the next epoch before they are asked for (also importable as ``detaug.keras.prefetch``,
+  its former name: the same module);
+* :mod:`detaug.keras.pipeline_queue`: ``PipelineQueue``, the DALI pipeline that Keras' ``workers``
+  share, two batches at once, and the batch prefetched for a sequential reader;
 * :mod:`detaug.keras.targets`: Keras box formats and the padded targets;
 * :mod:`detaug.keras.flavor`: which Keras (Keras 3, or legacy ``tf_keras``), read from the
   environment when this package is first imported;
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 # The names detaug/keras.py held, at the same place.
 from detaug.keras.flavor import KERAS_FLAVOR, KERAS_FLAVOR_ENV, KERAS_FLAVORS  # noqa: F401
-from detaug.keras.prefetch import PLAN_AHEAD_BATCHES, PLAN_AHEAD_DATA_BYTES  # noqa: F401
+from detaug.keras.plan_ahead import PLAN_AHEAD_BATCHES, PLAN_AHEAD_DATA_BYTES  # noqa: F401
 from detaug.keras.targets import (  # noqa: F401
     KERAS_BOX_FORMATS,
     OVERFLOW_POLICIES,

@@ -10,11 +10,11 @@ pipeline's external sources and runs it once. The same ``i`` in the same epoch t
 gives the same samples and the same augmentation; a new epoch gives a new order
 (``shuffle=True``) and new augmentations.
 
-Access pattern, concurrency and prefetching (the pipeline: :mod:`detaug.keras.pool`):
+Access pattern, concurrency and prefetching (the pipeline: :mod:`detaug.keras.pipeline_queue`):
 
 1. ``seq[i]`` right after ``seq[i - 1]`` (or ``seq[0]`` first in an epoch), with no other call in
    progress, is *sequential*: once batch ``i`` is out of the pipeline, the next
-   ``detaug.keras.pool.PIPELINE_DEPTH`` batches (two) are in it, and DALI prepares them while the
+   ``detaug.keras.pipeline_queue.PIPELINE_DEPTH`` batches (two) are in it, and DALI prepares them while the
    caller trains on batch ``i``, as the PyTorch loader does. This is how ``fit(seq,
    shuffle=False)`` asks with the default ``workers=1`` (the sequence shuffles its samples every
    epoch itself; docs/keras.md says why Keras' own threads are not the default);
@@ -28,7 +28,7 @@ Access pattern, concurrency and prefetching (the pipeline: :mod:`detaug.keras.po
    not run dry between epochs; ``on_epoch_end()`` moves to the next epoch (and keeps them),
    ``set_epoch(e)`` to another epoch drops them.
 
-Planning ahead (:mod:`detaug.keras.prefetch`): the samples and seeds of every batch of an epoch
+Planning ahead (:mod:`detaug.keras.plan_ahead`): the samples and seeds of every batch of an epoch
 (and of the next one) are known in advance, so with ``plan_workers > 0`` the host-side work
 (reading the image files and their headers, ``Compose.plan_batch``) runs in worker processes,
 ahead of the ``seq[i]`` calls, from :meth:`DetectionSequence.start_workers` or the first
@@ -63,8 +63,8 @@ from detaug.decoding import default_planning_workers, threads_beside
 from detaug.epochs import check_shard
 from detaug.errors import DataWarning
 from detaug.keras.flavor import keras_backend, keras_base, keras_module
-from detaug.keras.pool import DLPACK_BACKENDS, PIPELINE_DEPTH, PipelineQueue
-from detaug.keras.prefetch import PlanAhead
+from detaug.keras.pipeline_queue import DLPACK_BACKENDS, PIPELINE_DEPTH, PipelineQueue
+from detaug.keras.plan_ahead import PlanAhead
 from detaug.keras.targets import (
     OVERFLOW_POLICIES,
     BoxOverflowWarning,
@@ -496,7 +496,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         pipe = build_pipeline(
             self.source, self.transforms, batch_size=self.batch_size, device=self.device,
             device_id=self.device_id, num_threads=self.num_threads, seed=self.seed, layout="HWC",
-            prefetch_queue_depth=PIPELINE_DEPTH,  # the batches of the calls waiting, in turn (detaug.keras.pool)
+            prefetch_queue_depth=PIPELINE_DEPTH,  # the batches of the calls waiting, in turn (detaug.keras.pipeline_queue)
         )
         pipe.build()
         return pipe

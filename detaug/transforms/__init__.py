@@ -21,11 +21,11 @@ from detaug.transforms.composition import OneOf, RandomApply, RandomChoice, Some
 from detaug.transforms.crop import CenterCrop, FixedSizeCrop, RandomCrop, RandomIoUCrop, RandomResizedCrop
 from detaug.transforms.erasing import CoarseDropout, RandomErasing
 from detaug.transforms.flip import RandomHorizontalFlip, RandomVerticalFlip
-from detaug.transforms.mixing import MixUp, Mosaic, yolo_recipe
+from detaug.transforms.mixing import MixUp, Mosaic
 from detaug.transforms.noise import GaussNoise
 from detaug.transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from detaug.transforms.perspective import RandomPerspective
-from detaug.transforms.presets import PRESETS, preset
+from detaug.transforms.presets import PRESETS, preset, yolo_recipe
 from detaug.transforms.pad import Pad, RandomZoomOut
 from detaug.transforms.resize import LetterBox, RandomShortestSize, Resize, ScaleJitter
 

@@ -14,11 +14,11 @@ from detaug.boxes import rotation_matrix, scale_matrix, shear_matrix, translatio
 from detaug.plan import PlanState
 from detaug.seeds import SampleRandom
 from detaug.transforms.base import GeometricTransform, Param, about_center, register, where_applied
+from detaug.transforms.params import FILL
 from detaug.transforms.schema import REQUIRED
 
 __all__ = ["RandomAffine", "RandomRotation"]
 
-FILL = Param("fill", "number", 0, "grey level (0-255) painted where the output shows no input pixel", low=0, high=255)
 CENTER = Param("center", "numbers", None, "rotation centre (x, y) in pixels; the canvas centre when null", optional=True)
 
 

@@ -63,10 +63,14 @@ class Transform:
     Attributes:
         kind: ``"warp"`` (moves pixels and boxes, fused into warps), ``"photometric"`` (pixel
             values only), ``"output"`` (the last stage: dtype and layout, e.g. ``Normalize``).
+        recipe_class: the recipe a transform called alone runs in,
+            :class:`~detaug.transforms.Compose`; set by :mod:`detaug.transforms.compose` (which
+            sits above this module, tests/test_layers.py), always imported with the package.
     """
 
     schema: ClassVar[tuple[Param, ...]] = ()
     kind: ClassVar[str] = ""
+    recipe_class: ClassVar[type | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -125,9 +129,8 @@ class Transform:
     def __call__(self, image: Any = None, boxes: Any = None, labels: Any = None, **kwargs: Any) -> dict[str, Any]:
         """Run this transform alone, eagerly, on one sample: ``Compose([self])(image=..., ...)``
         (see :meth:`detaug.transforms.Compose.__call__`)."""
-        from detaug.transforms.compose import Compose
-
-        return Compose([self])(image, boxes, labels, **kwargs)
+        assert self.recipe_class is not None, "detaug.transforms.compose sets Transform.recipe_class"
+        return self.recipe_class([self])(image, boxes, labels, **kwargs)
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and self.to_dict() == other.to_dict()  # type: ignore[union-attr]
@@ -143,6 +146,12 @@ def where_applied(apply: np.ndarray, step: np.ndarray) -> np.ndarray:
 def about_center(center: np.ndarray, m: np.ndarray) -> np.ndarray:
     """``T(c) @ m @ T(-c)`` for per-sample centres ``[B, 2]`` (x, y)."""
     return translation_matrix(center[:, 0], center[:, 1]) @ m @ translation_matrix(-center[:, 0], -center[:, 1])
+
+
+def on_device_of(node: Any, images: Any) -> Any:
+    """``node`` (a CPU DataNode of per-sample parameters) on the device of ``images``, for
+    arithmetic expressions that mix both."""
+    return node.gpu() if getattr(images, "device", "cpu") == "gpu" else node
 
 
 class GeometricTransform(Transform):

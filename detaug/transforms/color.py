@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from detaug.seeds import SampleRandom
-from detaug.transforms.base import Param, PhotometricTransform, register
+from detaug.transforms.base import Param, PhotometricTransform, on_device_of, register
 
 __all__ = ["ColorJitter", "RandomPhotometricDistort", "Grayscale", "RandomGrayscale", "LUMA"]
 
@@ -22,12 +22,6 @@ LUMA = (0.2989, 0.587, 0.114)
 
 #: The 6 permutations of 3 channels (``RandomPhotometricDistort``'s channel shuffle).
 PERMUTATIONS = np.array([[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]], dtype=np.float32)
-
-
-def on_device_of(node: Any, images: Any) -> Any:
-    """``node`` (a CPU DataNode of per-sample parameters) on the device of ``images``, for
-    arithmetic expressions that mix both."""
-    return node.gpu() if getattr(images, "device", "cpu") == "gpu" else node
 
 
 def contrast_about_mean(images: Any, factor: Any) -> Any:

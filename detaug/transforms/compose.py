@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -11,7 +10,7 @@ import numpy as np
 
 from detaug.boxes import boxes_to_polygons, canvas_halfplanes, clip_polygons, polygon_bounds, translation_matrix
 from detaug.errors import RecipeError
-from detaug.plan import PlanState
+from detaug.plan import Partners, PlanState
 from detaug.seeds import SampleRandom, as_keys
 from detaug.transforms.affine import RandomAffine
 from detaug.transforms.base import TRANSFORMS, Transform
@@ -35,22 +34,6 @@ __all__ = ["Compose", "Partners", "default_detection_recipe"]
 #: Floats per ``Mosaic`` tile and for the ``MixUp`` partner in a parameter vector: decode ROI
 #: ``(x, y, w, h)``, forward matrix ``[2, 3]``, output ``(h, w)`` (and the blend ratio).
 TILE_PARAMS, MIXUP_PARAMS = 12, 13
-
-
-@dataclass
-class Partners:
-    """The partner images of a batch (:meth:`Compose.plan_batch`), ``J = Compose.num_partners``
-    slots per sample: ``Mosaic``'s tiles 1-3, then ``MixUp``'s partner.
-
-    Attributes:
-        shapes: per slot, per sample, the decoded image shape ``(H, W, C)``.
-        boxes: per slot, per sample, float32 ``[N, 4]`` xyxy boxes on that image.
-        labels: per slot, per sample, int ``[N]``.
-    """
-
-    shapes: list[list[np.ndarray]]
-    boxes: list[list[np.ndarray]]
-    labels: list[list[np.ndarray]]
 
 
 class Compose:
@@ -561,6 +544,9 @@ class Compose:
     def __repr__(self) -> str:
         inner = ",\n".join(f"    {t!r}" for t in self.transforms)
         return f"Compose([\n{inner}\n], min_size={self.min_size}, min_visibility={self.min_visibility})"
+
+
+Transform.recipe_class = Compose  # a transform called alone runs as Compose([transform])
 
 
 def _plan_photometric(t: Transform, state: PlanState) -> list[np.ndarray]:

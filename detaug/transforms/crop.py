@@ -14,7 +14,7 @@ import numpy as np
 from detaug.boxes import scale_matrix, translation_matrix
 from detaug.plan import PlanState
 from detaug.transforms.base import GeometricTransform, Param, register
-from detaug.transforms.pad import PADDING_DOC, PADDING_MODE, ScalarOrList, padding_ltrb, whole_numbers
+from detaug.transforms.params import PADDING_DOC, PADDING_MODE, ScalarOrList, padding_ltrb, whole_numbers
 from detaug.transforms.schema import REQUIRED
 
 __all__ = ["RandomIoUCrop", "RandomResizedCrop", "RandomCrop", "CenterCrop", "FixedSizeCrop"]

@@ -48,7 +48,7 @@ from detaug.seeds import SampleRandom
 from detaug.transforms.base import Param, Transform, register
 from detaug.transforms.schema import REQUIRED
 
-__all__ = ["POOLS", "MixingTransform", "Mosaic", "MixUp", "yolo_recipe"]
+__all__ = ["POOLS", "MixingTransform", "Mosaic", "MixUp"]
 
 _FILL = Param("fill", "number", 114, "grey level (0-255) where no image is", low=0, high=255)
 #: where partner images come from (the module docstring): "dataset" (the seed contract's rule) or "batch"
@@ -85,7 +85,7 @@ class Mosaic(MixingTransform):
     ``(h, w)`` with a random affine about the centre (``RandomPerspective(border=-imgsz/2)``);
     here that is ``RandomAffine(scale=(2 s0, 2 s1), ...)`` followed by ``Resize((h, w))``: halving
     the canvas after an affine about its centre is the same geometry as ultralytics' crop with
-    ``scale=(s0, s1)`` (see :func:`yolo_recipe`).
+    ``scale=(s0, s1)`` (see :func:`detaug.transforms.yolo_recipe`).
 
     Only the part of the canvas that the next warp reads is composed, and of each tile only the
     part it shows there is decoded.
@@ -222,39 +222,3 @@ def _betacf(a: float, b: float, x: np.ndarray, iterations: int = 300) -> np.ndar
             c = np.where(np.abs(c) < tiny, tiny, c)
             h = h * d * c
     return h
-
-
-def yolo_recipe(size: int | tuple[int, int] = 640, mixup: float = 0.1, perspective: float = 0.1,
-                pool: str = "dataset"):
-    """The YOLO training recipe (ultralytics' defaults) as a :class:`~detaug.transforms.Compose`.
-
-    ``Mosaic(size)`` (ultralytics ``mosaic=1.0``), ``RandomPerspective(perspective, p=0.5)`` on
-    the mosaic canvas, ``RandomAffine(translate=0.1, scale=(1, 3))`` then ``Resize(size)``: the
-    affine about the ``2 size`` canvas' centre followed by halving it is ultralytics' crop with
-    ``translate=0.1, scale=0.5`` (``0.5 .. 1.5``); the mosaic canvas being square (or ``2 h`` by
-    ``2 w``), the letterbox to ``size`` is this plain resize. Then ``RandomHorizontalFlip(0.5)``
-    (``fliplr``), ``MixUp(p=mixup)`` (ultralytics' default is 0; YOLOv5/8 large models use
-    0.1-0.15) and the HSV jitter ``hsv_h=0.015, hsv_s=0.7, hsv_v=0.4`` as ``ColorJitter`` (hue
-    as a fraction of the circle, saturation and value as gain ranges ``1 -/+ v``). ``pool``:
-    where ``Mosaic``'s and ``MixUp``'s partners come from (the module docstring; ``"batch"``
-    decodes one image per sample instead of 4.1).
-    """
-    from detaug.transforms.affine import RandomAffine
-    from detaug.transforms.color import ColorJitter
-    from detaug.transforms.compose import Compose
-    from detaug.transforms.flip import RandomHorizontalFlip
-    from detaug.transforms.perspective import RandomPerspective
-    from detaug.transforms.resize import Resize
-
-    hw = (size, size) if isinstance(size, int) else tuple(size)
-    transforms: list[Transform] = [
-        Mosaic(hw, fill=114, pool=pool),
-        RandomPerspective(distortion_scale=perspective, p=0.5, fill=114),
-        RandomAffine(translate=(0.1, 0.1), scale=(1.0, 3.0), fill=114),
-        Resize(hw),
-        RandomHorizontalFlip(p=0.5),
-    ]
-    if mixup > 0:
-        transforms.append(MixUp(p=mixup, alpha=32.0, fill=114, pool=pool))
-    transforms.append(ColorJitter(brightness=0.4, saturation=0.7, hue=0.015))
-    return Compose(transforms, min_size=2.0, min_visibility=0.1)

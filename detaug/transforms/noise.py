@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from detaug.seeds import SampleRandom
-from detaug.transforms.base import Param, PhotometricTransform, register
-from detaug.transforms.color import on_device_of
+from detaug.transforms.base import Param, PhotometricTransform, on_device_of, register
 
 __all__ = ["GaussNoise", "hash_normal", "lowbias32"]
 

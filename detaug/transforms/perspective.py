@@ -14,8 +14,8 @@ import numpy as np
 
 from detaug.boxes import homography
 from detaug.plan import PlanState
-from detaug.transforms.affine import FILL
 from detaug.transforms.base import GeometricTransform, Param, register, where_applied
+from detaug.transforms.params import FILL
 
 __all__ = ["RandomPerspective"]
 

@@ -5,6 +5,7 @@
 with ``use_v2=True``), whose transforms are followed there by ``SanitizeBoundingBoxes`` (boxes
 under 1 pixel wide or high removed: detaug's ``min_size=1``). ``detaug recipe --preset NAME``
 prints one as YAML. docs/presets.md compares their statistics with torchvision's on real photos.
+:func:`yolo_recipe` builds the ``yolo`` preset with its size, ``MixUp`` probability and perspective.
 
 Deviation: torchvision fills revealed areas with the per-channel mean ``(123, 117, 104)``;
 detaug's warps fill with one grey level, ``117`` (the middle value). It changes no box.
@@ -14,9 +15,20 @@ from __future__ import annotations
 
 from typing import Callable
 
+from detaug.errors import RecipeError
+from detaug.transforms.affine import RandomAffine
+from detaug.transforms.base import Transform
+from detaug.transforms.color import ColorJitter, RandomPhotometricDistort
 from detaug.transforms.compose import Compose
+from detaug.transforms.crop import FixedSizeCrop, RandomIoUCrop
+from detaug.transforms.flip import RandomHorizontalFlip
+from detaug.transforms.mixing import MixUp, Mosaic
+from detaug.transforms.pad import RandomZoomOut
+from detaug.transforms.perspective import RandomPerspective
+from detaug.transforms.resize import RandomShortestSize, Resize, ScaleJitter
+from detaug.transforms.schema import closest
 
-__all__ = ["PRESETS", "preset"]
+__all__ = ["PRESETS", "preset", "yolo_recipe"]
 
 #: torchvision's ``mean`` fill, as one grey level.
 MEAN_FILL = 117.0
@@ -24,15 +36,40 @@ MEAN_FILL = 117.0
 MULTISCALE_SIZES = (480, 512, 544, 576, 608, 640, 672, 704, 736, 768, 800)
 
 
-def _hflip() -> Compose:
-    from detaug.transforms import RandomHorizontalFlip
+def yolo_recipe(size: int | tuple[int, int] = 640, mixup: float = 0.1, perspective: float = 0.1,
+                pool: str = "dataset") -> Compose:
+    """The YOLO training recipe (ultralytics' defaults) as a :class:`~detaug.transforms.Compose`.
 
+    ``Mosaic(size)`` (ultralytics ``mosaic=1.0``), ``RandomPerspective(perspective, p=0.5)`` on
+    the mosaic canvas, ``RandomAffine(translate=0.1, scale=(1, 3))`` then ``Resize(size)``: the
+    affine about the ``2 size`` canvas' centre followed by halving it is ultralytics' crop with
+    ``translate=0.1, scale=0.5`` (``0.5 .. 1.5``); the mosaic canvas being square (or ``2 h`` by
+    ``2 w``), the letterbox to ``size`` is this plain resize. Then ``RandomHorizontalFlip(0.5)``
+    (``fliplr``), ``MixUp(p=mixup)`` (ultralytics' default is 0; YOLOv5/8 large models use
+    0.1-0.15) and the HSV jitter ``hsv_h=0.015, hsv_s=0.7, hsv_v=0.4`` as ``ColorJitter`` (hue
+    as a fraction of the circle, saturation and value as gain ranges ``1 -/+ v``). ``pool``:
+    where ``Mosaic``'s and ``MixUp``'s partners come from (:mod:`detaug.transforms.mixing`; ``"batch"``
+    decodes one image per sample instead of 4.1).
+    """
+    hw = (size, size) if isinstance(size, int) else tuple(size)
+    transforms: list[Transform] = [
+        Mosaic(hw, fill=114, pool=pool),
+        RandomPerspective(distortion_scale=perspective, p=0.5, fill=114),
+        RandomAffine(translate=(0.1, 0.1), scale=(1.0, 3.0), fill=114),
+        Resize(hw),
+        RandomHorizontalFlip(p=0.5),
+    ]
+    if mixup > 0:
+        transforms.append(MixUp(p=mixup, alpha=32.0, fill=114, pool=pool))
+    transforms.append(ColorJitter(brightness=0.4, saturation=0.7, hue=0.015))
+    return Compose(transforms, min_size=2.0, min_visibility=0.1)
+
+
+def _hflip() -> Compose:
     return Compose([RandomHorizontalFlip(p=0.5)], min_size=1.0)
 
 
 def _lsj() -> Compose:
-    from detaug.transforms import FixedSizeCrop, RandomHorizontalFlip, ScaleJitter
-
     return Compose(
         [ScaleJitter(target_size=(1024, 1024)), FixedSizeCrop(size=(1024, 1024), fill=MEAN_FILL),
          RandomHorizontalFlip(p=0.5)],
@@ -41,15 +78,11 @@ def _lsj() -> Compose:
 
 
 def _multiscale() -> Compose:
-    from detaug.transforms import RandomHorizontalFlip, RandomShortestSize
-
     return Compose([RandomShortestSize(min_size=MULTISCALE_SIZES, max_size=1333), RandomHorizontalFlip(p=0.5)],
                    min_size=1.0)
 
 
 def _ssd() -> Compose:
-    from detaug.transforms import RandomHorizontalFlip, RandomIoUCrop, RandomPhotometricDistort, RandomZoomOut
-
     return Compose(
         [RandomPhotometricDistort(), RandomZoomOut(fill=MEAN_FILL), RandomIoUCrop(), RandomHorizontalFlip(p=0.5)],
         min_size=1.0,
@@ -57,14 +90,10 @@ def _ssd() -> Compose:
 
 
 def _ssdlite() -> Compose:
-    from detaug.transforms import RandomHorizontalFlip, RandomIoUCrop
-
     return Compose([RandomIoUCrop(), RandomHorizontalFlip(p=0.5)], min_size=1.0)
 
 
 def _yolo() -> Compose:
-    from detaug.transforms.mixing import yolo_recipe
-
     return yolo_recipe()
 
 
@@ -81,9 +110,6 @@ PRESETS: dict[str, Callable[[], Compose]] = {
 
 def preset(name: str) -> Compose:
     """The recipe of preset ``name`` (``hflip``, ``lsj``, ``multiscale``, ``ssd``, ``ssdlite``, ``yolo``)."""
-    from detaug.errors import RecipeError
-    from detaug.transforms.schema import closest
-
     if name not in PRESETS:
         raise RecipeError(f"unknown preset {name!r}{closest(name, PRESETS)}; known: {', '.join(PRESETS)}")
     return PRESETS[name]()

@@ -12,7 +12,7 @@ import numpy as np
 from detaug.boxes import scale_matrix, translation_matrix
 from detaug.plan import PlanState
 from detaug.transforms.base import GeometricTransform, Param, register
-from detaug.transforms.pad import ScalarOrList, whole_numbers
+from detaug.transforms.params import ScalarOrList, whole_numbers
 from detaug.transforms.schema import REQUIRED
 
 __all__ = ["Resize", "LetterBox", "ScaleJitter", "RandomShortestSize"]

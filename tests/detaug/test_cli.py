@@ -180,6 +180,45 @@ def test_preview_works(tmp_path, capsys, coco, voc):
     assert status == 0 and out.is_file() and f"wrote {out}" in stdout
 
 
+@pytest.fixture
+def detaug_log():
+    """The ``detaug`` logger, put back as it was after the test (a command line adds its handler)."""
+    import logging
+
+    log = logging.getLogger("detaug")
+    saved = (list(log.handlers), log.level, log.propagate)
+    yield log
+    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
+
+
+def test_importing_detaug_adds_only_a_null_handler():
+    """A library configures no output (issue 40): a fresh interpreter, as this one ran commands."""
+    code = ("import logging, detaug; log = logging.getLogger('detaug'); "
+            "print([type(h).__name__ for h in log.handlers], log.level, log.propagate)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                          cwd=ROOT)
+    assert done.stdout.strip() == "['NullHandler'] 0 True" and done.stderr == ""
+
+
+def test_the_command_line_prints_what_detaug_decided(tmp_path, capsys, voc, monkeypatch, detaug_log):
+    """``detaug`` sets up its own handler: the ``device='auto'`` line, once, on stderr."""
+    from detaug import cli_support, pipeline
+
+    for handler in [h for h in detaug_log.handlers if isinstance(h, cli_support._StderrLines)]:
+        detaug_log.removeHandler(handler)  # as in a new process
+    monkeypatch.setattr(pipeline, "_said", set())
+    args = ("preview", "--voc", str(voc), "--num", "2", "--size", "64", "--device", "auto", "--out")
+    status, _, err = run_cli(capsys, *args, str(tmp_path / "a.png"))
+    assert status == 0
+    assert re.search(r"^detaug: device='auto': the (GPU|CPU) ", err, re.MULTILINE), err
+    status, _, err = run_cli(capsys, *args, str(tmp_path / "b.png"))
+    assert status == 0 and "device='auto'" not in err  # said once per process
+    assert sum(isinstance(h, cli_support._StderrLines) for h in detaug_log.handlers) == 1
+    monkeypatch.setattr(pipeline, "_said", set())
+    pipeline.pick_device("auto")
+    assert "detaug: device='auto': " in capsys.readouterr().err  # the stderr of the moment
+
+
 def test_the_installed_command_prints_one_line_and_exits_2(tmp_path, coco, voc):
     """The real process: exit status 2, one line on stderr, no traceback."""
     done = subprocess.run(

@@ -165,7 +165,7 @@ class TestConcurrency:
         assert four._queue.pipe is pipe and not four._queue.inflight and not four._queue.waiting
 
     def test_waiting_batches_run_depth_at_once_in_the_order_they_came(self, source, epoch0):
-        from detaug.keras.pool import PIPELINE_DEPTH
+        from detaug.keras.pipeline_queue import PIPELINE_DEPTH
 
         seq = make_sequence(source, workers=3, prefetch=False)
         queue = seq._queue
@@ -342,7 +342,7 @@ class TestPrefetch:
         assert_batches_equal(fresh[0], other[0])
 
     def test_random_access_wastes_at_most_the_batches_prefetched(self, seq, epoch0):
-        from detaug.keras.pool import PIPELINE_DEPTH
+        from detaug.keras.pipeline_queue import PIPELINE_DEPTH
 
         seq.set_epoch(0)
         hits, wasted = seq.prefetch_hits, seq.prefetch_wasted
@@ -732,7 +732,7 @@ class TestPlanningWorkers:
         and plans here only where its job has not started."""
         from concurrent.futures import Future
 
-        from detaug.keras.prefetch import PlanAhead
+        from detaug.keras.plan_ahead import PlanAhead
         from detaug.plan_ahead import _Group, _members, _Packed
 
         planner = planning.BatchPlanner(source, recipe(), planning.EpochSpec(n=len(source), batch_size=2, seed=3))
@@ -756,7 +756,7 @@ class TestPlanningWorkers:
         """A batch of the next epoch taken (the prefetch across an epoch's end) before the
         submission cursor reached it is not submitted when the cursor gets there, nor after the
         move to that epoch: a plan is used once."""
-        from detaug.keras.prefetch import PlanAhead
+        from detaug.keras.plan_ahead import PlanAhead
 
         planner = planning.BatchPlanner(source, recipe(), planning.EpochSpec(n=len(source), batch_size=2, seed=3))
         n = len(planner.spec)
@@ -880,7 +880,7 @@ def test_copy_streams_are_as_many_as_concurrent_calls_across_epochs_of_new_threa
     stream per thread made new streams, hence new cached memory, every epoch)."""
     import threading
 
-    from detaug.keras.pool import CopyStreams
+    from detaug.keras.pipeline_queue import CopyStreams
 
     streams = CopyStreams(object)
     for _epoch in range(5):
@@ -899,3 +899,14 @@ def test_copy_streams_are_as_many_as_concurrent_calls_across_epochs_of_new_threa
             t.join()
         assert len({id(s) for s in held}) == 4  # no two calls at once share one
     assert streams.made == 4
+
+
+def test_the_former_module_name_is_the_same_module(monkeypatch):
+    """``detaug.keras.prefetch`` (docs/keras.md's name before issue 40) is ``detaug.keras.plan_ahead``
+    itself: a limit set through it is the one a sequence's planner reads."""
+    import detaug.keras.plan_ahead as plan_ahead
+    import detaug.keras.prefetch as former
+
+    assert former is plan_ahead
+    monkeypatch.setattr(former, "PLAN_AHEAD_DATA_BYTES", 12345)
+    assert plan_ahead.PLAN_AHEAD_DATA_BYTES == 12345

@@ -275,7 +275,7 @@ def _check_dlpack(backend: str) -> dict:
     import numpy as np
     import torch
 
-    from detaug.keras.pool import hand_over
+    from detaug.keras.pipeline_queue import hand_over
 
     images = torch.arange(24, dtype=torch.float32).reshape(1, 2, 4, 3)
     out = hand_over(images, backend)

@@ -401,7 +401,7 @@ def _gpu_float32(images: Any, device_id: int, streams: CopyStreams, *, on_host: 
     into page-locked memory, several times faster than a pageable one."""
     import torch
 
-    from detaug.torch import dali_images_to_torch
+    from detaug.handover import dali_images_to_torch
 
     device = torch.device("cuda", device_id)
     with streams.use() as stream:
