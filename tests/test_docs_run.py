@@ -19,6 +19,8 @@ How the blocks run:
   stand-in whose ``fit`` / ``fit_generator`` read every batch of every epoch as Keras' do, calling
   the callbacks' ``on_epoch_begin``/``on_epoch_end`` and the sequence's ``on_epoch_end``, and train
   nothing). Nothing else: a block that forgets an import fails here as it would for a reader.
+* docs/notes/ (:data:`LEFT_OUT`) is not run: it holds dated logs of what ran on a day's build
+  and machine, not instructions to follow.
 * A block preceded by ``<!-- no-run: why -->`` is not run (a benchmark that needs the GPU or data
   the repository does not hold, a fragment); :data:`NOT_RUN` pins how many each file has, so that
   they cannot grow silently. A block preceded by ``<!-- run-alone: why -->`` runs in a process
@@ -49,9 +51,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: The pages whose blocks run.
 SOURCES = ("README.md", "docs/*.md")
+#: Pages deliberately left out: dated logs (docs/notes/) record what ran on a day's build and
+#: machine (timing scripts on ../shared/realdata, GPU commands); they are not instructions.
+LEFT_OUT = ("docs/notes/*.md",)
 #: Blocks marked ``<!-- no-run: ... -->``, per file: change this only with the marker.
 NOT_RUN = {
-    "docs/benchmarks.md": 1,  # eager timing against albumentations, on ../shared/realdata
     "docs/keras.md": 1,  # the KerasHub RetinaNet fragment (`...` stands for the model's arguments)
 }
 #: A ```bash block runs when every command in it starts with one of these.
@@ -158,6 +162,17 @@ def test_the_not_run_blocks_are_the_pinned_ones():
             assert block.why, f"{block.where}: a no-run marker needs its reason"
             marked[block.path] = marked.get(block.path, 0) + 1
     assert marked == NOT_RUN
+
+
+def test_the_left_out_pages_are_logs_only():
+    """docs/notes/ is left out on purpose (:data:`LEFT_OUT`), and only it: every other Markdown
+    page of docs/ is one of :data:`SOURCES`."""
+    run = {b.path for b in doc_blocks()}
+    left_out = {str(p.relative_to(ROOT)) for pattern in LEFT_OUT for p in ROOT.glob(pattern)}
+    assert not run & left_out
+    pages = {str(p.relative_to(ROOT)) for p in ROOT.glob("docs/**/*.md")}
+    covered = {str(p.relative_to(ROOT)) for pattern in SOURCES for p in ROOT.glob(pattern)}
+    assert pages - covered == left_out, f"pages neither run nor left out: {sorted(pages - covered - left_out)}"
 
 
 def test_which_bash_blocks_run():

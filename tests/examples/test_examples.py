@@ -31,6 +31,8 @@ ELSEWHERE = {
 }
 #: examples run here: the packages they need besides detaug's core
 HERE = {
+    "quickstart_torch.py": (),
+    "quickstart_keras.py": ("keras",),
     "keras_fit.py": ("keras",),
     "torch_train.py": ("torchvision",),
     "compare_presets.py": ("torchvision",),
@@ -71,6 +73,20 @@ def test_every_example_is_run():
     assert scripts and sorted({*ELSEWHERE, *HERE}) == scripts, "add the new example to HERE or ELSEWHERE"
     for name, module in ELSEWHERE.items():
         assert f'"examples" / "{name}"' in (REPO / module).read_text(), f"{module} does not run examples/{name}"
+
+
+def test_quickstart_torch(tmp_path):
+    """The README's PyTorch quick start, no argument: 40 generated images at batch 32, batches of 32 and 8."""
+    out = run_example("quickstart_torch.py", tmp_path=tmp_path)
+    assert re.search(r"^batch 0: images \(32, 3, 512, 512\) torch.float32 on cpu", out, re.M), out[-2000:]
+    assert re.search(r"^batch 1: images \(8, 3, 512, 512\)", out, re.M) and "batch 2:" not in out, out[-2000:]
+
+
+def test_quickstart_keras(tmp_path):
+    """The README's Keras quick start, no argument: seq[3] of 64 generated images, then fit for 2 epochs."""
+    out = run_example("quickstart_keras.py", tmp_path=tmp_path)
+    assert "seq[3]: images (16, 512, 512, 3), boxes (16, 50, 4), labels (16, 50); 4 batches an epoch" in out, out[-2000:]
+    assert re.search(r"^fit: loss \[[0-9.]+, [0-9.]+\]$", out, re.M), out[-2000:]
 
 
 def test_keras_fit(tmp_path):
