@@ -26,7 +26,10 @@ for the seed contract). :meth:`BatchPlanner.plan` computes it:
    the recipe keeps pick the labels and every field (``iscrowd``, ``difficult``, a track id,
    ...: :attr:`BatchPlanner.fields`); boxes dropped before planning (clipped away in 3.) drop
    their rows too. ``area`` is recomputed on the output boxes (``fields="all"`` gives it for
-   every source). Labels never change a draw: the plan is the same with any fields;
+   every source); ``keypoints`` are moved by their box's own map, marked ``v = 0`` where they
+   leave the image and swapped by the recipe's ``keypoint_flip_pairs`` where the sample is
+   mirrored (:func:`detaug.keypoints.move_keypoints`). Labels never change a draw: the plan
+   is the same with any fields;
 7. output coordinates below float32's resolution at their box's far edge (``|x1| <
    spacing(x2) / 2``) are 0: the rounding noise of the exact border rule (a rotated box cut by
    the canvas edge comes out at ``1e-15``, not 0) is not handed on.
@@ -56,9 +59,10 @@ from typing import Any
 import numpy as np
 
 from detaug.epochs import batch_slice, num_batches, shard_order, shard_size
-from detaug.errors import DatasetError, ImageError
+from detaug.errors import DatasetError, ImageError, RecipeError
 from detaug.formats.images import annotation_frame, orient_boxes, probe_image
 from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
+from detaug.keypoints import KEYPOINTS, flip_permutation, move_keypoints
 from detaug.seeds import sample_keys
 from detaug.sources import FieldSpec, box_area, field_specs
 from detaug.transforms import Compose
@@ -285,6 +289,12 @@ class BatchPlanner:
             raise ValueError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
         self.source, self.transforms, self.spec, self.on_error = source, transforms, spec, on_error
         self.fields = select_fields(source, fields)
+        self._points = KEYPOINTS in self.fields  # plan_batch gives the kept boxes' geometry
+        if self._points and transforms.keypoint_flip_pairs:
+            try:
+                flip_permutation(transforms.keypoint_flip_pairs, field_specs(source)[KEYPOINTS].shape[0])
+            except ValueError as err:
+                raise RecipeError(str(err), field="keypoint_flip_pairs") from None
         self._order: tuple[int, np.ndarray] | None = None
         self._places: tuple[int, np.ndarray | None] | None = None
 
@@ -333,7 +343,7 @@ class BatchPlanner:
         ready = [g for g in gathered if isinstance(g, _Gathered)]
         if len(ready) < 2 or self.transforms.batch_slots:
             return [g if isinstance(g, Exception) else self._assemble(g) for g in gathered]
-        params, boxes, kept = self.transforms.plan_batch(*_Gathered.joined_inputs(ready))
+        planned = self.transforms.plan_batch(*_Gathered.joined_inputs(ready), geometry=self._points)
         results: list[PlannedBatch | Exception] = []
         start = 0
         for g in gathered:
@@ -341,7 +351,7 @@ class BatchPlanner:
                 results.append(g)
                 continue
             stop = start + len(g.image_ids)
-            results.append(self._assemble(g, (params[start:stop], boxes[start:stop], kept[start:stop])))
+            results.append(self._assemble(g, tuple(part[start:stop] for part in planned)))
             start = stop
         return results
 
@@ -381,16 +391,21 @@ class BatchPlanner:
                          rows[0], lookup, partners, partner_data, partner_positions, findings.skipped,
                          findings.repaired)
 
-    def _assemble(self, g: _Gathered, planned: tuple[list, list, list] | None = None) -> PlannedBatch:
+    def _assemble(self, g: _Gathered, planned: tuple[list, ...] | None = None) -> PlannedBatch:
         """Step 5 (unless ``planned`` gives its outputs: ``plan_batch``'s for these samples) and
         step 6 of the module docstring: the :class:`PlannedBatch` of a gathered batch."""
-        params, out_boxes, kept = planned if planned is not None else self.transforms.plan_batch(*g.plan_inputs())
+        if planned is None:
+            planned = self.transforms.plan_batch(*g.plan_inputs(), geometry=self._points)
+        params, out_boxes, kept = planned[:3]
+        geometries = planned[3] if self._points else [None] * len(kept)
         out_boxes = [_without_noise(b) for b in out_boxes]
         out_labels, out_fields = [], []
-        for b, r, table in zip(out_boxes, kept, g.lookup):
+        for b, r, table, geometry in zip(out_boxes, kept, g.lookup, geometries):
             r = np.asarray(r, dtype=np.int64)
             out_labels.append(table.labels[r])
             picked = {name: table.fields[name][r] for name in self.fields if name in table.fields}
+            if geometry is not None and KEYPOINTS in picked:
+                picked[KEYPOINTS] = move_keypoints(picked[KEYPOINTS], geometry, self.transforms.keypoint_flip_pairs)
             if AREA in self.fields:
                 picked[AREA] = box_area(b)
             out_fields.append({name: picked[name] for name in self.fields if name in picked})
