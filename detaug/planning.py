@@ -343,7 +343,7 @@ class BatchPlanner:
         ready = [g for g in gathered if isinstance(g, _Gathered)]
         if len(ready) < 2 or self.transforms.batch_slots:
             return [g if isinstance(g, Exception) else self._assemble(g) for g in gathered]
-        planned = self.transforms.plan_batch(*_Gathered.joined_inputs(ready), geometry=self._points)
+        planned = self._plan_batch(_Gathered.joined_inputs(ready))
         results: list[PlannedBatch | Exception] = []
         start = 0
         for g in gathered:
@@ -391,11 +391,18 @@ class BatchPlanner:
                          rows[0], lookup, partners, partner_data, partner_positions, findings.skipped,
                          findings.repaired)
 
+    def _plan_batch(self, inputs: tuple) -> tuple[list, ...]:
+        """``Compose.plan_batch`` of ``inputs``, with the kept boxes' geometry where keypoints
+        are carried (asked for only then: a recipe subclass may not take the keyword)."""
+        if self._points:
+            return self.transforms.plan_batch(*inputs, geometry=True)
+        return self.transforms.plan_batch(*inputs)
+
     def _assemble(self, g: _Gathered, planned: tuple[list, ...] | None = None) -> PlannedBatch:
         """Step 5 (unless ``planned`` gives its outputs: ``plan_batch``'s for these samples) and
         step 6 of the module docstring: the :class:`PlannedBatch` of a gathered batch."""
         if planned is None:
-            planned = self.transforms.plan_batch(*g.plan_inputs(), geometry=self._points)
+            planned = self._plan_batch(g.plan_inputs())
         params, out_boxes, kept = planned[:3]
         geometries = planned[3] if self._points else [None] * len(kept)
         out_boxes = [_without_noise(b) for b in out_boxes]
