@@ -371,3 +371,67 @@ def test_flip_pairs_are_checked_serialised_and_matched_to_k():
                                   "right_shoulder", "left_elbow", "right_elbow", "left_wrist", "right_wrist",
                                   "left_hip", "right_hip", "left_knee", "right_knee", "left_ankle",
                                   "right_ankle"]) == COCO_PERSON_FLIP_PAIRS
+
+
+# -- torchvision's keypoint reference, ported ---------------------------------------------------------
+
+def reference_affine_keypoints_helper(points: np.ndarray, *, affine_matrix: np.ndarray,
+                                      canvas_size: tuple[int, int], clamp: bool = True) -> np.ndarray:
+    """torchvision's keypoint reference of ``test/test_transforms_v2.py`` (0.23+): each point
+    ``(x, y, 1)`` times the 2x3 ``affine_matrix`` in float64; clamped as ``clamp_keypoints`` does
+    (to ``[0, W - 1] x [0, H - 1]``: torchvision's keypoints are pixel indices) when ``clamp``.
+    Compared here only where nothing is clamped."""
+    p = np.asarray(points, np.float64).reshape(-1, 2)
+    out = np.concatenate([p, np.ones((len(p), 1))], axis=1) @ np.asarray(affine_matrix, np.float64).T
+    if clamp:
+        out[:, 0] = out[:, 0].clip(0, canvas_size[1] - 1)
+        out[:, 1] = out[:, 1].clip(0, canvas_size[0] - 1)
+    return out
+
+
+def planned_keypoints(transforms, boxes: np.ndarray, points: np.ndarray, hw: tuple[int, int], seed: int = 0):
+    """``(labels [M], keypoints [M, K, 3])`` of one sample planned by the loaders' planner."""
+    sample = Sample(np.zeros((*hw, 3), np.uint8), boxes, np.arange(1, len(boxes) + 1), image_id=7,
+                    fields={"keypoints": points})
+    planner = BatchPlanner(SampleListSource([sample]), T.Compose(transforms, min_size=0.0),
+                           EpochSpec(n=1, batch_size=1, seed=seed))
+    planned = planner.plan(0, 0)
+    return planned.labels[0], planned.fields[0]["keypoints"]
+
+
+def _cases(n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        hw = (int(rng.integers(24, 400)), int(rng.integers(24, 400)))
+        lo = np.array([hw[1], hw[0]]) * 0.3
+        boxes = np.concatenate([lo, np.array([hw[1], hw[0]]) * 0.7])[None].repeat(4, 0).astype(np.float32)
+        xy = rng.uniform(boxes[:, None, :2], boxes[:, None, 2:], (4, 5, 2))
+        points = np.concatenate([xy, np.full((4, 5, 1), 2.0)], axis=2).astype(np.float32)
+        yield rng, hw, boxes, points
+
+
+def test_affine_and_rotation_keypoints_are_torchvisions_where_nothing_is_clamped():
+    from tests.detaug.transforms.test_torchvision_reference import compute_affine_matrix, rotate_matrix
+
+    checked = 0
+    for k, (rng, hw, boxes, points) in enumerate(_cases(60, seed=11)):
+        angle, scale = float(rng.uniform(-180, 180)), float(rng.uniform(0.5, 1.5))
+        shear = (float(rng.uniform(-30, 30)), float(rng.uniform(-30, 30)))
+        centre = (hw[1] * 0.5, hw[0] * 0.5)
+        for t, matrix in (
+            (T.RandomAffine(degrees=(angle, angle), scale=(scale, scale), shear=(shear[0], shear[0], shear[1], shear[1])),
+             compute_affine_matrix(angle=angle, translate=(0, 0), scale=scale, shear=shear, center=centre)),
+            (T.RandomRotation((angle, angle)), rotate_matrix(angle=angle, center=centre)),
+            (T.RandomHorizontalFlip(p=1.0), np.array([[-1.0, 0, hw[1]], [0, 1, 0]])),
+            (T.RandomVerticalFlip(p=1.0), np.array([[1.0, 0, 0], [0, -1, hw[0]]])),
+        ):
+            labels, out = planned_keypoints([t], boxes, points, hw, seed=k)
+            src = points[labels - 1]
+            expected = reference_affine_keypoints_helper(src[..., :2], affine_matrix=matrix, canvas_size=hw,
+                                                         clamp=False).reshape(src.shape[0], -1, 2)
+            on = (expected[..., 0] > 0.01) & (expected[..., 0] < hw[1] - 1.01) & \
+                 (expected[..., 1] > 0.01) & (expected[..., 1] < hw[0] - 1.01)  # clamp_keypoints changes nothing
+            np.testing.assert_allclose(out[..., :2][on], expected[on], rtol=2e-6, atol=2e-3, err_msg=f"{t} case {k}")
+            assert (out[..., 2][on] == 2).all(), f"{t} case {k}: a point on the canvas was hidden"
+            checked += int(on.sum())
+    assert checked > 3000
