@@ -39,7 +39,8 @@ from detaug.errors import RecipeError
 
 __all__ = [
     "COCO_KEYPOINT_OFFSET", "COCO_PERSON_FLIP_PAIRS", "KEYPOINTS", "check_flip_pairs", "check_keypoints",
-    "coco_keypoints", "flip_pairs_from_names", "flip_permutation", "move_keypoints", "to_coco_keypoints",
+    "coco_keypoints", "flip_pairs_from_names", "flip_permutation", "move_keypoints", "orient_keypoints",
+    "to_coco_keypoints",
 ]
 
 #: The per-box field name of keypoints (sources, targets, eager calls).
@@ -219,6 +220,19 @@ def move_keypoints(points: np.ndarray, geometry: Any, flip_pairs: Sequence[tuple
         if mirrored.any():
             out[mirrored] = out[mirrored][:, flip_permutation(flip_pairs, k)]
     return (out.astype(np.float32) + np.float32(0.0))  # no -0.0
+
+
+def orient_keypoints(points: np.ndarray, matrix: np.ndarray, flip_pairs: Sequence[tuple[int, int]] = ()) -> np.ndarray:
+    """float32 ``[N, K, 3]``: keypoints of the stored pixels of an EXIF-rotated image moved to the
+    displayed frame by ``matrix`` ``[3, 3]`` (:func:`detaug.formats.images.exif_matrix`), as
+    their boxes are; ``v`` kept (the whole image stays in view); ``flip_pairs`` swapped where
+    the map mirrors (orientations 2, 4, 5, 7)."""
+    p = np.asarray(points, dtype=np.float64).copy()
+    m = np.asarray(matrix, dtype=np.float64)
+    p[..., :2] = p[..., :2] @ m[:2, :2].T + m[:2, 2]
+    if flip_pairs and np.linalg.det(m[:2, :2]) < 0 and p.shape[0]:
+        p = p[:, flip_permutation(flip_pairs, p.shape[1])]
+    return p.astype(np.float32)
 
 
 def to_coco_keypoints(points: Any) -> list[list[float]]:

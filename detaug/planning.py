@@ -11,7 +11,8 @@ for the seed contract). :meth:`BatchPlanner.plan` computes it:
    ``on_error="skip"`` it is replaced by the next readable sample of the rank's epoch order
    (cyclically), so the batch keeps its size, and the skip is recorded (see *Findings* below);
 3. boxes annotated on the stored pixels of an EXIF-rotated image are moved to the displayed
-   frame the decoder delivers (``orientation="auto"``; see :mod:`detaug.formats.images`);
+   frame the decoder delivers (``orientation="auto"``; see :mod:`detaug.formats.images`), and
+   their keypoints with them (swapped by ``keypoint_flip_pairs`` where the EXIF map mirrors);
 4. a recipe with mixing transforms (``Mosaic``, ``MixUp``) draws each sample's partner images
    from its key (:meth:`detaug.transforms.Compose.partner_draws`: dataset positions uniform over
    ``len(source)``), and reads and checks them as in 2.-3.; a partner that cannot be read is
@@ -60,9 +61,9 @@ import numpy as np
 
 from detaug.epochs import batch_slice, num_batches, shard_order, shard_size
 from detaug.errors import DatasetError, ImageError, RecipeError
-from detaug.formats.images import annotation_frame, orient_boxes, probe_image
+from detaug.formats.images import annotation_frame, exif_matrix, orient_boxes, probe_image
 from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
-from detaug.keypoints import KEYPOINTS, flip_permutation, move_keypoints
+from detaug.keypoints import KEYPOINTS, flip_permutation, move_keypoints, orient_keypoints
 from detaug.seeds import sample_keys
 from detaug.sources import FieldSpec, box_area, field_specs
 from detaug.transforms import Compose
@@ -451,9 +452,11 @@ class BatchPlanner:
         when it cannot be read."""
         if p in bad:
             raise ImageError(self.source.file_of(p), self.source.samples[p].image_id, bad[p])
-        d, hw, b, lab, image_id = self.load(p)
+        d, hw, b, lab, image_id, exif = self._load(p)
         sample = self.source.samples[p]
         table = _Rows(np.asarray(lab, dtype=np.int64).reshape(-1), self._fields_of(sample))
+        if exif is not None and KEYPOINTS in table.fields:  # annotated on the stored pixels, as the boxes
+            table.fields[KEYPOINTS] = orient_keypoints(table.fields[KEYPOINTS], exif, self.transforms.keypoint_flip_pairs)
         if getattr(sample, "size", None) is None and len(b):
             repaired: list[dict[str, Any]] = []
             b, keep = _clip_to_image(b, hw, self.source.file_of(p), image_id, repaired)
@@ -516,6 +519,11 @@ class BatchPlanner:
     def load(self, position: int) -> tuple[np.ndarray, tuple[int, int], np.ndarray, np.ndarray, int]:
         """``(data, (height, width) as decoded, boxes xyxy in that frame, labels, image_id)`` of a
         sample, or :class:`ImageError` when its image cannot be read or decoded."""
+        return self._load(position)[:5]
+
+    def _load(self, position: int) -> tuple[np.ndarray, tuple[int, int], np.ndarray, np.ndarray, int, np.ndarray | None]:
+        """:meth:`load`, and the EXIF map ``[3, 3]`` the boxes were moved by to the decoded
+        frame (``None``: not moved), for the points of the boxes (step 3 of the module docstring)."""
         source = self.source
         sample = source.samples[position]
         try:
@@ -524,17 +532,18 @@ class BatchPlanner:
             raise ImageError(source.file_of(position), sample.image_id, _reason(err)) from err
         boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
         if data.ndim != 1:  # decoded arrays: no header, no EXIF
-            return data, (int(data.shape[0]), int(data.shape[1])), boxes, labels, int(image_id)
+            return data, (int(data.shape[0]), int(data.shape[1])), boxes, labels, int(image_id), None
         info = probe_image(data)
         if info.problem is not None:
             raise ImageError(source.file_of(position), int(image_id), info.problem)
         orientation = getattr(source, "orientation", "auto")
         if orientation == "ignore":
-            return data, info.stored_hw, boxes, labels, int(image_id)
+            return data, info.stored_hw, boxes, labels, int(image_id), None
         if orientation == "auto" and info.orientation != 1 and len(boxes):
             if annotation_frame(getattr(sample, "size", None), info, orientation) == "stored":
                 boxes = orient_boxes(boxes, info.orientation, info.stored_hw)
-        return data, info.displayed_hw, boxes, labels, int(image_id)
+                return data, info.displayed_hw, boxes, labels, int(image_id), exif_matrix(info.orientation, info.stored_hw)
+        return data, info.displayed_hw, boxes, labels, int(image_id), None
 
     def load_data(self, positions: np.ndarray) -> list[np.ndarray]:
         """The image data of ``positions`` (a worker planned decoded arrays from their shapes)."""

@@ -272,6 +272,35 @@ def test_keras_targets_pad_keypoints_with_minus_one():
     seq.close()
 
 
+@pytest.mark.parametrize("orientation", [6, 2, 5])
+def test_keypoints_of_an_exif_rotated_image_follow_its_pixels(tmp_path, orientation):
+    """Keypoints annotated on the stored pixels (no declared size: the stored frame) are moved to
+    the displayed frame the decoder delivers, as their boxes; a mirroring orientation (2, 5)
+    swaps the flip pairs."""
+    import io
+
+    from PIL import Image
+
+    sample = scene(8)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buffer = io.BytesIO()
+    Image.fromarray(sample.image).save(buffer, "PNG", exif=exif.tobytes())
+    path = tmp_path / "rotated.png"
+    path.write_bytes(buffer.getvalue())
+    displayed = (128, 96) if orientation in (5, 6, 7, 8) else (96, 128)
+    recipe = T.Compose([T.Resize(displayed)], keypoint_flip_pairs=PAIRS)
+    stored = Sample(str(path), sample.boxes, sample.labels, image_id=3, fields=sample.fields)
+    loader = DetectionLoader(SampleListSource([stored]), recipe, 1, device="cpu", num_threads=1)
+    images, targets = next(iter(loader))
+    loader.close()
+    image = images[0].permute(1, 2, 0).numpy()
+    assert image.shape[:2] == displayed
+    errors = check_pixels(image, targets[0]["boxes"].numpy(), targets[0]["labels"].numpy(),
+                          targets[0]["keypoints"].numpy(), by_label([sample]), mirrored=orientation in (2, 5))
+    assert len(errors) >= 6 and np.median(errors) <= 0.5
+
+
 # -- sources and validation --------------------------------------------------------------------------
 
 def test_sample_list_keypoints_are_checked_with_named_errors():
