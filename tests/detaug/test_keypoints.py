@@ -379,6 +379,25 @@ def test_coco_keypoints_are_read_at_their_pixel_centres_and_moved(tmp_path):
     assert np.median(errors) <= 0.5
 
 
+def test_keypoints_go_through_shards_as_any_per_box_field(tmp_path):
+    from detaug.shards import ShardSource, write_shards
+
+    doc, points = coco_doc(tmp_path, lambda j, flat: {"keypoints": flat})
+    doc["images"] = doc["images"][:1]
+    coco = CocoSource(doc, tmp_path)
+    write_shards(coco, tmp_path / "shards", progress=False)
+    shards = ShardSource(tmp_path / "shards")
+    assert shards.field_specs["keypoints"] == (np.dtype(np.float32), (K, 3))
+    recipe = T.Compose([T.RandomHorizontalFlip(p=1.0), T.Resize((48, 64))], keypoint_flip_pairs=PAIRS)
+    ours = DetectionLoader(shards, recipe, 1, device="cpu", num_threads=1, fields=["keypoints"])
+    theirs = DetectionLoader(coco, recipe, 1, device="cpu", num_threads=1, fields=["keypoints"])
+    (_, a), (_, b) = next(iter(ours)), next(iter(theirs))
+    ours.close()
+    theirs.close()
+    np.testing.assert_array_equal(a[0]["keypoints"].numpy(), b[0]["keypoints"].numpy())
+    assert (a[0]["keypoints"][..., 2] > 0).sum() == (points[..., 2] > 0).sum()
+
+
 def test_coco_keypoint_errors_name_the_annotation(tmp_path):
     doc, _ = coco_doc(tmp_path, lambda j, flat: {"keypoints": flat[:-3] if j == 1 else flat})
     with pytest.raises(DatasetError, match=r"annotation_id 11.*2 keypoints, others have 3"):
