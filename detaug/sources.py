@@ -187,7 +187,8 @@ class SampleListSource:
         self.decoded = _is_decoded(samples[0].image)
         self.field_specs = dict(specs or {})
         if KEYPOINTS not in self.field_specs and isinstance(samples, list) and KEYPOINTS in (samples[0].fields or {}):
-            self.field_specs[KEYPOINTS] = FieldSpec(_FLOAT32, tuple(samples[0].fields[KEYPOINTS].shape[1:]))  # COCO's
+            # a COCO keypoints file (coco_to_samples gives every sample float32 [N, K, 3])
+            self.field_specs[KEYPOINTS] = FieldSpec(_FLOAT32, tuple(samples[0].fields[KEYPOINTS].shape[1:]))
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -465,7 +465,8 @@ class Compose:
     # -- serialisation ---------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain dict recipe: ``{"transforms": [{"name": ..., **args}, ...], "min_size", "min_visibility"}``."""
+        """A plain dict recipe: ``{"transforms": [{"name": ..., **args}, ...], "min_size", "min_visibility"}``
+        (and ``"keypoint_flip_pairs": [[i, j], ...]`` where the recipe has any)."""
         out = {
             "transforms": [t.to_dict() for t in self.transforms],
             "min_size": self.min_size,
@@ -520,7 +521,7 @@ class Compose:
                 raise err.located(index=i, line=_line(lines, where), file=file) from None
         try:
             return cls(transforms, **{p.name: recipe.get(p.name, p.default) for p in RECIPE_SCHEMA},
-                       keypoint_flip_pairs=recipe.get("keypoint_flip_pairs") or ())
+                       keypoint_flip_pairs=recipe.get("keypoint_flip_pairs", ()))
         except RecipeError as err:
             where = (err.field,) if err.field else ("transforms", err.index) if err.index is not None else ()
             raise err.located(line=_line(lines, where), file=file) from None
