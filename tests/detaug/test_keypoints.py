@@ -271,6 +271,21 @@ def test_torch_loader_targets_with_mosaic_carry_keypoints_of_every_tile():
     assert len({scene for _, scene in tiles}) >= 4 and np.median(errors) <= 0.5  # objects of several tiles
 
 
+def test_batches_planned_together_move_keypoints_as_alone():
+    """``plan_many`` (one ``plan_batch`` call for several batches, as the planning workers do)
+    gives every batch's keypoints exactly as ``plan`` does."""
+    source = SampleListSource([scene(s) for s in range(8)])
+    recipe = T.Compose([T.Mosaic(size=(64, 96), fill=0), T.RandomHorizontalFlip(), T.RandomAffine(degrees=20)],
+                       keypoint_flip_pairs=PAIRS)
+    planner = BatchPlanner(source, recipe, EpochSpec(n=8, batch_size=2, shuffle=True, seed=3))
+    together = planner.plan_many(1, [0, 1, 2, 3])
+    for step, got in enumerate(together):
+        alone = planner.plan(1, step)
+        for a, b in zip(got.fields, alone.fields):
+            np.testing.assert_array_equal(a["keypoints"], b["keypoints"])
+    assert sum(len(f["keypoints"]) for g in together for f in g.fields) > 8
+
+
 def test_keras_targets_pad_keypoints_with_minus_one():
     pytest.importorskip("keras", reason="Keras 3 is not installed")
     from detaug.keras import DetectionSequence
