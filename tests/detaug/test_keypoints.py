@@ -8,6 +8,7 @@ recipe runs (real DALI CPU pipelines), every visible output keypoint must sit on
 colour (the share-weighted centroid of the dot, within 0.5 px median), inside its object's box;
 a point that left the image is ``v = 0`` and its dot is not (whole) on the output. With
 ``keypoint_flip_pairs=[(1, 2)]`` a mirrored sample's keypoint 1 sits on the green dot.
+DALI runs on the CPU; ``DETAUG_TEST_DEVICE=gpu`` runs the same checks on a GPU.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from detaug.planning import BatchPlanner, EpochSpec
 from detaug.sources import CocoSource, Sample, SampleListSource
 from detaug.torch import DetectionLoader
 
+DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")  # DETAUG_TEST_DEVICE=gpu: the same checks on a GPU
 K = 3
 COLOURS = np.array([[0, 0, 255], [255, 0, 0], [0, 255, 0]], np.float64)  # keypoint 0 blue, 1 red, 2 green
 DOT = 2  # a dot covers pixels i - 2 .. i + 2 around the keypoint's pixel i: 5 x 5
@@ -149,7 +151,7 @@ def by_label(samples: list[Sample]) -> dict[int, np.ndarray]:
 
 def run_eager(recipe: T.Compose, sample: Sample, seed: int) -> tuple[dict, dict[int, np.ndarray]]:
     out = recipe(image=sample.image, boxes=sample.boxes, labels=sample.labels, keypoints=sample.fields["keypoints"],
-                 seed=seed, image_id=sample.image_id)
+                 seed=seed, image_id=sample.image_id, device=DEVICE)
     return out, by_label([sample])
 
 
@@ -259,13 +261,13 @@ def test_torch_loader_targets_with_mosaic_carry_keypoints_of_every_tile():
     source = SampleListSource(samples)
     recipe = T.Compose([T.Mosaic(size=(96, 128), fill=0), T.RandomHorizontalFlip(), T.Resize((96, 128))],
                        keypoint_flip_pairs=PAIRS)
-    loader = DetectionLoader(source, recipe, 3, device="cpu", seed=4, num_threads=1, shuffle=True)
+    loader = DetectionLoader(source, recipe, 3, device=DEVICE, seed=4, num_threads=1, shuffle=True)
     errors, tiles = [], set()
     for images, targets in loader:
         for image, t in zip(images, targets):
             assert t["keypoints"].dtype == torch.float32 and t["keypoints"].shape == (len(t["boxes"]), K, 3)
-            errors += check_pixels(image.permute(1, 2, 0).numpy(), t["boxes"].numpy(), t["labels"].numpy(),
-                                   t["keypoints"].numpy(), by_label(samples), mirrored=None)
+            errors += check_pixels(image.permute(1, 2, 0).cpu().numpy(), t["boxes"].cpu().numpy(), t["labels"].cpu().numpy(),
+                                   t["keypoints"].cpu().numpy(), by_label(samples), mirrored=None)
             tiles |= {(int(t["image_id"]), int(lab) // 10) for lab in t["labels"]}
     loader.close()
     assert len({scene for _, scene in tiles}) >= 4 and np.median(errors) <= 0.5  # objects of several tiles
@@ -292,7 +294,7 @@ def test_keras_targets_pad_keypoints_with_minus_one():
 
     source = SampleListSource([scene(s) for s in range(4)])
     seq = DetectionSequence(source, T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))]), 2, max_boxes=5,
-                            seed=1, device="cpu", num_threads=1, images_on_device=False, plan_workers=0,
+                            seed=1, device=DEVICE, num_threads=1, images_on_device=False, plan_workers=0,
                             fields=["keypoints"])
     _, targets = seq[0]
     assert targets["keypoints"].shape == (2, 5, K, 3) and targets["keypoints"].dtype == np.float32
@@ -323,13 +325,13 @@ def test_keypoints_of_an_exif_rotated_image_follow_its_pixels(tmp_path, orientat
     displayed = (128, 96) if orientation in (5, 6, 7, 8) else (96, 128)
     recipe = T.Compose([T.Resize(displayed)], keypoint_flip_pairs=PAIRS)
     stored = Sample(str(path), sample.boxes, sample.labels, image_id=3, fields=sample.fields)
-    loader = DetectionLoader(SampleListSource([stored]), recipe, 1, device="cpu", num_threads=1)
+    loader = DetectionLoader(SampleListSource([stored]), recipe, 1, device=DEVICE, num_threads=1)
     images, targets = next(iter(loader))
     loader.close()
-    image = images[0].permute(1, 2, 0).numpy()
+    image = images[0].permute(1, 2, 0).cpu().numpy()
     assert image.shape[:2] == displayed
-    errors = check_pixels(image, targets[0]["boxes"].numpy(), targets[0]["labels"].numpy(),
-                          targets[0]["keypoints"].numpy(), by_label([sample]), mirrored=orientation in (2, 5))
+    errors = check_pixels(image, targets[0]["boxes"].cpu().numpy(), targets[0]["labels"].cpu().numpy(),
+                          targets[0]["keypoints"].cpu().numpy(), by_label([sample]), mirrored=orientation in (2, 5))
     assert len(errors) >= 6 and np.median(errors) <= 0.5
 
 
@@ -384,13 +386,13 @@ def test_coco_keypoints_are_read_at_their_pixel_centres_and_moved(tmp_path):
     np.testing.assert_allclose(to_coco_keypoints(points)[0],
                                [c for p in points[0] for c in (p[0] - COCO_KEYPOINT_OFFSET, p[1] - 0.5, p[2])])
     recipe = T.Compose([T.RandomHorizontalFlip(p=1.0), T.RandomAffine(degrees=10)], keypoint_flip_pairs=PAIRS)
-    loader = DetectionLoader(source, recipe, 1, device="cpu", num_threads=1, fields=["keypoints"])
+    loader = DetectionLoader(source, recipe, 1, device=DEVICE, num_threads=1, fields=["keypoints"])
     images, targets = next(iter(loader))
     loader.close()
     assert list(targets[0]) == ["boxes", "labels", "image_id", "keypoints"]
     assert len(targets[0]["boxes"]) == len(points)  # every box kept, in order (one category: labels all 1)
-    errors = check_pixels(images[0].permute(1, 2, 0).numpy(), targets[0]["boxes"].numpy(), np.arange(len(points)),
-                          targets[0]["keypoints"].numpy(), dict(enumerate(points)), mirrored=True)
+    errors = check_pixels(images[0].permute(1, 2, 0).cpu().numpy(), targets[0]["boxes"].cpu().numpy(), np.arange(len(points)),
+                          targets[0]["keypoints"].cpu().numpy(), dict(enumerate(points)), mirrored=True)
     assert np.median(errors) <= 0.5
 
 
@@ -404,12 +406,12 @@ def test_keypoints_go_through_shards_as_any_per_box_field(tmp_path):
     shards = ShardSource(tmp_path / "shards")
     assert shards.field_specs["keypoints"] == (np.dtype(np.float32), (K, 3))
     recipe = T.Compose([T.RandomHorizontalFlip(p=1.0), T.Resize((48, 64))], keypoint_flip_pairs=PAIRS)
-    ours = DetectionLoader(shards, recipe, 1, device="cpu", num_threads=1, fields=["keypoints"])
-    theirs = DetectionLoader(coco, recipe, 1, device="cpu", num_threads=1, fields=["keypoints"])
+    ours = DetectionLoader(shards, recipe, 1, device=DEVICE, num_threads=1, fields=["keypoints"])
+    theirs = DetectionLoader(coco, recipe, 1, device=DEVICE, num_threads=1, fields=["keypoints"])
     (_, a), (_, b) = next(iter(ours)), next(iter(theirs))
     ours.close()
     theirs.close()
-    np.testing.assert_array_equal(a[0]["keypoints"].numpy(), b[0]["keypoints"].numpy())
+    np.testing.assert_array_equal(a[0]["keypoints"].cpu().numpy(), b[0]["keypoints"].cpu().numpy())
     assert (a[0]["keypoints"][..., 2] > 0).sum() == (points[..., 2] > 0).sum()
 
 
