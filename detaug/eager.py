@@ -10,7 +10,8 @@ exactly what ``DetectionLoader`` / ``DetectionSequence`` give that sample on the
 A recipe that mixes images (``Mosaic``, ``MixUp``) draws its partners from the one-sample
 source of the call: the image is its own partner. Per-box fields (``iscrowd``, ``difficult``, a track id, ...: any array of length ``N``) follow
 their boxes through every transform and filter; ``area``, when given, is recomputed in output
-pixels. Boxes come back in the ``box_format`` they were given in, and every array in the type it
+pixels; ``keypoints`` (``[N, K, 3]`` ``(x, y, v)`` pixels, :mod:`detaug.keypoints`) are moved
+with their boxes, as the loaders move them. Boxes come back in the ``box_format`` they were given in, and every array in the type it
 was given as: torch tensors (on their device) for tensors, NumPy arrays for anything else.
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from detaug.formats.box_formats import check_box_format, from_xyxy, to_xyxy
+from detaug.keypoints import KEYPOINTS
 
 __all__ = ["apply"]
 
@@ -104,7 +106,10 @@ def apply(
         seed, epoch, image_id: the sample's key (:mod:`detaug.seeds`): the same key gives what
             the loaders give this sample. ``image_id`` 0 becomes 1, as in a one-sample list.
         device: ``"cpu"`` or ``"gpu"``; default: the GPU for a CUDA tensor, else the CPU.
-        fields: per-box arrays of length ``N``, returned for the boxes kept, in order.
+        fields: per-box arrays of length ``N``, returned for the boxes kept, in order;
+            ``keypoints``: ``[N, K, 3]`` ``(x, y, visibility)`` in pixels (continuous
+            coordinates, whatever ``box_format``), returned moved to the output image
+            (:mod:`detaug.keypoints`; the recipe's ``keypoint_flip_pairs`` apply).
 
     Returns:
         ``{"image", "boxes", "labels", **fields}``: the image as given (NumPy ``[H, W, 3]``,
@@ -143,7 +148,8 @@ def apply(
     xyxy = to_xyxy(box_in, box_format, hw).astype(np.float32)
     # Labels become row indices for planning: the kept rows then index labels and every field.
     rows = np.arange(n, dtype=np.int64)
-    source = SampleListSource([Sample(data, xyxy, rows, image_id=int(image_id))], orientation=orientation)
+    moved = {KEYPOINTS: extra[KEYPOINTS]} if KEYPOINTS in extra else {}  # planned, checked as in a source
+    source = SampleListSource([Sample(data, xyxy, rows, image_id=int(image_id), fields=moved)], orientation=orientation)
     planner = BatchPlanner(source, recipe, EpochSpec(n=1, batch_size=1, seed=int(seed)), on_error="raise")
     planned = planner.plan(int(epoch), 0)
     if planned.data is None or planned.partners is None:
@@ -163,7 +169,7 @@ def apply(
         "labels": _like(label_in[kept].astype(np.int64), boxes if labels is None else labels),
     }
     for name, arr in extra.items():
-        result[name] = _like(arr[kept], fields[name])
+        result[name] = _like(planned.fields[0][name] if name in moved else arr[kept], fields[name])
     if "area" in extra:
         b = planned.boxes[0]
         result["area"] = _like(((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])).astype(np.float32), fields["area"])

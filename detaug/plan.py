@@ -43,6 +43,12 @@ Box processing order (all boxes absolute ``xyxy``, float64 while planning):
 5. boxes dropped by a transform (``RandomIoUCrop`` drops boxes whose centre leaves the crop) or
    by 2b., with zero area, narrower or lower than ``min_size`` or less visible than
    ``min_visibility`` are removed together with their labels.
+
+Points of a box (keypoints, :mod:`detaug.keypoints`) go with it: :meth:`PlanState.point_geometry`
+gives, per kept box, the map of its layer (the very matrix its outline is mapped with) and its
+layer's clip constraints; a point is visible on the output where it satisfies every constraint of
+its layer (the same closed half-planes and rectangle that clip the box) and lands on the output
+canvas (:meth:`PointGeometry.apply`).
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ from detaug.boxes import (
 
 from detaug.seeds import SampleRandom
 
-__all__ = ["PlanState", "BoxResult", "Partners"]
+__all__ = ["PlanState", "BoxResult", "Partners", "PointGeometry"]
 
 
 @dataclass
@@ -90,6 +96,71 @@ class BoxResult:
     boxes_xyxy: np.ndarray  # float64 [N, 4], output-canvas pixels
     keep: np.ndarray  # bool [N]: survives every filter
     visibility: np.ndarray  # float64 [N]: visible fraction of the source box area
+
+
+@dataclass
+class PointGeometry:
+    """Where the points of some boxes go: per box, its layer's map and clip constraints.
+
+    Attributes:
+        maps: float64 ``[M, 3, 3]`` forward map from the box's layer source (its image) to the
+            output canvas (affine, or projective: divide by ``w``), the one its outline is
+            mapped with.
+        rect: float64 ``[M, 4]`` xyxy rectangle (layer source coordinates) the box is clipped to.
+        planes: float64 ``[M, P, 3]`` further half-planes ``(a, b, c)``: keep ``a x + b y <= c``
+            (``(0, 0, inf)``: none), in layer source coordinates.
+        canvas_hw: float64 ``[M, 2]`` the output canvas ``(height, width)`` of each box's sample.
+        anchor: float64 ``[M, 2]`` the centre of each source box (where :attr:`mirrored` reads
+            the orientation of a projective map).
+    """
+
+    maps: np.ndarray
+    rect: np.ndarray
+    planes: np.ndarray
+    canvas_hw: np.ndarray
+    anchor: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.maps)
+
+    def take(self, rows: np.ndarray | slice) -> PointGeometry:
+        """The geometry of boxes ``rows`` (indices, a boolean mask or a slice)."""
+        return PointGeometry(self.maps[rows], self.rect[rows], self.planes[rows], self.canvas_hw[rows], self.anchor[rows])
+
+    @property
+    def mirrored(self) -> np.ndarray:
+        """bool ``[M]``: the map mirrors the box (its Jacobian's determinant is negative: an odd
+        number of flips; a rotation by 180 degrees is no mirror)."""
+        m = self.maps
+        w = m[:, 2, 0] * self.anchor[:, 0] + m[:, 2, 1] * self.anchor[:, 1] + m[:, 2, 2]
+        return np.linalg.det(m) * w < 0 if len(m) else np.zeros(0, dtype=bool)
+
+    def apply(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Map points ``[M, K, 2]`` (box ``m``'s points in its layer's source coordinates) to the
+        output canvas: ``(float64 [M, K, 2], inside bool [M, K])``. ``inside``: the point
+        satisfies every clip constraint of its box's layer (the source image, each crop, a
+        Mosaic tile's quadrant: the same closed rectangle and half-planes that clip the box),
+        lies in front of a projective map's horizon, and lands on the canvas ``[0, W] x [0, H]``
+        (within ``1e-6`` px of rounding). Points that are not inside are mapped all the same."""
+        p = np.asarray(points, dtype=np.float64).reshape(len(self.maps), -1, 2)
+        x, y = p[..., 0], p[..., 1]
+        r = self.rect[:, None, :]
+        inside = (x >= r[..., 0]) & (x <= r[..., 2]) & (y >= r[..., 1]) & (y <= r[..., 3])
+        for k in range(self.planes.shape[1]):
+            a, b, c = (self.planes[:, k, j][:, None] for j in range(3))
+            with np.errstate(invalid="ignore"):  # 0 * x <= inf: no constraint
+                inside &= (a * x + b * y <= c) | np.isinf(c)
+        m = self.maps[:, None]  # [M, 1, 3, 3]
+        u = m[..., 0, 0] * x + m[..., 0, 1] * y + m[..., 0, 2]
+        v = m[..., 1, 0] * x + m[..., 1, 1] * y + m[..., 1, 2]
+        w = m[..., 2, 0] * x + m[..., 2, 1] * y + m[..., 2, 2]
+        inside &= w > 0
+        safe = np.where(w > 0, w, 1.0)
+        out = np.stack([u / safe, v / safe], axis=-1)
+        tol = 1e-6
+        h, wd = self.canvas_hw[:, None, 0], self.canvas_hw[:, None, 1]
+        inside &= (out[..., 0] >= -tol) & (out[..., 0] <= wd + tol) & (out[..., 1] >= -tol) & (out[..., 1] <= h + tol)
+        return out, inside
 
 
 @dataclass
@@ -285,6 +356,20 @@ class PlanState:
             planes[~general] = (0.0, 0.0, np.inf)  # 0 <= inf: no constraint (kept in the rectangle)
             self._planes.append(planes)
             self._rotated |= general
+
+    def point_geometry(self, rows: np.ndarray) -> PointGeometry:
+        """The :class:`PointGeometry` of boxes ``rows`` (indices into ``boxes_src``) on the
+        current canvas: their layers' maps and clip constraints (see the module docstring)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        layer = self.box_layer[rows]
+        if self._planes:
+            planes = np.concatenate([p[layer] for p in self._planes], axis=1)
+        else:
+            planes = np.zeros((len(rows), 0, 3))
+        b = self.boxes_src[rows]
+        anchor = (b[:, :2] + b[:, 2:]) / 2
+        return PointGeometry(self.layer_to_canvas[layer].copy(), self._clip_rect[layer].copy(), planes,
+                             self.canvas_hw[self.sample[rows]].copy(), anchor)
 
     def boxes(self) -> BoxResult:
         """Exact boxes on the current canvas (see the module docstring, steps 4-5 without the

@@ -11,7 +11,8 @@ for the seed contract). :meth:`BatchPlanner.plan` computes it:
    ``on_error="skip"`` it is replaced by the next readable sample of the rank's epoch order
    (cyclically), so the batch keeps its size, and the skip is recorded (see *Findings* below);
 3. boxes annotated on the stored pixels of an EXIF-rotated image are moved to the displayed
-   frame the decoder delivers (``orientation="auto"``; see :mod:`detaug.formats.images`);
+   frame the decoder delivers (``orientation="auto"``; see :mod:`detaug.formats.images`), and
+   their keypoints with them (swapped by ``keypoint_flip_pairs`` where the EXIF map mirrors);
 4. a recipe with mixing transforms (``Mosaic``, ``MixUp``) draws each sample's partner images
    from its key (:meth:`detaug.transforms.Compose.partner_draws`: dataset positions uniform over
    ``len(source)``), and reads and checks them as in 2.-3.; a partner that cannot be read is
@@ -26,7 +27,10 @@ for the seed contract). :meth:`BatchPlanner.plan` computes it:
    the recipe keeps pick the labels and every field (``iscrowd``, ``difficult``, a track id,
    ...: :attr:`BatchPlanner.fields`); boxes dropped before planning (clipped away in 3.) drop
    their rows too. ``area`` is recomputed on the output boxes (``fields="all"`` gives it for
-   every source). Labels never change a draw: the plan is the same with any fields;
+   every source); ``keypoints`` are moved by their box's own map, marked ``v = 0`` where they
+   leave the image and swapped by the recipe's ``keypoint_flip_pairs`` where the sample is
+   mirrored (:func:`detaug.keypoints.move_keypoints`). Labels never change a draw: the plan
+   is the same with any fields;
 7. output coordinates below float32's resolution at their box's far edge (``|x1| <
    spacing(x2) / 2``) are 0: the rounding noise of the exact border rule (a rotated box cut by
    the canvas edge comes out at ``1e-15``, not 0) is not handed on.
@@ -56,9 +60,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from detaug.epochs import batch_slice, num_batches, shard_order, shard_size
-from detaug.errors import DatasetError, ImageError
-from detaug.formats.images import annotation_frame, orient_boxes, probe_image
+from detaug.errors import DatasetError, ImageError, RecipeError
+from detaug.formats.images import annotation_frame, exif_matrix, orient_boxes, probe_image
 from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
+from detaug.keypoints import KEYPOINTS, flip_permutation, move_keypoints, orient_keypoints
 from detaug.plan import Partners
 from detaug.seeds import sample_keys
 from detaug.sources import FieldSpec, box_area, field_specs
@@ -287,6 +292,12 @@ class BatchPlanner:
             raise ValueError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
         self.source, self.transforms, self.spec, self.on_error = source, transforms, spec, on_error
         self.fields = select_fields(source, fields)
+        self._points = KEYPOINTS in self.fields  # plan_batch gives the kept boxes' geometry
+        if self._points and transforms.keypoint_flip_pairs:
+            try:
+                flip_permutation(transforms.keypoint_flip_pairs, field_specs(source)[KEYPOINTS].shape[0])
+            except ValueError as err:
+                raise RecipeError(str(err), field="keypoint_flip_pairs") from None
         self._order: tuple[int, np.ndarray] | None = None
         self._places: tuple[int, np.ndarray | None] | None = None
 
@@ -335,7 +346,7 @@ class BatchPlanner:
         ready = [g for g in gathered if isinstance(g, _Gathered)]
         if len(ready) < 2 or self.transforms.batch_slots:
             return [g if isinstance(g, Exception) else self._assemble(g) for g in gathered]
-        params, boxes, kept = self.transforms.plan_batch(*_Gathered.joined_inputs(ready))
+        planned = self._plan_batch(_Gathered.joined_inputs(ready))
         results: list[PlannedBatch | Exception] = []
         start = 0
         for g in gathered:
@@ -343,7 +354,7 @@ class BatchPlanner:
                 results.append(g)
                 continue
             stop = start + len(g.image_ids)
-            results.append(self._assemble(g, (params[start:stop], boxes[start:stop], kept[start:stop])))
+            results.append(self._assemble(g, tuple(part[start:stop] for part in planned)))
             start = stop
         return results
 
@@ -383,16 +394,28 @@ class BatchPlanner:
                          rows[0], lookup, partners, partner_data, partner_positions, findings.skipped,
                          findings.repaired)
 
-    def _assemble(self, g: _Gathered, planned: tuple[list, list, list] | None = None) -> PlannedBatch:
+    def _plan_batch(self, inputs: tuple) -> tuple[list, ...]:
+        """``Compose.plan_batch`` of ``inputs``, with the kept boxes' geometry where keypoints
+        are carried (asked for only then: a recipe subclass may not take the keyword)."""
+        if self._points:
+            return self.transforms.plan_batch(*inputs, geometry=True)
+        return self.transforms.plan_batch(*inputs)
+
+    def _assemble(self, g: _Gathered, planned: tuple[list, ...] | None = None) -> PlannedBatch:
         """Step 5 (unless ``planned`` gives its outputs: ``plan_batch``'s for these samples) and
         step 6 of the module docstring: the :class:`PlannedBatch` of a gathered batch."""
-        params, out_boxes, kept = planned if planned is not None else self.transforms.plan_batch(*g.plan_inputs())
+        if planned is None:
+            planned = self._plan_batch(g.plan_inputs())
+        params, out_boxes, kept = planned[:3]
+        geometries = planned[3] if self._points else [None] * len(kept)
         out_boxes = [_without_noise(b) for b in out_boxes]
         out_labels, out_fields = [], []
-        for b, r, table in zip(out_boxes, kept, g.lookup):
+        for b, r, table, geometry in zip(out_boxes, kept, g.lookup, geometries):
             r = np.asarray(r, dtype=np.int64)
             out_labels.append(table.labels[r])
             picked = {name: table.fields[name][r] for name in self.fields if name in table.fields}
+            if geometry is not None and KEYPOINTS in picked:
+                picked[KEYPOINTS] = move_keypoints(picked[KEYPOINTS], geometry, self.transforms.keypoint_flip_pairs)
             if AREA in self.fields:
                 picked[AREA] = box_area(b)
             out_fields.append({name: picked[name] for name in self.fields if name in picked})
@@ -431,9 +454,11 @@ class BatchPlanner:
         when it cannot be read."""
         if p in bad:
             raise ImageError(self.source.file_of(p), self.source.samples[p].image_id, bad[p])
-        d, hw, b, lab, image_id = self.load(p)
+        d, hw, b, lab, image_id, exif = self._load(p)
         sample = self.source.samples[p]
         table = _Rows(np.asarray(lab, dtype=np.int64).reshape(-1), self._fields_of(sample))
+        if exif is not None and KEYPOINTS in table.fields:  # annotated on the stored pixels, as the boxes
+            table.fields[KEYPOINTS] = orient_keypoints(table.fields[KEYPOINTS], exif, self.transforms.keypoint_flip_pairs)
         if getattr(sample, "size", None) is None and len(b):
             repaired: list[dict[str, Any]] = []
             b, keep = _clip_to_image(b, hw, self.source.file_of(p), image_id, repaired)
@@ -496,6 +521,11 @@ class BatchPlanner:
     def load(self, position: int) -> tuple[np.ndarray, tuple[int, int], np.ndarray, np.ndarray, int]:
         """``(data, (height, width) as decoded, boxes xyxy in that frame, labels, image_id)`` of a
         sample, or :class:`ImageError` when its image cannot be read or decoded."""
+        return self._load(position)[:5]
+
+    def _load(self, position: int) -> tuple[np.ndarray, tuple[int, int], np.ndarray, np.ndarray, int, np.ndarray | None]:
+        """:meth:`load`, and the EXIF map ``[3, 3]`` the boxes were moved by to the decoded
+        frame (``None``: not moved), for the points of the boxes (step 3 of the module docstring)."""
         source = self.source
         sample = source.samples[position]
         try:
@@ -504,17 +534,18 @@ class BatchPlanner:
             raise ImageError(source.file_of(position), sample.image_id, _reason(err)) from err
         boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
         if data.ndim != 1:  # decoded arrays: no header, no EXIF
-            return data, (int(data.shape[0]), int(data.shape[1])), boxes, labels, int(image_id)
+            return data, (int(data.shape[0]), int(data.shape[1])), boxes, labels, int(image_id), None
         info = probe_image(data)
         if info.problem is not None:
             raise ImageError(source.file_of(position), int(image_id), info.problem)
         orientation = getattr(source, "orientation", "auto")
         if orientation == "ignore":
-            return data, info.stored_hw, boxes, labels, int(image_id)
+            return data, info.stored_hw, boxes, labels, int(image_id), None
         if orientation == "auto" and info.orientation != 1 and len(boxes):
             if annotation_frame(getattr(sample, "size", None), info, orientation) == "stored":
                 boxes = orient_boxes(boxes, info.orientation, info.stored_hw)
-        return data, info.displayed_hw, boxes, labels, int(image_id)
+                return data, info.displayed_hw, boxes, labels, int(image_id), exif_matrix(info.orientation, info.stored_hw)
+        return data, info.displayed_hw, boxes, labels, int(image_id), None
 
     def load_data(self, positions: np.ndarray) -> list[np.ndarray]:
         """The image data of ``positions`` (a worker planned decoded arrays from their shapes)."""

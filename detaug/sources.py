@@ -46,6 +46,7 @@ from detaug.formats import validation as v
 from detaug.formats.coco import NO_ANNOTATION_ID, CocoDataset, load_coco
 from detaug.formats.box_formats import check_box_format, to_xyxy
 from detaug.formats.images import ORIENTATIONS, probe_file, probe_image, read_bytes
+from detaug.keypoints import KEYPOINTS, check_keypoints
 
 __all__ = [
     "COCO_FIELDS", "ORIENTATIONS", "RESERVED_FIELDS", "VOC_FIELDS", "CocoSource", "FieldSpec", "Sample",
@@ -185,6 +186,9 @@ class SampleListSource:
         self.orientation = orientation
         self.decoded = _is_decoded(samples[0].image)
         self.field_specs = dict(specs or {})
+        if KEYPOINTS not in self.field_specs and isinstance(samples, list) and KEYPOINTS in (samples[0].fields or {}):
+            # a COCO keypoints file (coco_to_samples gives every sample float32 [N, K, 3])
+            self.field_specs[KEYPOINTS] = FieldSpec(_FLOAT32, tuple(samples[0].fields[KEYPOINTS].shape[1:]))
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -458,11 +462,16 @@ def coco_to_samples(
             for j in np.flatnonzero(crowd):
                 aid = int(image.annotation_ids[j])
                 report.add(v.CROWD_LEFT_OUT, file, image_id=image.id, annotation=None if aid == NO_ANNOTATION_ID else aid)
+            points = None if image.keypoints is None else image.keypoints[~crowd]
             boxes, labels, crowd = boxes[~crowd], labels[~crowd], crowd[~crowd]
+        else:
+            points = image.keypoints
         if skip_empty and not len(boxes):
             report.add(v.EMPTY_IMAGE_LEFT_OUT, file, image_id=image.id)
             continue
         fields = {"iscrowd": crowd.astype(np.int64), "area": box_area(boxes)}
+        if points is not None:  # a keypoints file (detaug.keypoints: pixel indices + 0.5)
+            fields[KEYPOINTS] = points
         samples.append(Sample(str(root / image.file_name), boxes, labels, image.id, image.size, fields))
     report.images = len(samples)
     report.boxes = sum(len(s.boxes) for s in samples)
@@ -599,6 +608,10 @@ def _field_arrays(fields: Any, count: int | None) -> tuple[dict[str, np.ndarray]
         if arr.ndim == 0 or (count is not None and arr.shape[0] != count):
             rows = "no rows" if arr.ndim == 0 else f"{arr.shape[0]} rows"
             return None, f"field {name!r} has {rows}, expected one per box ({count})"
+        if name == KEYPOINTS:  # [N, K, 3] (x, y, v): moved with the boxes (detaug.keypoints)
+            arr, why = check_keypoints(arr, count)
+            if arr is None:
+                return None, why
         arrays[name] = arr.astype(np.int64) if arr.dtype.kind == "b" else arr
     return arrays, ""
 

@@ -52,6 +52,8 @@ class CocoImage:
     labels: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     iscrowd: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     annotation_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: float32 ``[N, K, 3]`` keypoints of a keypoints file (:func:`detaug.keypoints.coco_keypoints`), else ``None``
+    keypoints: np.ndarray | None = None
 
 
 @dataclass
@@ -314,6 +316,7 @@ class _Parser:
             cols.crowd.append(crowd == 1)
             cols.ids.append(aid)
             cols.positions.append(k)
+            cols.keypoints.append(ann.get("keypoints"))
         return cols
 
     def file_of(self, image: CocoImage) -> str:
@@ -349,10 +352,25 @@ class _Parser:
         crowd = np.array(cols.crowd, dtype=bool)[keep][rank]
         ids = ids[keep][rank]
         bounds = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=len(order)))]).tolist()
+        points = self.keypoints(cols, np.flatnonzero(keep)[rank], where)
         for i, image in enumerate(images.values()):
             a, b = bounds[i], bounds[i + 1]
             if b > a:
                 image.boxes, image.labels, image.iscrowd, image.annotation_ids = boxes[a:b], labels[a:b], crowd[a:b], ids[a:b]
+            if points is not None:
+                image.keypoints = points[a:b]
+
+    def keypoints(self, cols: _Columns, rows: np.ndarray, where: Any) -> np.ndarray | None:
+        """float32 ``[M, K, 3]`` keypoints of the kept annotations ``rows`` (``None``: none has
+        any), errors recorded naming the file and annotation (:func:`detaug.keypoints.coco_keypoints`)."""
+        from detaug.keypoints import coco_keypoints
+
+        def error(j: int, detail: str) -> None:
+            file, image_id, annotation = where(j)
+            reason = v.NON_FINITE if "non-finite" in detail else v.MALFORMED_ANNOTATION
+            self.report.add(reason, file, image_id=image_id, annotation=annotation, detail=detail)
+
+        return coco_keypoints(cols.keypoints, rows, error)
 
 
 _MISSING = object()
@@ -369,3 +387,4 @@ class _Columns:
     crowd: list[bool] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
+    keypoints: list[Any] = field(default_factory=list)  # each annotation's "keypoints" (None: absent)

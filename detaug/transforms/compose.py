@@ -10,6 +10,7 @@ import numpy as np
 
 from detaug.boxes import boxes_to_polygons, canvas_halfplanes, clip_polygons, polygon_bounds, translation_matrix
 from detaug.errors import RecipeError
+from detaug.keypoints import check_flip_pairs
 from detaug.plan import Partners, PlanState
 from detaug.seeds import SampleRandom, as_keys
 from detaug.transforms.affine import RandomAffine
@@ -46,6 +47,10 @@ class Compose:
         min_size: boxes narrower or lower than this many output pixels are removed.
         min_visibility: boxes with less than this fraction of their (source) area left inside
             the output image are removed.
+        keypoint_flip_pairs: pairs ``(i, j)`` of keypoint indices that trade places where a
+            sample is mirrored (a horizontal or a vertical flip, an odd number of them: the left
+            eye becomes the right one), as COCO keypoints' ``flip_pairs``; each index in at most
+            one pair. Empty: points keep their index. See :mod:`detaug.keypoints`.
 
     Processing order, per batch (see :mod:`detaug.plan` for the box steps):
 
@@ -70,8 +75,11 @@ class Compose:
        outline into a box over nothing (:meth:`detaug.plan.PlanState.drop_undrawn`).
     """
 
-    def __init__(self, transforms: Sequence[Transform], min_size: float = 1.0, min_visibility: float = 0.0) -> None:
+    def __init__(self, transforms: Sequence[Transform], min_size: float = 1.0, min_visibility: float = 0.0,
+                 keypoint_flip_pairs: Sequence[Sequence[int]] = ()) -> None:
         self.transforms = list(transforms)
+        #: ``((i, j), ...)``: keypoints that trade places where a sample is mirrored
+        self.keypoint_flip_pairs = check_flip_pairs(keypoint_flip_pairs)
         for i, t in enumerate(self.transforms):
             if not isinstance(t, Transform):
                 raise TypeError(f"transforms[{i}] is {t!r}, not a detaug transform")
@@ -250,7 +258,9 @@ class Compose:
         labels: list[np.ndarray],
         keys: np.ndarray | list[np.ndarray],
         partners: Partners | None = None,
-    ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        *,
+        geometry: bool = False,
+    ) -> tuple[list[np.ndarray], ...]:
         """Plan one batch (called by :mod:`detaug.planning`, before DALI).
 
         Args:
@@ -273,7 +283,9 @@ class Compose:
             output size ``(h, w)``; MixUp's partner ROI, matrix, size and blend ratio; per
             photometric transform its parameters; see :meth:`param_slices`), the output boxes
             (float32 ``[M, 4]`` xyxy: the sample's boxes first, then each partner's) and labels
-            (int32 ``[M]``).
+            (int32 ``[M]``); with ``geometry``, a fourth list: per sample the
+            :class:`~detaug.plan.PointGeometry` of its kept boxes, in the same order (what moves
+            their points: keypoints, :mod:`detaug.keypoints`).
         """
         n = len(shapes)
         keys = as_keys(keys, batch_size=n)
@@ -387,6 +399,12 @@ class Compose:
         splits = np.cumsum(kept_counts)[:-1]
         boxes_out = np.split(result.boxes_xyxy[keep].astype(np.float32) + np.float32(0.0), splits)  # no -0.0
         labels_out = np.split(flat_labels[keep], splits)
+        if geometry:
+            kept_rows = np.flatnonzero(keep)
+            where = state.point_geometry(kept_rows)
+            bounds = np.concatenate([[0], np.cumsum(kept_counts)])
+            geometries = [where.take(slice(int(a), int(b))) for a, b in zip(bounds[:-1], bounds[1:])]
+            return list(params), boxes_out, labels_out, geometries
         return list(params), boxes_out, labels_out
 
     def _plan_mixup(self, state: PlanState, apply: np.ndarray, partner_hw: np.ndarray, k_img: int) -> list[np.ndarray]:
@@ -430,12 +448,16 @@ class Compose:
     # -- serialisation ---------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain dict recipe: ``{"transforms": [{"name": ..., **args}, ...], "min_size", "min_visibility"}``."""
-        return {
+        """A plain dict recipe: ``{"transforms": [{"name": ..., **args}, ...], "min_size", "min_visibility"}``
+        (and ``"keypoint_flip_pairs": [[i, j], ...]`` where the recipe has any)."""
+        out = {
             "transforms": [t.to_dict() for t in self.transforms],
             "min_size": self.min_size,
             "min_visibility": self.min_visibility,
         }
+        if self.keypoint_flip_pairs:  # only when set: recipes without keypoints read as before
+            out["keypoint_flip_pairs"] = [list(pair) for pair in self.keypoint_flip_pairs]
+        return out
 
     @classmethod
     def from_dict(cls, recipe: Mapping[str, Any] | Sequence[Mapping[str, Any]], *,
@@ -456,7 +478,7 @@ class Compose:
             recipe = {"transforms": recipe}
         if not isinstance(recipe, Mapping):
             raise fail(f"a recipe is a mapping with a 'transforms' list, got {type(recipe).__name__}", where=())
-        known = ["transforms"] + [p.name for p in RECIPE_SCHEMA]
+        known = ["transforms"] + [p.name for p in RECIPE_SCHEMA] + ["keypoint_flip_pairs"]
         for key in recipe:
             if key not in known:
                 raise fail(f"unknown recipe key{closest(key, known)}; known: {', '.join(known)}", where=(key,), field=str(key))
@@ -481,7 +503,8 @@ class Compose:
                 where = here + path if path and path[0] in spec else here
                 raise err.located(index=i, line=_line(lines, where), file=file) from None
         try:
-            return cls(transforms, **{p.name: recipe.get(p.name, p.default) for p in RECIPE_SCHEMA})
+            return cls(transforms, **{p.name: recipe.get(p.name, p.default) for p in RECIPE_SCHEMA},
+                       keypoint_flip_pairs=recipe.get("keypoint_flip_pairs", ()))
         except RecipeError as err:
             where = (err.field,) if err.field else ("transforms", err.index) if err.index is not None else ()
             raise err.located(line=_line(lines, where), file=file) from None
@@ -543,7 +566,8 @@ class Compose:
 
     def __repr__(self) -> str:
         inner = ",\n".join(f"    {t!r}" for t in self.transforms)
-        return f"Compose([\n{inner}\n], min_size={self.min_size}, min_visibility={self.min_visibility})"
+        pairs = f", keypoint_flip_pairs={[list(p) for p in self.keypoint_flip_pairs]}" if self.keypoint_flip_pairs else ""
+        return f"Compose([\n{inner}\n], min_size={self.min_size}, min_visibility={self.min_visibility}{pairs})"
 
 
 Transform.recipe_class = Compose  # a transform called alone runs as Compose([transform])

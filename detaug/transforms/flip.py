@@ -15,7 +15,10 @@ _P = Param("p", "probability", 0.5, "probability of flipping a sample")
 
 @register
 class RandomHorizontalFlip(GeometricTransform):
-    """Mirror left-right with probability ``p``: ``x -> W - x``."""
+    """Mirror left-right with probability ``p``: ``x -> W - x``.
+
+    Keypoints named by the recipe's ``keypoint_flip_pairs`` trade places where a sample ends up
+    mirrored (:mod:`detaug.keypoints`)."""
 
     schema = (_P,)
 
@@ -31,7 +34,10 @@ class RandomHorizontalFlip(GeometricTransform):
 
 @register
 class RandomVerticalFlip(GeometricTransform):
-    """Mirror top-bottom with probability ``p``: ``y -> H - y``."""
+    """Mirror top-bottom with probability ``p``: ``y -> H - y``.
+
+    A mirror too: keypoint flip pairs swap as for :class:`RandomHorizontalFlip` (both flips
+    together, a 180-degree turn, swap none)."""
 
     schema = (_P,)
 
