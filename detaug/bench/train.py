@@ -115,7 +115,7 @@ TRAIN_ROWS: tuple[TrainRow, ...] = (
     TrainRow("detaug-list", "detaug iterator, sample list", "iterator",
              "DetectionLoader(SampleListSource), its defaults; targets moved per sample"),
     TrainRow("ceiling-padded", "ceiling, padded targets (one cached batch)", "ceiling",
-             "the same steps on one batch of padded targets kept on the device"),
+             "the same steps on one batch of padded targets kept on the device", ceiling="ceiling-padded"),
     TrainRow("detaug-padded", "detaug iterator, padded targets", "iterator",
              "DetectionLoader(CocoSource, targets='padded'): [B, M, 4] boxes", ceiling="ceiling-padded"),
     TrainRow("keras-ceiling", "Keras ceiling (one cached batch)", "keras-ceiling",
