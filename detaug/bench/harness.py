@@ -318,31 +318,53 @@ class ResourceSampler:
                 pass
 
 
-def process_tree_rss(pid: int) -> int | None:
-    """Resident bytes of process ``pid`` and its descendants (``/proc/<pid>/task/*/children``),
-    or ``None`` where ``/proc`` cannot be read. Each process counts its proportional set size
-    (``/proc/<pid>/smaps_rollup``: a page shared by n processes counts 1/n in each, so forked
-    DataLoader workers and their shared-memory batches are not counted n times), or its resident
-    set size (``statm``) where the kernel has no ``smaps_rollup``."""
-    total, seen, todo = 0, set(), [pid]
+def process_tree(pid: int) -> Iterator[int]:
+    """``pid`` and its descendants, each once (``/proc/<pid>/task/*/children``; only ``pid``
+    where ``/proc`` cannot be read). A process is yielded before its children are looked up, so
+    a caller may read it first."""
+    seen, todo = set(), [pid]
     while todo:
         p = todo.pop()
         if p in seen:
             continue
         seen.add(p)
-        size = _pss(p)
-        if size is None:
-            if p == pid:
-                return None
-            continue
-        total += size
+        yield p
         try:
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children", encoding="ascii") as f:
                     todo.extend(int(c) for c in f.read().split())
         except (OSError, ValueError):
             pass
+
+
+def process_tree_rss(pid: int) -> int | None:
+    """Resident bytes of process ``pid`` and its descendants (:func:`process_tree`), or ``None``
+    where ``/proc`` cannot be read. Each process counts its proportional set size
+    (``/proc/<pid>/smaps_rollup``: a page shared by n processes counts 1/n in each, so forked
+    DataLoader workers and their shared-memory batches are not counted n times), or its resident
+    set size (``statm``) where the kernel has no ``smaps_rollup``."""
+    total = 0
+    for p in process_tree(pid):
+        size = _pss(p)
+        if size is None:
+            if p == pid:
+                return None
+            continue
+        total += size
     return total
+
+
+def format_table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Printed lines of a table: ``rows[0]`` the header; the first column left-aligned, the
+    middle ones right-aligned, the last (a note) as it is; a rule under the header."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = []
+    for k, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:-1], widths[1:])]
+        lines.append("  ".join(cells + [row[-1]]).rstrip())
+        if k == 0:
+            lines.append("-" * len(lines[-1]))
+    return lines
 
 
 def _pss(pid: int) -> int | None:

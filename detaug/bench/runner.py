@@ -79,6 +79,7 @@ from detaug.bench.harness import (
     cuda_available,
     default_threads,
     default_workers,
+    format_table,
     measure,
 )
 from detaug.bench.peers import ALBUMENTATIONS_CROP_NOTE, ALBUMENTATIONS_MOSAIC_NOTE, PEERS_PIP
@@ -671,14 +672,7 @@ class BenchReport:
                 note,
             )
             rows.append(row)
-        widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
-        lines = []
-        for k, row in enumerate(rows):
-            cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:-1], widths[1:])]
-            lines.append("  ".join(cells + [row[-1]]).rstrip())
-            if k == 0:
-                lines.append("-" * len(lines[-1]))
-        return lines
+        return format_table(rows)
 
     def to_dict(self) -> dict:
         s = self.settings
@@ -1425,7 +1419,7 @@ def _module_version(name: str) -> str | None:
 
 
 def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
-    from detaug.cli_support import OneLineParser, positive_int
+    from detaug.cli_support import OneLineParser, int_at_least, positive_int
 
     gpu, cpu = DEFAULTS["gpu"], DEFAULTS["cpu"]
     parser = OneLineParser(
@@ -1477,7 +1471,7 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
         f"{','.join(map(str, cpu.batch_sizes))} on the CPU)",
     )
     parser.add_argument(
-        "--workers", type=_non_negative_int,
+        "--workers", type=int_at_least(0),
         help=f"DataLoader workers of the peers (default: one per CPU, {default_workers()} here)",
     )
     parser.add_argument("--threads", type=positive_int,
@@ -1555,16 +1549,6 @@ def _recipe_list(text: str) -> list[str]:
     if not names or unknown:
         raise argparse.ArgumentTypeError(f"unknown recipe(s) {unknown or [text]}; choose from {', '.join(RECIPES)}")
     return names
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
 
 
 def _positive_list(convert: Callable[[str], float], noun: str) -> Callable[[str], list]:

@@ -52,7 +52,8 @@ from typing import Any, Literal
 import torch
 
 from detaug.bench.dataset import BenchDataset
-from detaug.bench.harness import BenchSettings, ResourceSampler, VariantUnavailable, count_images
+from detaug.bench.harness import (BenchSettings, ResourceSampler, VariantUnavailable, count_images, format_table,
+                                  process_tree)
 from detaug.bench.train_model import DenseDetector, detection_loss, keras_dense_detector, pad_targets
 
 __all__ = [
@@ -318,14 +319,7 @@ class TrainReport:
                 *(["-" if r.gpu_peak_mib is None else f"{r.gpu_peak_mib:,.0f}"] if gpu else []),
                 r.row.note,
             ))
-        widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
-        lines = []
-        for k, row in enumerate(rows):
-            cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:-1], widths[1:])]
-            lines.append("  ".join(cells + [row[-1]]).rstrip())
-            if k == 0:
-                lines.append("-" * len(lines[-1]))
-        return lines
+        return format_table(rows)
 
     def to_dict(self) -> dict:
         from detaug.bench.runner import SCHEMA
@@ -370,17 +364,14 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, images:
 
 
 def process_tree_cpu_seconds(pid: int | None = None) -> float:
-    """CPU seconds (user + system) of process ``pid`` (default: this one) and its descendants:
-    each live process's own time and that of its children it has reaped, from
-    ``/proc/<pid>/stat``; this process's from :func:`os.times` where ``/proc`` cannot be read."""
+    """CPU seconds (user + system) of process ``pid`` (default: this one) and its descendants
+    (:func:`~detaug.bench.harness.process_tree`): each live process's own time and that of its
+    children it has reaped, from ``/proc/<pid>/stat``; this process's from :func:`os.times`
+    where ``/proc`` cannot be read."""
     pid = os.getpid() if pid is None else pid
     tick = os.sysconf("SC_CLK_TCK")
-    total, seen, todo = 0.0, set(), [pid]
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
+    total = 0.0
+    for p in process_tree(pid):
         try:
             with open(f"/proc/{p}/stat", encoding="ascii") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
@@ -390,12 +381,6 @@ def process_tree_cpu_seconds(pid: int | None = None) -> float:
                 return t.user + t.system + t.children_user + t.children_system
             continue
         total += sum(int(v) for v in fields[11:15]) / tick  # utime, stime, cutime, cstime
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children", encoding="ascii") as f:
-                    todo.extend(int(c) for c in f.read().split())
-        except (OSError, ValueError):
-            pass
     return total
 
 
