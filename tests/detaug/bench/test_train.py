@@ -265,12 +265,16 @@ def test_steps_need_train(capsys):
     assert stop.value.code == 2 and "--steps" in capsys.readouterr().err
 
 
-def test_train_rows_under_torchrun_with_ddp(coco_folder, tmp_path):
-    """Two ranks on the CPU (gloo): each rank trains its own shard with DDP; rank 0 alone prints
-    and writes, img/s per rank (the mean) and in all (the sum), every rank's figures kept."""
+@pytest.mark.parametrize("nodes", [1, 2], ids=["one node, 2 ranks", "two simulated nodes"])
+def test_train_rows_under_torchrun_with_ddp(coco_folder, tmp_path, nodes):
+    """Two ranks on the CPU (gloo), on one node or as two nodes of one rank each (two torchrun
+    launchers meeting at a c10d rendezvous on localhost, as docs/distributed.md's "Several
+    nodes"): each rank trains its own shard with DDP; rank 0 alone prints and writes, img/s per
+    rank (the mean) and in all (the sum), every rank's figures kept."""
     import socket
     import subprocess
     import sys
+    import uuid
     from pathlib import Path
 
     with socket.socket() as s:
@@ -279,15 +283,32 @@ def test_train_rows_under_torchrun_with_ddp(coco_folder, tmp_path):
     out = tmp_path / "ddp.json"
     root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-         f"--master_port={port}", "-m", "detaug.cli", "bench", "--train", "--device", "cpu", "--quiet",
-         "--data", str(coco_folder), "--only", "ceiling,detaug,sequence", "--batch-sizes", "2", "--warmup", "1",
-         "--steps", "1", "--size", "64", "--threads", "1", "--json", str(out)],
-        capture_output=True, text=True, timeout=600, check=False, env=env, cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("detaug bench --train:") == 1 and "DDP, 2 ranks" in done.stdout
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    bench = ["-m", "detaug.cli", "bench", "--train", "--device", "cpu", "--quiet", "--data", str(coco_folder),
+             "--only", "ceiling,detaug,sequence", "--batch-sizes", "2", "--warmup", "1", "--steps", "1",
+             "--size", "64", "--threads", "1", "--json", str(out)]
+    if nodes == 1:
+        launchers = [["--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}"]]
+    else:
+        run_id = f"detaug-bench-{uuid.uuid4().hex[:8]}"
+        launchers = [["--nnodes=2", f"--node-rank={r}", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                      f"--rdzv-endpoint=localhost:{port}", f"--rdzv-id={run_id}", "--max-restarts=0"]
+                     for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *launcher, *bench], env=env,
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for launcher in launchers]
+    try:
+        outputs = [proc.communicate(timeout=600) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    for proc, (_, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err[-3000:]
+    printed = "".join(stdout for stdout, _ in outputs)
+    assert printed.count("detaug bench --train:") == 1 and "DDP, 2 ranks" in printed
     results = json.loads(out.read_text(encoding="utf-8"))
     assert results["settings"]["world_size"] == 2
     rows = {r["variant"]: r for r in results["train"]["rows"]}
