@@ -172,17 +172,19 @@ def clip_convex(poly: np.ndarray, count: np.ndarray, planes: np.ndarray) -> tupl
 
 
 def min_area_rect(poly: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Minimum-area enclosing rectangles of point sets ``[N, V, 2]`` (the first ``count[n]`` of row ``n``).
+    """Minimum-area enclosing rectangles of polygons ``[N, V, 2]`` (the first ``count[n]`` vertices of row ``n``).
 
-    The smallest rectangle around a polygon has a side along an edge of its convex hull (the
-    directions the rotating calipers visit); every direction between two of the points is tried,
-    which includes the hull's edges (and any other gives a larger or equal enclosing rectangle),
-    so the polygon need not be convex nor its hull computed.
+    The smallest rectangle around a point set has a side along an edge of its convex hull (the
+    directions the rotating calipers visit), and the rectangle around the points along any
+    direction encloses them: the smallest over a set of directions that holds the hull's edges
+    is the answer. For a convex polygon (what clipping a rectangle gives) those are its own
+    edges; for any other row (a concave quadrilateral given as corners), every direction between
+    two of its vertices is tried, which holds them too.
 
     Returns:
         ``(centre [N, 2], axes [N, 2, 2], extent [N, 2])``: the rectangle's centre, its two unit
-        side directions ``u`` and ``v = (-u_y, u_x)``, and its extents along them; zeros for
-        rows with fewer than one point.
+        side directions ``u`` and ``v = (-u_y, u_x)``, and its extents along them; zeros (and
+        the x and y axes) for rows without vertices.
     """
     poly = np.asarray(poly, dtype=np.float64)
     n, v = poly.shape[:2]
@@ -191,29 +193,41 @@ def min_area_rect(poly: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.n
     axes[:, 0, 0] = axes[:, 1, 1] = 1.0
     if n == 0 or v == 0:
         return centre, axes, extent
-    valid = np.arange(v)[None, :] < count[:, None]  # [N, V]
-    diff = poly[:, None, :, :] - poly[:, :, None, :]  # [N, V, V, 2]: point j - point i
-    length = np.hypot(diff[..., 0], diff[..., 1])
-    pair = valid[:, :, None] & valid[:, None, :] & (length > 0)
-    u = np.where(pair[..., None], diff / np.where(length > 0, length, 1.0)[..., None], 0.0).reshape(n, v * v, 2)
-    u[~pair.reshape(n, -1)] = (1.0, 0.0)  # no pair: the x axis (a valid enclosing direction all the same)
-    w = np.stack([-u[..., 1], u[..., 0]], axis=-1)
-    along = np.einsum("ncd,nvd->ncv", u, poly)  # [N, C, V]
+    idx = np.arange(v)
+    valid = idx[None, :] < count[:, None]  # [N, V]
+    nxt = np.where(idx[None, :] + 1 < count[:, None], idx[None, :] + 1, 0)
+    edges = np.take_along_axis(poly, nxt[:, :, None], axis=1) - poly  # [N, V, 2]: vertex i to i + 1
+    turn = edges[:, :, 0] * np.take_along_axis(edges, nxt[:, :, None], axis=1)[:, :, 1] \
+        - edges[:, :, 1] * np.take_along_axis(edges, nxt[:, :, None], axis=1)[:, :, 0]
+    tol = 1e-9 * np.maximum(np.where(valid[..., None], np.abs(poly), 0).max(axis=(1, 2)), 1.0) ** 2
+    turn = np.where(valid, turn, 0.0)
+    convex = ~((turn > tol[:, None]).any(axis=1) & (turn < -tol[:, None]).any(axis=1))
     some = count > 0
-    if not some.all():  # empty rows: no extents to take (zeros below)
-        valid = valid | ~some[:, None]
-    across = np.einsum("ncd,nvd->ncv", w, poly)
-    mask = valid[:, None, :]
-    lo_a, hi_a = np.where(mask, along, np.inf).min(-1), np.where(mask, along, -np.inf).max(-1)
-    lo_c, hi_c = np.where(mask, across, np.inf).min(-1), np.where(mask, across, -np.inf).max(-1)
-    area = (hi_a - lo_a) * (hi_c - lo_c)
-    best = np.argmin(np.where(np.isfinite(area), area, np.inf), axis=1)
-    rows = np.arange(n)
-    ub, wb = u[rows, best], w[rows, best]
-    mid_a, mid_c = (lo_a[rows, best] + hi_a[rows, best]) / 2, (lo_c[rows, best] + hi_c[rows, best]) / 2
-    centre[some] = (mid_a[:, None] * ub + mid_c[:, None] * wb)[some]
-    axes[some] = np.stack([ub, wb], axis=1)[some]
-    extent[some] = np.stack([hi_a[rows, best] - lo_a[rows, best], hi_c[rows, best] - lo_c[rows, best]], axis=1)[some]
+    for rows, every_pair in ((np.flatnonzero(some & convex), False), (np.flatnonzero(some & ~convex), True)):
+        if not len(rows):
+            continue
+        p, ok = poly[rows], valid[rows]
+        if every_pair:
+            d = (p[:, None, :, :] - p[:, :, None, :]).reshape(len(rows), v * v, 2)
+            usable = (ok[:, :, None] & ok[:, None, :]).reshape(len(rows), -1)
+        else:
+            d, usable = edges[rows], ok
+        length = np.hypot(d[..., 0], d[..., 1])
+        usable = usable & (length > 0)
+        u = np.where(usable[..., None], d / np.where(length > 0, length, 1.0)[..., None], 0.0)
+        u[~usable] = (1.0, 0.0)  # no edge: the x axis (a valid enclosing direction all the same)
+        w = np.stack([-u[..., 1], u[..., 0]], axis=-1)
+        mask = ok[:, None, :]
+        along, across = np.einsum("ncd,nvd->ncv", u, p), np.einsum("ncd,nvd->ncv", w, p)  # [R, C, V]
+        lo_a, hi_a = np.where(mask, along, np.inf).min(-1), np.where(mask, along, -np.inf).max(-1)
+        lo_c, hi_c = np.where(mask, across, np.inf).min(-1), np.where(mask, across, -np.inf).max(-1)
+        best = np.argmin((hi_a - lo_a) * (hi_c - lo_c), axis=1)
+        r = np.arange(len(rows))
+        ub, wb = u[r, best], w[r, best]
+        mid_a, mid_c = (lo_a[r, best] + hi_a[r, best]) / 2, (lo_c[r, best] + hi_c[r, best]) / 2
+        centre[rows] = mid_a[:, None] * ub + mid_c[:, None] * wb
+        axes[rows] = np.stack([ub, wb], axis=1)
+        extent[rows] = np.stack([hi_a[r, best] - lo_a[r, best], hi_c[r, best] - lo_c[r, best]], axis=1)
     return centre, axes, extent
 
 

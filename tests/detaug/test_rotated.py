@@ -250,16 +250,38 @@ def test_clip_convex_matches_a_brute_force_point_test():
         assert (got != truth).sum() * 0.0625 <= 0.02 * max(truth.sum() * 0.0625, 1) + 2, f"row {k}"
 
 
-def test_min_area_rect_matches_a_brute_force_angle_search():
+def clipped_rectangles(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Convex polygons: random rotated rectangles cut by three random half-planes each."""
+    rng = np.random.default_rng(seed)
+    rot = np.stack([rng.uniform(30, 70, n), rng.uniform(30, 70, n), rng.uniform(5, 60, n), rng.uniform(1, 60, n),
+                    rng.uniform(-180, 180, n)], axis=1)
+    angles = rng.uniform(0, 2 * np.pi, (n, 3))
+    planes = np.stack([np.cos(angles), np.sin(angles), rng.uniform(0, 30, (n, 3)) + 50 * np.cos(angles)
+                       + 50 * np.sin(angles)], axis=2)  # through points near the centre (50, 50)
+    return clip_convex(to_corners(rot), np.full(n, 4), planes)
+
+
+@pytest.mark.parametrize("kind", ["random points", "clipped rectangles", "concave quadrilaterals"])
+def test_min_area_rect_matches_a_brute_force_angle_search(kind):
     rng = np.random.default_rng(1)
     n, v = 30, 9
-    poly = rng.normal(0, 20, (n, v, 2)) * rng.uniform(0.2, 1, (n, 1, 2)) + 50
-    count = rng.integers(3, v + 1, n)
+    if kind == "random points":  # neither convex nor in order: every pair of points is tried
+        poly = rng.normal(0, 20, (n, v, 2)) * rng.uniform(0.2, 1, (n, 1, 2)) + 50
+        count = rng.integers(3, v + 1, n)
+    elif kind == "clipped rectangles":  # convex: their edges are tried
+        poly, count = clipped_rectangles(n, 2)
+        assert (count >= 3).sum() >= 20 and (count > 4).any()
+    else:  # a dart: one reflex corner, the hull's edge bridges it
+        tip = rng.uniform(20, 80, (n, 2))
+        base = tip + rng.uniform(10, 40, (n, 1)) * np.stack([np.cos(a := rng.uniform(0, 6.3, n)), np.sin(a)], 1)
+        side = np.stack([-np.sin(a), np.cos(a)], 1) * rng.uniform(5, 20, (n, 1))
+        notch = tip + (base - tip) * rng.uniform(0.3, 0.8, (n, 1))
+        poly, count = np.stack([tip, base + side, notch, base - side], axis=1), np.full(n, 4)
     centre, axes, extent = min_area_rect(poly, count)
     theta = np.deg2rad(np.arange(0, 180, 0.01))
     u = np.stack([np.cos(theta), np.sin(theta)], 1)
     vv = np.stack([-np.sin(theta), np.cos(theta)], 1)
-    for k in range(n):
+    for k in np.flatnonzero(count > 0):
         p = poly[k, :count[k]]
         a, c = p @ u.T, p @ vv.T
         brute = ((a.max(0) - a.min(0)) * (c.max(0) - c.min(0))).min()
@@ -359,3 +381,30 @@ def test_rotated_boxes_of_an_exif_rotated_image_follow_its_pixels(tmp_path):
     scores = box_ious(images[0].permute(1, 2, 0).cpu().numpy(), targets[0]["labels"].cpu().numpy(),
                       targets[0]["rotated_boxes"].cpu().numpy())
     assert len(scores) == 3 and min(s[0] for s in scores) >= 0.9
+
+
+def test_rotated_boxes_go_through_shards_as_any_per_box_field(tmp_path):
+    from detaug.shards import ShardSource, write_shards
+
+    import io
+
+    from PIL import Image
+
+    samples = []
+    for s in range(2):
+        sample, buffer = scene(s), io.BytesIO()
+        Image.fromarray(sample.image).save(buffer, "PNG")  # shards hold encoded images
+        samples.append(Sample(buffer.getvalue(), sample.boxes, sample.labels, image_id=sample.image_id, fields=sample.fields))
+    source = SampleListSource(samples, categories={int(lab): f"c{lab}" for s in samples for lab in s.labels})
+    write_shards(source, tmp_path / "shards", progress=False)
+    shards = ShardSource(tmp_path / "shards")
+    assert shards.field_specs["rotated_boxes"] == (np.dtype(np.float32), (5,))
+    recipe = T.Compose([T.RandomHorizontalFlip(p=1.0), T.RandomRotation(degrees=20)])
+    ours = DetectionLoader(shards, recipe, 2, device=DEVICE, num_threads=1, fields=["rotated_boxes"])
+    theirs = DetectionLoader(source, recipe, 2, device=DEVICE, num_threads=1, fields=["rotated_boxes"])
+    (_, a), (_, b) = next(iter(ours)), next(iter(theirs))
+    ours.close()
+    theirs.close()
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x["rotated_boxes"].cpu().numpy(), y["rotated_boxes"].cpu().numpy())
+    assert sum(len(x["rotated_boxes"]) for x in a) >= 4
