@@ -66,10 +66,11 @@ def scene(seed: int, hw: tuple[int, int] = (120, 168), objects: int = 3) -> Samp
                   fields={"rotated_boxes": rotated})
 
 
-def box_ious(image: np.ndarray, labels: np.ndarray, rotated: np.ndarray) -> list[tuple[float, float]]:
+def box_ious(image: np.ndarray, labels: np.ndarray, rotated: np.ndarray, share: float = 0.5) -> list[tuple[float, float]]:
     """Per output rotated box with some area: ``(IoU, coverage)`` between the box (pixel centres
-    inside it) and the pixels of its object's colour (share >= 0.5) within 3 px of the box's
-    bounding box; coverage: the share of those pixels inside the box."""
+    inside it) and the pixels of its object's colour (share >= ``share``: a ``MixUp`` blend
+    halves it) within 3 px of the box's bounding box; coverage: the share of those pixels inside
+    the box."""
     h, w = image.shape[:2]
     corners = to_corners(rotated)
     out = []
@@ -81,7 +82,7 @@ def box_ious(image: np.ndarray, labels: np.ndarray, rotated: np.ndarray) -> list
         x0, y0, x1, y1 = max(lo[0], 0), max(lo[1], 0), min(hi[0], w), min(hi[1], h)
         ys, xs = np.mgrid[y0:y1, x0:x1] + 0.5
         colour = COLOURS[int(label) % 10 - 1]
-        painted = np.clip(image[y0:y1, x0:x1].astype(np.float64) @ colour / (colour @ colour), 0, 1) >= 0.5
+        painted = np.clip(image[y0:y1, x0:x1].astype(np.float64) @ colour / (colour @ colour), 0, 1) >= share
         box = inside_polygon(quad, xs, ys)
         union = (painted | box).sum()
         if painted.sum() < 20:  # an object cut down to a sliver: too few pixels to measure
@@ -228,6 +229,54 @@ def test_torchvision_reference_where_nothing_is_clipped():
     ref = quads.copy()
     ref[:, 0::2] = w - ref[:, 0::2]
     np.testing.assert_allclose(got["rotated_boxes"], ref[:, [2, 3, 0, 1, 6, 7, 4, 5]], atol=2e-3)
+
+
+@pytest.mark.parametrize("recipe", [
+    T.Compose([T.Resize((120, 168)), T.MixUp(p=1.0, scale=(0.5, 0.7), fill=0), T.RandomRotation(degrees=15)]),
+    T.Compose([T.Mosaic(size=(120, 168), fill=0), T.RandomHorizontalFlip(), T.RandomRotation(degrees=30)]),
+], ids=["mixup", "mosaic"])
+def test_unclipped_rotated_boxes_are_their_corners_moved_as_keypoints(recipe):
+    """Each box's corners given as its keypoints too: where all four stay visible (nothing is
+    clipped) and the maps keep rectangles (``MixUp``'s partner and ``Mosaic``'s tiles scaled
+    uniformly, rotations, flips), the rotated box's corners are those keypoints, for the
+    partner's and every tile's boxes as for the sample's (the pixels of a self-blend overlap,
+    so this is checked on the keypoints, which test_keypoints.py checks on the pixels). A
+    partner or tile is scaled to whole pixels, so its x and y scales differ a little: the box is
+    the minimum rectangle of the moved corners (a parallelogram), within 0.15 px of them."""
+    compared, partners = 0, 0
+    for seed in range(3):
+        sample = scene(seed)
+        rot = sample.fields["rotated_boxes"]
+        points = np.concatenate([to_corners(rot), np.full((len(rot), 4, 1), 2.0)], axis=2).astype(np.float32)
+        out = recipe(image=sample.image, boxes=sample.boxes, labels=sample.labels, rotated_boxes=rot, keypoints=points,
+                     seed=seed, image_id=sample.image_id, device=DEVICE)
+        partners += len(out["labels"]) - len(sample.labels)
+        theta = np.deg2rad(np.arange(0, 90, 0.005))
+        u, v = np.stack([np.cos(theta), np.sin(theta)], 1), np.stack([-np.sin(theta), np.cos(theta)], 1)
+        for box, kp in zip(out["rotated_boxes"], out["keypoints"]):
+            if (kp[:, 2] > 0).all():
+                got = to_corners(box[None])[0]
+                for corner in kp[:, :2]:  # the same four points, whatever their order
+                    assert np.hypot(*(got - corner).T).min() <= 0.15, (got, kp)
+                a, c = kp[:, :2] @ u.T, kp[:, :2] @ v.T  # the corners' minimum rectangle, by brute force
+                brute = (np.ptp(a, axis=0) * np.ptp(c, axis=0)).min()
+                assert brute * (1 - 1e-3) <= box[2] * box[3] <= brute * (1 + 1e-3)
+                compared += 1
+    assert partners > 0 and compared >= 8
+
+
+def test_batches_planned_together_move_rotated_boxes_as_alone():
+    from detaug.planning import BatchPlanner, EpochSpec
+
+    source = SampleListSource([scene(s) for s in range(8)])
+    recipe = T.Compose([T.Mosaic(size=(96, 128), fill=0), T.RandomHorizontalFlip(), T.RandomAffine(degrees=20)])
+    planner = BatchPlanner(source, recipe, EpochSpec(n=8, batch_size=2, shuffle=True, seed=3))
+    together = planner.plan_many(1, [0, 1, 2, 3])
+    for step, got in enumerate(together):
+        alone = planner.plan(1, step)
+        for a, b in zip(got.fields, alone.fields):
+            np.testing.assert_array_equal(a["rotated_boxes"], b["rotated_boxes"])
+    assert sum(len(f["rotated_boxes"]) for g in together for f in g.fields) > 8
 
 
 # -- kernels against brute-force references -----------------------------------------------------------
