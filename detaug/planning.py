@@ -29,7 +29,9 @@ for the seed contract). :meth:`BatchPlanner.plan` computes it:
    their rows too. ``area`` is recomputed on the output boxes (``fields="all"`` gives it for
    every source); ``keypoints`` are moved by their box's own map, marked ``v = 0`` where they
    leave the image and swapped by the recipe's ``keypoint_flip_pairs`` where the sample is
-   mirrored (:func:`detaug.keypoints.move_keypoints`). Labels never change a draw: the plan
+   mirrored (:func:`detaug.keypoints.move_keypoints`); ``rotated_boxes`` become the
+   minimum-area rectangle of their visible part (:func:`detaug.rotated.move_rotated_boxes`).
+   Labels never change a draw: the plan
    is the same with any fields;
 7. output coordinates below float32's resolution at their box's far edge (``|x1| <
    spacing(x2) / 2``) are 0: the rounding noise of the exact border rule (a rotated box cut by
@@ -65,6 +67,7 @@ from detaug.formats.images import annotation_frame, exif_matrix, orient_boxes, p
 from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
 from detaug.keypoints import KEYPOINTS, flip_permutation, move_keypoints, orient_keypoints
 from detaug.plan import Partners
+from detaug.rotated import ROTATED_BOXES, move_rotated_boxes, orient_rotated_boxes
 from detaug.seeds import sample_keys
 from detaug.sources import FieldSpec, box_area, field_specs
 
@@ -292,7 +295,8 @@ class BatchPlanner:
             raise ValueError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
         self.source, self.transforms, self.spec, self.on_error = source, transforms, spec, on_error
         self.fields = select_fields(source, fields)
-        self._points = KEYPOINTS in self.fields  # plan_batch gives the kept boxes' geometry
+        # plan_batch gives the kept boxes' geometry (keypoints, rotated boxes: detaug.rotated)
+        self._points = KEYPOINTS in self.fields or ROTATED_BOXES in self.fields
         if self._points and transforms.keypoint_flip_pairs:
             try:
                 flip_permutation(transforms.keypoint_flip_pairs, field_specs(source)[KEYPOINTS].shape[0])
@@ -416,6 +420,8 @@ class BatchPlanner:
             picked = {name: table.fields[name][r] for name in self.fields if name in table.fields}
             if geometry is not None and KEYPOINTS in picked:
                 picked[KEYPOINTS] = move_keypoints(picked[KEYPOINTS], geometry, self.transforms.keypoint_flip_pairs)
+            if geometry is not None and ROTATED_BOXES in picked:
+                picked[ROTATED_BOXES] = move_rotated_boxes(picked[ROTATED_BOXES], geometry)
             if AREA in self.fields:
                 picked[AREA] = box_area(b)
             out_fields.append({name: picked[name] for name in self.fields if name in picked})
@@ -459,6 +465,8 @@ class BatchPlanner:
         table = _Rows(np.asarray(lab, dtype=np.int64).reshape(-1), self._fields_of(sample))
         if exif is not None and KEYPOINTS in table.fields:  # annotated on the stored pixels, as the boxes
             table.fields[KEYPOINTS] = orient_keypoints(table.fields[KEYPOINTS], exif, self.transforms.keypoint_flip_pairs)
+        if exif is not None and ROTATED_BOXES in table.fields:
+            table.fields[ROTATED_BOXES] = orient_rotated_boxes(table.fields[ROTATED_BOXES], exif)
         if getattr(sample, "size", None) is None and len(b):
             repaired: list[dict[str, Any]] = []
             b, keep = _clip_to_image(b, hw, self.source.file_of(p), image_id, repaired)

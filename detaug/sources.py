@@ -47,6 +47,7 @@ from detaug.formats.coco import NO_ANNOTATION_ID, CocoDataset, load_coco
 from detaug.formats.box_formats import check_box_format, to_xyxy
 from detaug.formats.images import ORIENTATIONS, probe_file, probe_image, read_bytes
 from detaug.keypoints import KEYPOINTS, check_keypoints
+from detaug.rotated import ROTATED_BOXES, check_rotated_boxes
 
 __all__ = [
     "COCO_FIELDS", "ORIENTATIONS", "RESERVED_FIELDS", "VOC_FIELDS", "CocoSource", "FieldSpec", "Sample",
@@ -610,6 +611,10 @@ def _field_arrays(fields: Any, count: int | None) -> tuple[dict[str, np.ndarray]
             return None, f"field {name!r} has {rows}, expected one per box ({count})"
         if name == KEYPOINTS:  # [N, K, 3] (x, y, v): moved with the boxes (detaug.keypoints)
             arr, why = check_keypoints(arr, count)
+            if arr is None:
+                return None, why
+        if name == ROTATED_BOXES:  # [N, 5] cxcywhr or [N, 8] corners: moved with the boxes (detaug.rotated)
+            arr, why = check_rotated_boxes(arr, count)
             if arr is None:
                 return None, why
         arrays[name] = arr.astype(np.int64) if arr.dtype.kind == "b" else arr
