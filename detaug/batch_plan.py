@@ -1,0 +1,210 @@
+"""The batch planner of a recipe: one batch's parameters and output boxes, and where to decode.
+
+:func:`plan_batch` runs a :class:`~detaug.transforms.Compose` on the host (NumPy) for a batch:
+it draws every transform's parameters from the samples' streams (:mod:`detaug.seeds`), moves the
+boxes through a :class:`~detaug.plan.PlanState` (:mod:`detaug.plan` says in which order), and
+works out what DALI must read: the decode region of each image (only what the first warp reads,
+:mod:`detaug.decode_regions`),
+each warp segment's matrix relative to it, and the parameters of the photometric transforms.
+The recipe is read through its attributes and its transforms' methods; this module names no
+transform. :mod:`detaug.planning` calls it (through ``Compose.plan_batch``) before DALI.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from detaug.boxes import translation_matrix
+from detaug.decode_regions import aligned_roi, decode_roi, mosaic_window, region_roi, tile_columns, whole_image
+from detaug.plan import Partners, PlanState
+from detaug.seeds import SampleRandom, as_keys
+
+if TYPE_CHECKING:  # the recipe sits above this module (tests/test_layers.py)
+    from detaug.transforms import Compose
+
+__all__ = ["hidden_share", "partner_block", "plan_batch"]
+
+
+def partner_block(recipe: Compose, rand: SampleRandom, dataset_size: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The partner draws at the start of each sample's stream: ``(positions [B, J], needed
+    [B, J] bool)``: a dataset position per slot (``-1`` when ``dataset_size`` is None), or
+    for ``recipe.batch_slots`` a batch position (uniform over the ``B`` samples of ``rand``);
+    the counter ends at ``J + 1`` with ``MixUp``, ``J`` without."""
+    j, n = recipe.num_partners, rand.batch_size
+    highs = np.array([n if pool == "batch" else (dataset_size or 1) for pool in recipe.slot_pools], np.int64)
+    positions = rand.integers(highs, j) if j else np.zeros((n, 0), np.int64)
+    if dataset_size is None:
+        dataset = np.array([pool == "dataset" for pool in recipe.slot_pools], dtype=bool)
+        positions[:, dataset] = -1
+    needed = np.ones((n, j), dtype=bool)
+    if recipe.mixup is not None:
+        needed[:, -1] = recipe.mixup.draw_apply(rand)
+    return positions, needed
+
+
+def plan_batch(
+    recipe: Compose,
+    shapes: list[np.ndarray],
+    boxes: list[np.ndarray],
+    labels: list[np.ndarray],
+    keys: np.ndarray | list[np.ndarray],
+    partners: Partners | None = None,
+    *,
+    geometry: bool = False,
+) -> tuple[list[np.ndarray], ...]:
+    """Plan one batch of ``recipe``: :meth:`detaug.transforms.Compose.plan_batch` (its
+    docstring gives the arguments and the results)."""
+    n = len(shapes)
+    keys = as_keys(keys, batch_size=n)
+    j = recipe.num_partners
+    if j and partners is None:
+        raise ValueError("this recipe mixes images (Mosaic/MixUp): plan_batch needs their partners "
+                         "(detaug.planning.BatchPlanner draws and reads them)")
+    images = [(shapes, boxes, labels)]
+    if j:
+        images += [(partners.shapes[k], partners.boxes[k], partners.labels[k]) for k in range(j)]  # type: ignore[union-attr]
+    k_img = len(images)
+    hw_all = np.zeros((n, k_img, 2))
+    box_arrays, label_arrays, layer_ids = [], [], []
+    for i in range(n):
+        for k, (sh, bx, lb) in enumerate(images):
+            hw_all[i, k] = np.asarray(sh[i]).ravel()[:2]
+            b = np.asarray(bx[i], dtype=np.float64).reshape(-1, 4)
+            lab = np.asarray(lb[i]).reshape(-1).astype(np.int32)
+            if len(b) != len(lab):
+                where = f"sample {i}" if k == 0 else f"partner {k} of sample {i}"
+                raise ValueError(f"{where} of the batch has {len(b)} boxes but {len(lab)} labels")
+            box_arrays.append(b)
+            label_arrays.append(lab)
+            layer_ids.append(np.full(len(b), i * k_img + k, dtype=np.int64))
+    hw = hw_all[:, 0].copy()
+    counts = np.array([len(b) for b in box_arrays], dtype=np.int64)
+    flat_boxes = np.concatenate(box_arrays) if box_arrays else np.zeros((0, 4))
+    flat_labels = np.concatenate(label_arrays) if label_arrays else np.zeros(0, np.int32)
+    rand = SampleRandom(keys)
+    batch_index = np.zeros((n, 0), np.int64)
+    if j:
+        batch_index, needed = partner_block(recipe, rand, None)
+        box_layer = np.concatenate(layer_ids) if layer_ids else np.zeros(0, np.int64)
+        state = PlanState(rand=rand, source_hw=hw, boxes_src=flat_boxes, sample=box_layer // k_img,
+                          layer_hw=hw_all.reshape(-1, 2), layer_owner=np.repeat(np.arange(n), k_img), box_layer=box_layer)
+    else:
+        needed = np.zeros((n, 0), dtype=bool)
+        state = PlanState(rand=rand, source_hw=hw, boxes_src=flat_boxes,
+                          sample=np.repeat(np.arange(n), counts))
+    if recipe.mixup is not None:  # the partner's boxes wait for the blend
+        state.alive[state.box_layer % k_img == k_img - 1] = False
+    centre = None
+    if recipe.mosaic is not None:
+        tile_layers = (np.arange(n)[:, None] * k_img + np.arange(4)[None, :]).ravel()
+        maps, rects, canvas, centre = recipe.mosaic.plan_tiles(rand, hw_all[:, :4])
+        state.start_canvas(canvas)
+        state.place_layers(tile_layers, maps.reshape(-1, 3, 3), rects.reshape(-1, 4))
+        tile_maps, tile_rects, mosaic_hw = maps, rects, canvas
+        if recipe.segments:  # the mosaic canvas is drawn, then warped: no box of what it does not draw
+            state.drop_undrawn()
+
+    segment_out: list[tuple[np.ndarray, np.ndarray]] = []
+    mix = None
+    start = state.to_canvas
+    for s, segment in enumerate(recipe.segments):
+        if recipe.mixup is not None and s == recipe.blend_at:
+            mix = _plan_mixup(recipe, state, needed[:, -1], hw_all[:, -1], k_img)
+            state.drop_undrawn()  # the partner drawn on the canvas, then warped
+        for t in segment:
+            step, canvas = t.plan(state)
+            state.apply(step, canvas, crops=t.crops)
+        state.draw()  # the segment's canvas is drawn: it cuts what a step moved partly off it
+        if s < len(recipe.segments) - 1:  # ... and a later warp moves what it draws
+            state.drop_undrawn()
+        segment_out.append((state.to_canvas @ np.linalg.inv(start), state.canvas_hw))
+        start = state.to_canvas
+    if recipe.mixup is not None and mix is None:
+        mix = _plan_mixup(recipe, state, needed[:, -1], hw_all[:, -1], k_img)
+
+    columns = []
+    whole = bool(recipe.batch_slots)  # the batch's images are decoded whole, to be shared
+    if recipe.mosaic is not None:
+        first = segment_out[0] if segment_out and recipe.blend_at > 0 else None
+        window = mosaic_window(mosaic_hw, centre, first)
+        if first is not None:
+            segment_out[0] = (first[0] @ translation_matrix(window[:, 0], window[:, 1]), first[1])
+        columns.append(np.zeros((n, 4)))  # the sample's own image is tile 0
+        for k in range(4):
+            columns += tile_columns(hw_all[:, k], tile_maps[:, k], tile_rects[:, k], window,
+                                    whole=whole if k == 0 else k - 1 in recipe.batch_slots)
+    else:
+        first = segment_out[0] if segment_out else None
+        if whole:
+            roi = whole_image(hw)
+        elif first is not None and recipe.segment_projective[0]:
+            roi = region_roi(hw, first[0], first[1])
+        else:
+            roi = decode_roi(hw, first)
+        if first is not None:  # the first warp reads the decoded ROI, not the whole image
+            segment_out[0] = (first[0] @ translation_matrix(roi[:, 0], roi[:, 1]), first[1])
+        columns.append(roi)
+    for (m, canvas), projective in zip(segment_out, recipe.segment_projective):
+        columns += [m.reshape(n, 9) if projective else m[:, :2, :].reshape(n, 6), canvas]
+    if mix is not None:
+        columns += mix
+    photometric = [_plan_photometric(t, state) for t in recipe.photometric]
+    columns += [np.stack(p, axis=1) for p in photometric if len(p)]
+    columns += [batch_index[:, k:k + 1] for k in recipe.batch_slots]
+    params = np.concatenate(columns, axis=1).astype(np.float32)
+
+    result = state.boxes()
+    visibility = result.visibility
+    for t, p in zip(recipe.photometric, photometric):  # pixels painted over (RandomErasing)
+        hidden = t.hidden_regions(p, state.canvas_hw)
+        if hidden is not None:
+            visibility = visibility * (1.0 - hidden_share(result.boxes_xyxy, hidden[state.sample]))
+    wh = result.boxes_xyxy[:, 2:] - result.boxes_xyxy[:, :2]
+    keep = result.keep & (wh >= max(recipe.min_size, 1e-6)).all(axis=1)
+    keep &= visibility >= recipe.min_visibility
+    kept_counts = np.bincount(state.sample[keep], minlength=n)
+    splits = np.cumsum(kept_counts)[:-1]
+    boxes_out = np.split(result.boxes_xyxy[keep].astype(np.float32) + np.float32(0.0), splits)  # no -0.0
+    labels_out = np.split(flat_labels[keep], splits)
+    if geometry:
+        kept_rows = np.flatnonzero(keep)
+        where = state.point_geometry(kept_rows)
+        bounds = np.concatenate([[0], np.cumsum(kept_counts)])
+        geometries = [where.take(slice(int(a), int(b))) for a, b in zip(bounds[:-1], bounds[1:])]
+        return list(params), boxes_out, labels_out, geometries
+    return list(params), boxes_out, labels_out
+
+
+def _plan_mixup(recipe: Compose, state: PlanState, apply: np.ndarray, partner_hw: np.ndarray,
+                k_img: int) -> list[np.ndarray]:
+    """Place ``MixUp``'s partner on the current canvas; its parameter columns."""
+    n = state.batch_size
+    canvas = state.canvas_hw
+    m, ratio = recipe.mixup.plan_partner(state.rand, apply, canvas, partner_hw)  # type: ignore[union-attr]
+    layers = np.arange(n) * k_img + k_img - 1
+    rects = np.stack([np.zeros(n), np.zeros(n), canvas[:, 1], canvas[:, 0]], axis=1)
+    state.place_layers(layers, m, rects, alive=apply)
+    whole = recipe.mixup.pool == "batch"  # type: ignore[union-attr]
+    roi = whole_image(partner_hw) if whole else aligned_roi(partner_hw, m, rects)
+    return [roi, (m @ translation_matrix(roi[:, 0], roi[:, 1]))[:, :2, :].reshape(n, 6), canvas, ratio[:, None]]
+
+
+def _plan_photometric(t: object, state: PlanState) -> list[np.ndarray]:
+    """A photometric transform's parameters, on the output canvas when it asks for it."""
+    plan_on = getattr(t, "plan_on", None)
+    return plan_on(state.rand, state.canvas_hw) if plan_on is not None else t.plan(state.rand)  # type: ignore[attr-defined]
+
+
+def hidden_share(boxes_xyxy: np.ndarray, regions: np.ndarray) -> np.ndarray:
+    """Share ``[N]`` of each output box ``[N, 4]`` covered by its sample's painted-over regions
+    ``[N, R, 4]`` (xyxy, output pixels; zero-size rows for none): the sum of the overlaps, at
+    most 1 (overlapping regions count twice: a box is never kept for being hidden twice)."""
+    b = boxes_xyxy[:, None, :]
+    iw = np.clip(np.minimum(b[..., 2], regions[..., 2]) - np.maximum(b[..., 0], regions[..., 0]), 0, None)
+    ih = np.clip(np.minimum(b[..., 3], regions[..., 3]) - np.maximum(b[..., 1], regions[..., 1]), 0, None)
+    area = (boxes_xyxy[:, 2] - boxes_xyxy[:, 0]) * (boxes_xyxy[:, 3] - boxes_xyxy[:, 1])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(area > 0, (iw * ih).sum(axis=1) / area, 0.0)
+    return np.clip(share, 0.0, 1.0)
