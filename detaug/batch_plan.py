@@ -124,17 +124,18 @@ def plan_batch(
     if recipe.mixup is not None and mix is None:
         mix = _plan_mixup(recipe, state, needed[:, -1], hw_all[:, -1], k_img)
 
-    columns = []
+    values: dict[str, np.ndarray] = {}
     whole = bool(recipe.batch_slots)  # the batch's images are decoded whole, to be shared
     if recipe.mosaic is not None:
         first = segment_out[0] if segment_out and recipe.blend_at > 0 else None
         window = mosaic_window(mosaic_hw, centre, first)
         if first is not None:
             segment_out[0] = (first[0] @ translation_matrix(window[:, 0], window[:, 1]), first[1])
-        columns.append(np.zeros((n, 4)))  # the sample's own image is tile 0
+        values["roi"] = np.zeros((n, 4))  # the sample's own image is tile 0
         for k in range(4):
-            columns += tile_columns(hw_all[:, k], tile_maps[:, k], tile_rects[:, k], window,
-                                    whole=whole if k == 0 else k - 1 in recipe.batch_slots)
+            roi, matrix, size = tile_columns(hw_all[:, k], tile_maps[:, k], tile_rects[:, k], window,
+                                             whole=whole if k == 0 else k - 1 in recipe.batch_slots)
+            values.update({f"mosaic.tile{k}.roi": roi, f"mosaic.tile{k}.matrix": matrix, f"mosaic.tile{k}.size": size})
     else:
         first = segment_out[0] if segment_out else None
         if whole:
@@ -145,15 +146,17 @@ def plan_batch(
             roi = decode_roi(hw, first)
         if first is not None:  # the first warp reads the decoded ROI, not the whole image
             segment_out[0] = (first[0] @ translation_matrix(roi[:, 0], roi[:, 1]), first[1])
-        columns.append(roi)
-    for (m, canvas), projective in zip(segment_out, recipe.segment_projective):
-        columns += [m.reshape(n, 9) if projective else m[:, :2, :].reshape(n, 6), canvas]
+        values["roi"] = roi
+    for s, ((m, canvas), projective) in enumerate(zip(segment_out, recipe.segment_projective)):
+        values[f"warp{s}.matrix"] = m if projective else m[:, :2, :]
+        values[f"warp{s}.size"] = canvas
     if mix is not None:
-        columns += mix
+        values.update(mix)
     photometric = [_plan_photometric(t, state) for t in recipe.photometric]
-    columns += [np.stack(p, axis=1) for p in photometric if len(p)]
-    columns += [batch_index[:, k:k + 1] for k in recipe.batch_slots]
-    params = np.concatenate(columns, axis=1).astype(np.float32)
+    for k, (t, p) in enumerate(zip(recipe.photometric, photometric)):
+        values.update((f"photometric{k}.{name}", value) for name, value in zip(t.param_names, p))
+    values.update((f"slot{k}.batch_index", batch_index[:, k]) for k in recipe.batch_slots)
+    params = recipe.plan_layout.pack(values, n)
 
     result = state.boxes()
     visibility = result.visibility
@@ -178,8 +181,8 @@ def plan_batch(
 
 
 def _plan_mixup(recipe: Compose, state: PlanState, apply: np.ndarray, partner_hw: np.ndarray,
-                k_img: int) -> list[np.ndarray]:
-    """Place ``MixUp``'s partner on the current canvas; its parameter columns."""
+                k_img: int) -> dict[str, np.ndarray]:
+    """Place ``MixUp``'s partner on the current canvas; its plan fields."""
     n = state.batch_size
     canvas = state.canvas_hw
     m, ratio = recipe.mixup.plan_partner(state.rand, apply, canvas, partner_hw)  # type: ignore[union-attr]
@@ -188,7 +191,8 @@ def _plan_mixup(recipe: Compose, state: PlanState, apply: np.ndarray, partner_hw
     state.place_layers(layers, m, rects, alive=apply)
     whole = recipe.mixup.pool == "batch"  # type: ignore[union-attr]
     roi = whole_image(partner_hw) if whole else aligned_roi(partner_hw, m, rects)
-    return [roi, (m @ translation_matrix(roi[:, 0], roi[:, 1]))[:, :2, :].reshape(n, 6), canvas, ratio[:, None]]
+    return {"mixup.roi": roi, "mixup.matrix": (m @ translation_matrix(roi[:, 0], roi[:, 1]))[:, :2, :],
+            "mixup.size": canvas, "mixup.ratio": ratio}
 
 
 def _plan_photometric(t: object, state: PlanState) -> list[np.ndarray]:

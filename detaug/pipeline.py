@@ -87,7 +87,7 @@ def build_pipeline(
     The pipeline only moves pixels: its external sources are fed, batch by batch, by
     :func:`feed` with ``"data"`` (per sample, encoded bytes uint8 ``[L]`` or a decoded
     ``uint8 [H, W, 3]`` array), ``"params"`` (float32 ``[B, P]``: the plan of
-    :class:`~detaug.planning.PlannedBatch`) and, for a recipe with mixing transforms,
+    :class:`~detaug.planning.PlannedBatch`, laid out by ``transforms.plan_layout``) and, for a recipe with mixing transforms,
     ``"data_1"`` ... ``"data_J"`` (the partner images, ``PlannedBatch.partners``, but for slots
     of ``pool="batch"``, taken from the batch's own images; see :func:`input_names`); boxes and
     labels are the plan's.
@@ -132,20 +132,30 @@ def build_pipeline(
     def detection_pipeline():
         # 1-2. The planned batch: images (encoded, or decoded arrays), partner images of mixing
         #      transforms, and each sample's parameter vector (decode ROIs, warp matrices and
-        #      sizes, blend ratio, photometric parameters; see Compose.param_slices), planned on
-        #      the host (detaug.planning).
+        #      sizes, blend ratio, photometric parameters), planned on the host
+        #      (detaug.planning); its fields are read by name (Compose.plan_layout,
+        #      detaug.plan_layout), each a slice of the one "params" input.
         #    Fed without a copy (no_copy): the fed arrays stay alive until the batch's outputs
         #    are taken (feed_inputs says so).
         data = fn.external_source(name="data", layout="HWC" if decoded_input else None, no_copy=True)
         fed = {k: fn.external_source(name=f"data_{k + 1}", layout="HWC" if decoded_input else None, no_copy=True)
                for k in range(transforms.num_partners) if k not in transforms.batch_slots}
         params = fn.external_source(name="params", no_copy=True)
-        layout_of = transforms.param_slices()
+        plan = transforms.plan_layout
+
+        def value(name):
+            """Plan field ``name`` of every sample: a scalar, or a vector in the field's shape."""
+            f = plan.field(name)
+            if not f.shape:
+                return params[f.start]
+            v = params[f.start:f.start + f.size]
+            return v if len(f.shape) == 1 else fn.reshape(v, shape=list(f.shape))
 
         def decode(encoded, roi):
-            """Decode only the region ``roi`` (x, y, w, h) of each image, on the GPU if asked;
-            EXIF orientation applied unless the source says "ignore" (the plan's frame)."""
-            anchor, shape = params[roi.start:roi.start + 2], params[roi.start + 2:roi.stop]
+            """Decode only the region of plan field ``roi`` (x, y, w, h) of each image, on the GPU
+            if asked; EXIF orientation applied unless the source says "ignore" (the plan's frame)."""
+            where = plan.slice(roi)
+            anchor, shape = params[where.start:where.start + 2], params[where.start + 2:where.stop]
             if decoded_input:
                 images = fn.slice(encoded, anchor, shape, axis_names="WH", normalized_anchor=False, normalized_shape=False)
                 return images.gpu() if on_gpu else images
@@ -156,21 +166,24 @@ def build_pipeline(
                 adjust_orientation=adjust_orientation, **decoder,
             )
 
-        def warp(images, matrix, size, fill, projective=False):
-            """One warp by a forward matrix in DALI pixel space (affine: [2, 3]; projective: [3, 3]).
-            On the CPU an affine warp runs as the projective warp of the same map (the same
-            pixels to rounding; DALI's CPU warp_perspective takes a quarter of the time of its
-            CPU warp_affine: docs/benchmarks.md, "The CPU path")."""
+        def warp(images, matrix, size, fill):
+            """One warp by the forward matrix of plan field ``matrix`` in DALI pixel space (affine:
+            [2, 3]; projective: [3, 3]) to the size of field ``size``. On the CPU an affine warp
+            runs as the projective warp of the same map (the same pixels to rounding; DALI's CPU
+            warp_perspective takes a quarter of the time of its CPU warp_affine:
+            docs/benchmarks.md, "The CPU path")."""
+            projective = plan.field(matrix).shape == (3, 3)
+            where = plan.slice(matrix)
             if projective or not on_gpu:
-                m = params[matrix]
+                m = params[where]
                 if not projective:  # [a b c; d e f] -> [a b c; d e f; 0 0 1]
                     m = fn.cat(m, types.Constant(np.array([0, 0, 1], np.float32), device="cpu"))
                 return fn.experimental.warp_perspective(
-                    images, matrix=fn.reshape(m, shape=[3, 3]), size=params[size], inverse_map=False,
+                    images, matrix=fn.reshape(m, shape=[3, 3]), size=value(size), inverse_map=False,
                     fill_value=fill, interp_type=types.INTERP_LINEAR, pixel_origin="corner",
                 )
             return fn.warp_affine(
-                images, matrix=fn.reshape(params[matrix], shape=[2, 3]), size=params[size], inverse_map=False,
+                images, matrix=value(matrix), size=value(size), inverse_map=False,
                 fill_value=fill, interp_type=types.INTERP_LINEAR,
             )
 
@@ -180,7 +193,7 @@ def build_pipeline(
             batch position the plan gives."""
             if k not in transforms.batch_slots:
                 return decode(fed[k], roi)
-            index = fn.cast(params[layout_of["batch_index"][k].start], dtype=types.INT32)
+            index = fn.cast(value(f"slot{k}.batch_index"), dtype=types.INT32)
             return fn.permute_batch(own, indices=index)
 
         # 3. Decode only what is needed (all of each image where batch-mates share it). Mosaic:
@@ -189,45 +202,42 @@ def build_pipeline(
         #    are the window.
         if transforms.mosaic is not None:
             fill = transforms.mosaic.fill
-            tiles = layout_of["tiles"]
-            own = decode(data, tiles[0][0])
-            sources = [own] + [partner(k, own, tiles[k + 1][0]) for k in range(3)]
-            quadrants = [warp(src, matrix, size, fill) for src, (_, matrix, size) in zip(sources, tiles)]
+            own = decode(data, "mosaic.tile0.roi")
+            sources = [own] + [partner(k, own, f"mosaic.tile{k + 1}.roi") for k in range(3)]
+            quadrants = [warp(src, f"mosaic.tile{k}.matrix", f"mosaic.tile{k}.size", fill) for k, src in enumerate(sources)]
             images = fn.cat(fn.cat(quadrants[0], quadrants[1], axis=1), fn.cat(quadrants[2], quadrants[3], axis=1), axis=0)
         else:
-            own = images = decode(data, layout_of["roi"])
+            own = images = decode(data, "roi")
 
         def blend(images):
             """MixUp: ``r * images + (1 - r) * partner``, the partner placed on the canvas, for the
             samples it applies to (``r < 1``); DALI's conditional runs the warp and the blend on
             those only (the partner is taken from the whole batch first: ``permute_batch``
             indexes the whole batch)."""
-            roi, matrix, size, ratio = layout_of["mixup"]
-            mate = partner(transforms.num_partners - 1, own, roi)
-            r = params[ratio.start]
+            mate = partner(transforms.num_partners - 1, own, "mixup.roi")
+            r = value("mixup.ratio")
             if r < 1.0:
-                partner_image = warp(mate, matrix, size, transforms.mixup.fill)
+                partner_image = warp(mate, "mixup.matrix", "mixup.size", transforms.mixup.fill)
                 weight = r.gpu() if on_gpu else r
                 images = fn.cast(images * weight + partner_image * (1.0 - weight), dtype=types.UINT8)
             return images
 
         # 4. Geometry: one warp per segment (forward matrices, DALI pixel space); MixUp blends its
         #    partner in where it stands in the recipe.
-        segments = zip(layout_of["warps"], transforms.segment_fills, transforms.segment_projective)
-        for s, ((matrix, size), fill, projective) in enumerate(segments):
+        for s, fill in enumerate(transforms.segment_fills):
             if transforms.mixup is not None and s == transforms.blend_at:
                 images = blend(images)
-            images = warp(images, matrix, size, fill, projective)
+            images = warp(images, f"warp{s}.matrix", f"warp{s}.size", fill)
         if transforms.mixup is not None and transforms.blend_at == len(transforms.segments):
             images = blend(images)
 
         # 5. Photometric transforms, in recipe order, with the planned per-sample parameters. On
         #    the CPU the last one hands float32 to an output stage that takes it, where it can
         #    (dali_float: DALI's CPU conversion to uint8 costs more than ColorJitter's op).
-        photometric = list(zip(transforms.photometric, layout_of["photometric"]))
+        photometric = transforms.photometric
         float_last = not on_gpu and transforms.output is not None and transforms.output.takes_float
-        for k, (t, where) in enumerate(photometric):
-            values = [params[i] for i in range(where.start, where.stop)]
+        for k, t in enumerate(photometric):
+            values = [value(f"photometric{k}.{name}") for name in t.param_names]
             out = t.dali_float(images, values) if float_last and k == len(photometric) - 1 else None
             images = t.dali(images, values) if out is None else out
 

@@ -17,6 +17,7 @@ from detaug.batch_plan import partner_block, plan_batch
 from detaug.errors import RecipeError
 from detaug.keypoints import check_flip_pairs
 from detaug.plan import Partners
+from detaug.plan_layout import PlanFieldSpec, PlanLayout
 from detaug.seeds import SampleRandom, as_keys
 from detaug.transforms.affine import RandomAffine
 from detaug.transforms.base import TRANSFORMS, Transform
@@ -107,6 +108,8 @@ class Compose:
         self.blend_at = len(before)
         #: per segment: it holds a projective step (DALI's perspective warp, a 3x3 matrix)
         self.segment_projective = [any(getattr(t, "projective", False) for t in seg) for seg in self.segments]
+        #: the fields of each sample's plan, by name (:mod:`detaug.plan_layout`)
+        self.plan_layout = self._plan_layout()
 
     @staticmethod
     def _check_mixing(transforms: list[Transform]) -> tuple[Mosaic | None, MixUp | None, int]:
@@ -187,38 +190,36 @@ class Compose:
 
     @property
     def num_params(self) -> int:
-        """Length of each sample's parameter vector (see :meth:`plan_batch`)."""
-        def stops(part: Any) -> list[int]:
-            if isinstance(part, slice):
-                return [part.stop]
-            if isinstance(part, dict):
-                part = list(part.values())
-            return [stop for item in (part or ()) for stop in stops(item)]
+        """Length ``P`` of each sample's parameter vector (:attr:`plan_layout`'s size)."""
+        return self.plan_layout.size
 
-        return max(stops(list(self.param_slices().values())))
-
-    def param_slices(self) -> dict[str, Any]:
-        """Where each parameter sits in a sample's parameter vector: ``{"roi": slice,
-        "tiles": [(roi, matrix, size), ...] (Mosaic's 4 tiles; empty without), "warps": [(matrix
-        slice, size slice), ...], "mixup": (roi, matrix, size, ratio) or None, "photometric":
-        [slice, ...], "batch_index": {slot: slice}}`` (``batch_index``: for each partner slot of
-        :attr:`batch_slots`, the batch position of its image, last in the vector). A warp's matrix is ``[2, 3]`` (6 floats), or ``[3, 3]`` (9 floats) for a
-        projective segment (:attr:`segment_projective`); tile and partner matrices are ``[2, 3]``.
-        Recipes without mixing or projective transforms keep the layout ``roi, warps, photometric``."""
-        start = 4
-
-        def take(k: int) -> slice:
-            nonlocal start
-            start += k
-            return slice(start - k, start)
-
-        tiles = [(take(4), take(6), take(2)) for _ in range(4 if self.mosaic is not None else 0)]
-        warps = [(take(9 if projective else 6), take(2)) for projective in self.segment_projective]
-        mixup = (take(4), take(6), take(2), take(1)) if self.mixup is not None else None
-        photometric = [take(len(t.param_names)) for t in self.photometric]
-        batch_index = {k: take(1) for k in self.batch_slots}
-        return {"roi": slice(0, 4), "tiles": tiles, "warps": warps, "mixup": mixup, "photometric": photometric,
-                "batch_index": batch_index}
+    def _plan_layout(self) -> PlanLayout:
+        """The fields a sample's plan holds, in vector order (:mod:`detaug.plan_layout`): the
+        decode region of the sample's image; ``Mosaic``'s four tiles; per warp segment its
+        matrix and output size; ``MixUp``'s partner; each photometric transform's parameters;
+        the batch positions of the partner slots of :attr:`batch_slots`."""
+        specs: list[PlanFieldSpec] = [("roi", (4,), "float32", "decode region (x, y, w, h) of the sample's image, "
+                                   "source pixels (zeros with Mosaic: tile 0 is the sample's image)")]
+        if self.mosaic is not None:
+            for k in range(4):
+                specs += [(f"mosaic.tile{k}.roi", (4,), "float32", f"decode region (x, y, w, h) of tile {k}'s image"),
+                          (f"mosaic.tile{k}.matrix", (2, 3), "float32",
+                           f"forward map of tile {k} from its decoded region to its part of the window"),
+                          (f"mosaic.tile{k}.size", (2,), "float32", f"(h, w) of tile {k}'s part of the window")]
+        for s, projective in enumerate(self.segment_projective):
+            specs += [(f"warp{s}.matrix", (3, 3) if projective else (2, 3), "float32",
+                       f"forward map of warp segment {s}, DALI pixel space ({'projective' if projective else 'affine'})"),
+                      (f"warp{s}.size", (2,), "float32", f"(h, w) of warp segment {s}'s output canvas")]
+        if self.mixup is not None:
+            specs += [("mixup.roi", (4,), "float32", "decode region (x, y, w, h) of MixUp's partner"),
+                      ("mixup.matrix", (2, 3), "float32", "forward map of the partner from its region to the canvas"),
+                      ("mixup.size", (2,), "float32", "(h, w) of the canvas the partner is placed on"),
+                      ("mixup.ratio", (), "float32", "the sample's weight r of the blend (1: not blended)")]
+        for k, t in enumerate(self.photometric):
+            specs += [(f"photometric{k}.{name}", (), "float32", f"{type(t).__name__}'s {name}") for name in t.param_names]
+        specs += [(f"slot{k}.batch_index", (), "int32", f"batch position of partner slot {k}'s image (pool='batch')")
+                  for k in self.batch_slots]
+        return PlanLayout(specs)
 
     def partner_draws(self, keys: np.ndarray | list[np.ndarray], dataset_size: int) -> tuple[np.ndarray, np.ndarray]:
         """The partners of a batch (see :mod:`detaug.transforms.mixing` for the rule).
@@ -270,7 +271,7 @@ class Compose:
             ``(x, y, w, h)``; per Mosaic tile its ROI, matrix ``[2, 3]`` and size; per warp
             segment the forward matrix (``[2, 3]`` row-major, ``[3, 3]`` when projective) and the
             output size ``(h, w)``; MixUp's partner ROI, matrix, size and blend ratio; per
-            photometric transform its parameters; see :meth:`param_slices`), the output boxes
+            photometric transform its parameters; :attr:`plan_layout` names them), the output boxes
             (float32 ``[M, 4]`` xyxy: the sample's boxes first, then each partner's) and labels
             (int32 ``[M]``); with ``geometry``, a fourth list: per sample the
             :class:`~detaug.plan.PointGeometry` of its kept boxes, in the same order (what moves
