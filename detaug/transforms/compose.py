@@ -38,10 +38,6 @@ RECIPE_SCHEMA = (
 
 __all__ = ["Compose", "Partners", "default_detection_recipe"]
 
-#: Floats per ``Mosaic`` tile and for the ``MixUp`` partner in a parameter vector: decode ROI
-#: ``(x, y, w, h)``, forward matrix ``[2, 3]``, output ``(h, w)`` (and the blend ratio).
-TILE_PARAMS, MIXUP_PARAMS = 12, 13
-
 
 class Compose:
     """An ordered list of transforms applied to images and their boxes together.
