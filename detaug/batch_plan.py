@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from detaug.boxes import translation_matrix
-from detaug.decode_regions import aligned_roi, decode_roi, mosaic_window, region_roi, tile_columns, whole_image
+from detaug.decode_regions import decode_roi, region_roi, whole_image
 from detaug.plan import Partners, PlanState
 from detaug.seeds import SampleRandom, as_keys
 
@@ -31,7 +31,8 @@ def partner_block(recipe: Compose, rand: SampleRandom, dataset_size: int | None)
     """The partner draws at the start of each sample's stream: ``(positions [B, J], needed
     [B, J] bool)``: a dataset position per slot (``-1`` when ``dataset_size`` is None), or
     for ``recipe.batch_slots`` a batch position (uniform over the ``B`` samples of ``rand``);
-    the counter ends at ``J + 1`` with ``MixUp``, ``J`` without."""
+    then each mixing transform's :meth:`~detaug.transforms.mixing.MixingTransform.draw_needed`
+    (the counter ends at ``J + 1`` with ``MixUp``, ``J`` without)."""
     j, n = recipe.num_partners, rand.batch_size
     highs = np.array([n if pool == "batch" else (dataset_size or 1) for pool in recipe.slot_pools], np.int64)
     positions = rand.integers(highs, j) if j else np.zeros((n, 0), np.int64)
@@ -39,8 +40,8 @@ def partner_block(recipe: Compose, rand: SampleRandom, dataset_size: int | None)
         dataset = np.array([pool == "dataset" for pool in recipe.slot_pools], dtype=bool)
         positions[:, dataset] = -1
     needed = np.ones((n, j), dtype=bool)
-    if recipe.mixup is not None:
-        needed[:, -1] = recipe.mixup.draw_apply(rand)
+    for t, slots in zip(recipe.mixing, recipe.mixing_slots):
+        needed[:, list(slots)] = t.draw_needed(rand)
     return positions, needed
 
 
@@ -94,24 +95,29 @@ def plan_batch(
         needed = np.zeros((n, 0), dtype=bool)
         state = PlanState(rand=rand, source_hw=hw, boxes_src=flat_boxes,
                           sample=np.repeat(np.arange(n), counts))
-    if recipe.mixup is not None:  # the partner's boxes wait for the blend
-        state.alive[state.box_layer % k_img == k_img - 1] = False
-    centre = None
-    if recipe.mosaic is not None:
-        tile_layers = (np.arange(n)[:, None] * k_img + np.arange(4)[None, :]).ravel()
-        maps, rects, canvas, centre = recipe.mosaic.plan_tiles(rand, hw_all[:, :4])
-        state.start_canvas(canvas)
-        state.place_layers(tile_layers, maps.reshape(-1, 3, 3), rects.reshape(-1, 4))
-        tile_maps, tile_rects, mosaic_hw = maps, rects, canvas
-        if recipe.segments:  # the mosaic canvas is drawn, then warped: no box of what it does not draw
+    # image k of sample i is layer i * k_img + k: the sample's own (k = 0), then partner slot k - 1
+    composer, blender = recipe.canvas_stage, recipe.blend_stage
+    whole = [bool(recipe.batch_slots)] + [k in recipe.batch_slots for k in range(j)]  # decoded whole, shared
+    if blender is not None:  # the partner's boxes wait for the blend
+        blend_images = [1 + k for k in recipe.slots_of(blender)]
+        state.alive[np.isin(state.box_layer % k_img, blend_images)] = False
+    if composer is not None:
+        canvas_images = [0] + [1 + k for k in recipe.slots_of(composer)]
+        layers = np.arange(n)[:, None] * k_img + np.array(canvas_images)[None, :]
+        placed = composer.plan_canvas(state, hw_all[:, canvas_images], layers)
+        if recipe.segments:  # the canvas is drawn, then warped: no box of what it does not draw
             state.drop_undrawn()
+
+    def plan_blend() -> dict[str, np.ndarray]:
+        k = blend_images[0]
+        return blender.plan_blend(state, needed[:, k - 1], hw_all[:, k], np.arange(n) * k_img + k, whole[k])
 
     segment_out: list[tuple[np.ndarray, np.ndarray]] = []
     mix = None
     start = state.to_canvas
     for s, segment in enumerate(recipe.segments):
-        if recipe.mixup is not None and s == recipe.blend_at:
-            mix = _plan_mixup(recipe, state, needed[:, -1], hw_all[:, -1], k_img)
+        if blender is not None and s == recipe.blend_at:
+            mix = plan_blend()
             state.drop_undrawn()  # the partner drawn on the canvas, then warped
         for t in segment:
             step, canvas = t.plan(state)
@@ -121,24 +127,18 @@ def plan_batch(
             state.drop_undrawn()
         segment_out.append((state.to_canvas @ np.linalg.inv(start), state.canvas_hw))
         start = state.to_canvas
-    if recipe.mixup is not None and mix is None:
-        mix = _plan_mixup(recipe, state, needed[:, -1], hw_all[:, -1], k_img)
+    if blender is not None and mix is None:
+        mix = plan_blend()
 
     values: dict[str, np.ndarray] = {}
-    whole = bool(recipe.batch_slots)  # the batch's images are decoded whole, to be shared
-    if recipe.mosaic is not None:
+    if composer is not None:  # the first warp reads the composed part of the canvas
         first = segment_out[0] if segment_out and recipe.blend_at > 0 else None
-        window = mosaic_window(mosaic_hw, centre, first)
+        values, origin = composer.canvas_values(placed, first, [whole[k] for k in canvas_images])
         if first is not None:
-            segment_out[0] = (first[0] @ translation_matrix(window[:, 0], window[:, 1]), first[1])
-        values["roi"] = np.zeros((n, 4))  # the sample's own image is tile 0
-        for k in range(4):
-            roi, matrix, size = tile_columns(hw_all[:, k], tile_maps[:, k], tile_rects[:, k], window,
-                                             whole=whole if k == 0 else k - 1 in recipe.batch_slots)
-            values.update({f"mosaic.tile{k}.roi": roi, f"mosaic.tile{k}.matrix": matrix, f"mosaic.tile{k}.size": size})
+            segment_out[0] = (first[0] @ translation_matrix(origin[:, 0], origin[:, 1]), first[1])
     else:
         first = segment_out[0] if segment_out else None
-        if whole:
+        if whole[0]:
             roi = whole_image(hw)
         elif first is not None and recipe.segment_projective[0]:
             roi = region_roi(hw, first[0], first[1])
@@ -178,21 +178,6 @@ def plan_batch(
         geometries = [where.take(slice(int(a), int(b))) for a, b in zip(bounds[:-1], bounds[1:])]
         return list(params), boxes_out, labels_out, geometries
     return list(params), boxes_out, labels_out
-
-
-def _plan_mixup(recipe: Compose, state: PlanState, apply: np.ndarray, partner_hw: np.ndarray,
-                k_img: int) -> dict[str, np.ndarray]:
-    """Place ``MixUp``'s partner on the current canvas; its plan fields."""
-    n = state.batch_size
-    canvas = state.canvas_hw
-    m, ratio = recipe.mixup.plan_partner(state.rand, apply, canvas, partner_hw)  # type: ignore[union-attr]
-    layers = np.arange(n) * k_img + k_img - 1
-    rects = np.stack([np.zeros(n), np.zeros(n), canvas[:, 1], canvas[:, 0]], axis=1)
-    state.place_layers(layers, m, rects, alive=apply)
-    whole = recipe.mixup.pool == "batch"  # type: ignore[union-attr]
-    roi = whole_image(partner_hw) if whole else aligned_roi(partner_hw, m, rects)
-    return {"mixup.roi": roi, "mixup.matrix": (m @ translation_matrix(roi[:, 0], roi[:, 1]))[:, :2, :],
-            "mixup.size": canvas, "mixup.ratio": ratio}
 
 
 def _plan_photometric(t: object, state: PlanState) -> list[np.ndarray]:

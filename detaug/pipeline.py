@@ -7,7 +7,8 @@ It moves pixels only: what to read and how to warp it comes planned from the hos
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from detaug.errors import DeviceError
 if TYPE_CHECKING:  # the pipeline reads a recipe through its methods; recipes sit above it (tests/test_layers.py)
     from detaug.transforms import Compose
 
-__all__ = ["DEVICES", "build_pipeline", "cuda_devices", "feed", "feed_first_run", "feed_inputs", "input_names",
+__all__ = ["DEVICES", "GraphParts", "build_pipeline", "cuda_devices", "feed", "feed_first_run", "feed_inputs", "input_names",
            "outputs_outlive_runs", "pick_device", "resolve_device"]
 
 
@@ -127,7 +128,7 @@ def build_pipeline(
         device_id=dali_device_id,
         seed=seed,
         prefetch_queue_depth=prefetch_queue_depth,
-        enable_conditionals=transforms.mixup is not None,  # MixUp blends only where it applies
+        enable_conditionals=any(t.conditional for t in transforms.mixing),  # MixUp blends only where it applies
     )
     def detection_pipeline():
         # 1-2. The planned batch: images (encoded, or decoded arrays), partner images of mixing
@@ -196,40 +197,25 @@ def build_pipeline(
             index = fn.cast(value(f"slot{k}.batch_index"), dtype=types.INT32)
             return fn.permute_batch(own, indices=index)
 
-        # 3. Decode only what is needed (all of each image where batch-mates share it). Mosaic:
-        #    each tile's image, only the part its quadrant shows of the window the first warp
-        #    reads, placed on that quadrant (fill elsewhere); the four quadrants, side by side,
-        #    are the window.
-        if transforms.mosaic is not None:
-            fill = transforms.mosaic.fill
-            own = decode(data, "mosaic.tile0.roi")
-            sources = [own] + [partner(k, own, f"mosaic.tile{k + 1}.roi") for k in range(3)]
-            quadrants = [warp(src, f"mosaic.tile{k}.matrix", f"mosaic.tile{k}.size", fill) for k, src in enumerate(sources)]
-            images = fn.cat(fn.cat(quadrants[0], quadrants[1], axis=1), fn.cat(quadrants[2], quadrants[3], axis=1), axis=0)
+        graph = GraphParts(value=value, decode=decode, warp=warp, partner=partner, data=data, on_gpu=on_gpu)
+
+        # 3. Decode only what is needed (all of each image where batch-mates share it); a canvas
+        #    stage (Mosaic) composes the first canvas from the sample's images instead, decoding
+        #    of each only what it shows of the part the first warp reads.
+        canvas, blend = transforms.canvas_stage, transforms.blend_stage
+        if canvas is not None:
+            images, own = canvas.dali_canvas(graph, transforms.slots_of(canvas))
         else:
             own = images = decode(data, "roi")
 
-        def blend(images):
-            """MixUp: ``r * images + (1 - r) * partner``, the partner placed on the canvas, for the
-            samples it applies to (``r < 1``); DALI's conditional runs the warp and the blend on
-            those only (the partner is taken from the whole batch first: ``permute_batch``
-            indexes the whole batch)."""
-            mate = partner(transforms.num_partners - 1, own, "mixup.roi")
-            r = value("mixup.ratio")
-            if r < 1.0:
-                partner_image = warp(mate, "mixup.matrix", "mixup.size", transforms.mixup.fill)
-                weight = r.gpu() if on_gpu else r
-                images = fn.cast(images * weight + partner_image * (1.0 - weight), dtype=types.UINT8)
-            return images
-
-        # 4. Geometry: one warp per segment (forward matrices, DALI pixel space); MixUp blends its
-        #    partner in where it stands in the recipe.
+        # 4. Geometry: one warp per segment (forward matrices, DALI pixel space); a blend stage
+        #    (MixUp) blends its partner in where it stands in the recipe.
         for s, fill in enumerate(transforms.segment_fills):
-            if transforms.mixup is not None and s == transforms.blend_at:
-                images = blend(images)
+            if blend is not None and s == transforms.blend_at:
+                images = blend.dali_blend(graph, images, own, transforms.slots_of(blend))
             images = warp(images, f"warp{s}.matrix", f"warp{s}.size", fill)
-        if transforms.mixup is not None and transforms.blend_at == len(transforms.segments):
-            images = blend(images)
+        if blend is not None and transforms.blend_at == len(transforms.segments):
+            images = blend.dali_blend(graph, images, own, transforms.slots_of(blend))
 
         # 5. Photometric transforms, in recipe order, with the planned per-sample parameters. On
         #    the CPU the last one hands float32 to an output stage that takes it, where it can
@@ -249,6 +235,30 @@ def build_pipeline(
         return images
 
     return detection_pipeline()
+
+
+@dataclass(frozen=True)
+class GraphParts:
+    """The parts of :func:`build_pipeline`'s graph that a mixing transform's DALI fragment uses
+    (:class:`detaug.transforms.mixing.MixingTransform`), inside the pipeline definition.
+
+    Attributes:
+        value: ``value(field)``: plan field ``field`` of every sample (a DataNode: a scalar, or
+            a vector in the field's shape).
+        decode: ``decode(data, roi_field)``: the region of plan field ``roi_field`` of images ``data``.
+        warp: ``warp(images, matrix_field, size_field, fill)``: one warp by a planned forward matrix.
+        partner: ``partner(slot, own, roi_field)``: partner slot ``slot``'s image (decoded from
+            its input, or a batch-mate's ``own`` image for a slot of ``pool="batch"``).
+        data: the sample's own image data (the ``"data"`` input).
+        on_gpu: the pipeline runs on the GPU.
+    """
+
+    value: Callable[[str], Any]
+    decode: Callable[[Any, str], Any]
+    warp: Callable[[Any, str, str, float], Any]
+    partner: Callable[[int, Any, str], Any]
+    data: Any
+    on_gpu: bool
 
 
 def outputs_outlive_runs(pipe: Any) -> bool:

@@ -19,15 +19,8 @@ from detaug.keypoints import check_flip_pairs
 from detaug.plan import Partners
 from detaug.plan_layout import PlanFieldSpec, PlanLayout
 from detaug.seeds import SampleRandom, as_keys
-from detaug.transforms.affine import RandomAffine
-from detaug.transforms.base import TRANSFORMS, Transform
-from detaug.transforms.color import ColorJitter
+from detaug.transforms.base import TRANSFORMS, OutputTransform, Transform
 from detaug.transforms.composition import entry_lines, field_path
-from detaug.transforms.crop import RandomIoUCrop
-from detaug.transforms.flip import RandomHorizontalFlip
-from detaug.transforms.mixing import MixingTransform, MixUp, Mosaic
-from detaug.transforms.normalize import Normalize
-from detaug.transforms.resize import Resize
 from detaug.transforms.schema import Param, ParamError, closest
 
 #: The recipe's own fields (besides ``transforms``).
@@ -36,7 +29,7 @@ RECIPE_SCHEMA = (
     Param("min_visibility", "probability", 0.0, "boxes with less than this share of their area visible are removed"),
 )
 
-__all__ = ["Compose", "Partners", "default_detection_recipe"]
+__all__ = ["Compose", "Partners"]
 
 
 class Compose:
@@ -96,11 +89,23 @@ class Compose:
         self.photometric = [t for t in self.transforms if t.kind == "photometric"]
         #: the output stage (``Normalize``), or ``None``: uint8 images
         self.output = next((t for t in self.transforms if t.kind == "output"), None)
-        self.mosaic, self.mixup, mixup_at = self._check_mixing(self.transforms)
-        before, fills_before = self._segments(self.geometric[:mixup_at])
-        after, fills_after = self._segments(self.geometric[mixup_at:])
+        #: the mixing transforms (:mod:`detaug.transforms.mixing`), in recipe order, and per
+        #: one its partner slots (``Mosaic``'s tiles 1-3, then ``MixUp``'s partner)
+        self.mixing = [t for t in self.transforms if t.kind == "mixing"]
+        self.mixing_slots: list[tuple[int, ...]] = []
+        for t in self.mixing:
+            first = sum(len(slots) for slots in self.mixing_slots)
+            self.mixing_slots.append(tuple(range(first, first + t.partners)))
+        blend_after = self._check_mixing(self.transforms)
+        #: the mixing transform that composes the first canvas (``stage == "canvas"``: ``Mosaic``)
+        #: and the one that blends a partner in (``stage == "blend"``: ``MixUp``), or ``None``
+        self.canvas_stage = next((t for t in self.mixing if t.stage == "canvas"), None)
+        self.blend_stage = next((t for t in self.mixing if t.stage == "blend"), None)
+        before, fills_before = self._segments(self.geometric[:blend_after])
+        after, fills_after = self._segments(self.geometric[blend_after:])
         self.segments, self.segment_fills = before + after, fills_before + fills_after
-        #: the segment before which ``MixUp`` blends (``len(segments)``: after the last one)
+        #: the segment before which the blend stage blends (``len(segments)``: after the last
+        #: one; 0 without a blend stage)
         self.blend_at = len(before)
         #: per segment: it holds a projective step (DALI's perspective warp, a 3x3 matrix)
         self.segment_projective = [any(getattr(t, "projective", False) for t in seg) for seg in self.segments]
@@ -108,38 +113,32 @@ class Compose:
         self.plan_layout = self._plan_layout()
 
     @staticmethod
-    def _check_mixing(transforms: list[Transform]) -> tuple[Mosaic | None, MixUp | None, int]:
-        """``(mosaic, mixup, number of geometric transforms before MixUp)``, or a
-        :class:`RecipeError` for a mixing transform where it cannot be planned."""
-        mosaic = mixup = None
-        mixup_at, size, fixed = 0, None, False
+    def _check_mixing(transforms: list[Transform]) -> int:
+        """The number of geometric transforms before the blend stage (0 without one), or a
+        :class:`RecipeError` for a mixing transform where it cannot be planned (its
+        :meth:`~detaug.transforms.mixing.MixingTransform.misplaced`)."""
+        blend_after, size, fixed = 0, None, False
         for i, t in enumerate(transforms):
             name = type(t).__name__
             if t.kind == "mixing":
-                if isinstance(t, Mosaic):
-                    if i != 0:
-                        raise RecipeError("must be the first transform of a recipe (its tiles are whole source images, "
-                                          "as in YOLO)", transform=name, index=i)
-                    mosaic = t
-                elif isinstance(t, MixUp):
-                    if mixup is not None:
-                        raise RecipeError("a recipe may blend only once (one MixUp)", transform=name, index=i)
-                    if not fixed:
-                        raise RecipeError("needs a fixed canvas size before it: put Mosaic, Resize((h, w)), LetterBox "
-                                          "or another transform with a fixed output size earlier", transform=name, index=i)
-                    mixup, mixup_at = t, sum(1 for u in transforms[:i] if u.kind == "warp")
-                else:
-                    raise RecipeError("is a mixing transform this Compose cannot plan (only Mosaic and MixUp)",
-                                      transform=name, index=i)
+                if getattr(t, "stage", None) not in ("canvas", "blend"):
+                    raise RecipeError("is a mixing transform this Compose cannot plan (it is neither a canvas nor "
+                                      "a blend stage)", transform=name, index=i)
+                problem = t.misplaced(i, transforms[:i], fixed)  # type: ignore[attr-defined]
+                if problem is not None:
+                    raise RecipeError(problem, transform=name, index=i)
+                if t.stage == "blend":  # type: ignore[attr-defined]
+                    blend_after = sum(1 for u in transforms[:i] if u.kind == "warp")
             if t.kind in ("warp", "mixing"):
                 size = t.out_size(size)
                 fixed = size is not None
-        return mosaic, mixup, mixup_at
+        return blend_after
 
     @property
-    def normalize(self) -> Normalize | None:
-        """The recipe's ``Normalize``, if it ends with one."""
-        return self.output if isinstance(self.output, Normalize) else None
+    def normalize(self) -> OutputTransform | None:
+        """The recipe's output stage where it normalises (``Normalize``: its ``mean`` and
+        ``std``, :attr:`~detaug.transforms.base.OutputTransform.normalizes`), else ``None``."""
+        return self.output if self.output is not None and self.output.normalizes else None
 
     @staticmethod
     def _segments(geometric: list[Transform]) -> tuple[list[list[Transform]], list[float]]:
@@ -164,14 +163,18 @@ class Compose:
     @property
     def num_partners(self) -> int:
         """Partner images per sample (``Mosaic``: 3, ``MixUp``: 1), besides its own."""
-        return sum(t.partners for t in (self.mosaic, self.mixup) if t is not None)
+        return sum(t.partners for t in self.mixing)
 
     @property
     def slot_pools(self) -> tuple[str, ...]:
         """Per partner slot (``Mosaic``'s tiles 1-3, then ``MixUp``'s partner), where its image
         comes from: ``"dataset"`` or ``"batch"`` (the transform's ``pool``; see
         :mod:`detaug.transforms.mixing`)."""
-        return tuple(t.pool for t in (self.mosaic, self.mixup) if t is not None for _ in range(t.partners))
+        return tuple(t.pool for t in self.mixing for _ in range(t.partners))
+
+    def slots_of(self, t: Transform) -> tuple[int, ...]:
+        """The partner slots of the recipe's mixing transform ``t`` (:attr:`mixing_slots`)."""
+        return next(slots for u, slots in zip(self.mixing, self.mixing_slots) if u is t)
 
     @property
     def batch_slots(self) -> tuple[int, ...]:
@@ -191,26 +194,21 @@ class Compose:
 
     def _plan_layout(self) -> PlanLayout:
         """The fields a sample's plan holds, in vector order (:mod:`detaug.plan_layout`): the
-        decode region of the sample's image; ``Mosaic``'s four tiles; per warp segment its
-        matrix and output size; ``MixUp``'s partner; each photometric transform's parameters;
-        the batch positions of the partner slots of :attr:`batch_slots`."""
-        specs: list[PlanFieldSpec] = [("roi", (4,), "float32", "decode region (x, y, w, h) of the sample's image, "
-                                   "source pixels (zeros with Mosaic: tile 0 is the sample's image)")]
-        if self.mosaic is not None:
-            for k in range(4):
-                specs += [(f"mosaic.tile{k}.roi", (4,), "float32", f"decode region (x, y, w, h) of tile {k}'s image"),
-                          (f"mosaic.tile{k}.matrix", (2, 3), "float32",
-                           f"forward map of tile {k} from its decoded region to its part of the window"),
-                          (f"mosaic.tile{k}.size", (2,), "float32", f"(h, w) of tile {k}'s part of the window")]
+        decode region of the sample's image (without a canvas stage, which decodes it itself);
+        the canvas stage's fields; per warp segment its matrix and output size; the blend
+        stage's fields; each photometric transform's parameters; the batch positions of the
+        partner slots of :attr:`batch_slots`."""
+        specs: list[PlanFieldSpec] = []
+        if self.canvas_stage is None:
+            specs.append(("roi", (4,), "float32", "decode region (x, y, w, h) of the sample's image, source pixels"))
+        else:
+            specs += self.canvas_stage.plan_fields()
         for s, projective in enumerate(self.segment_projective):
             specs += [(f"warp{s}.matrix", (3, 3) if projective else (2, 3), "float32",
                        f"forward map of warp segment {s}, DALI pixel space ({'projective' if projective else 'affine'})"),
                       (f"warp{s}.size", (2,), "float32", f"(h, w) of warp segment {s}'s output canvas")]
-        if self.mixup is not None:
-            specs += [("mixup.roi", (4,), "float32", "decode region (x, y, w, h) of MixUp's partner"),
-                      ("mixup.matrix", (2, 3), "float32", "forward map of the partner from its region to the canvas"),
-                      ("mixup.size", (2,), "float32", "(h, w) of the canvas the partner is placed on"),
-                      ("mixup.ratio", (), "float32", "the sample's weight r of the blend (1: not blended)")]
+        if self.blend_stage is not None:
+            specs += self.blend_stage.plan_fields()
         for k, t in enumerate(self.photometric):
             specs += [(f"photometric{k}.{name}", (), "float32", f"{type(t).__name__}'s {name}") for name in t.param_names]
         specs += [(f"slot{k}.batch_index", (), "int32", f"batch position of partner slot {k}'s image (pool='batch')")
@@ -443,19 +441,3 @@ def _line(lines: Mapping[tuple, int], where: tuple) -> int | None:
             return lines[where]
         where = where[:-1]
     return None
-
-
-def default_detection_recipe(size: int | tuple[int, int] = 512, fill: float = 114) -> Compose:
-    """The default detection recipe: IoU crop, flip, affine, resize, colour jitter, normalize."""
-    return Compose(
-        [
-            RandomIoUCrop(),
-            RandomHorizontalFlip(p=0.5),
-            RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=5, fill=fill),
-            Resize(size if not isinstance(size, int) else (size, size)),
-            ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2, hue=0.05),
-            Normalize(),
-        ],
-        min_size=1.0,
-        min_visibility=0.0,
-    )

@@ -406,7 +406,7 @@ def drawn_problems(recipe: Compose, trials: int, batch: int = 8) -> tuple[list[s
     and how many boxes were checked."""
     images = group_images(5)
     j = recipe.num_partners
-    mosaic = recipe.mosaic is not None
+    mosaic = recipe.canvas_stage is not None
     source = SampleListSource([Sample(images[0][0][0], images[0][0][1], np.arange(4), image_id=1)])  # decoded arrays
     pipe = build_pipeline(source, recipe, batch_size=batch, device=DEVICE, num_threads=2, layout="HWC",
                           prefetch_queue_depth=1)
