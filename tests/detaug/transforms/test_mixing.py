@@ -615,6 +615,27 @@ def test_malformed_mixing_recipes(recipe, match):
         Compose(recipe)
 
 
+def test_a_mixing_transform_without_a_stage_cannot_be_planned():
+    from detaug.transforms.mixing import MixingTransform
+
+    class Stitch(MixingTransform):  # not registered: a recipe file never names it
+        partners = 1
+
+    with pytest.raises(RecipeError, match=r"Stitch.*neither a canvas nor a blend stage"):
+        Compose([T.Resize((32, 32)), Stitch()])
+
+
+def test_mixing_transforms_own_their_partner_slots_and_plan_fields():
+    recipe = T.yolo_recipe(64, mixup=0.5)
+    mosaic, mixup = recipe.mixing
+    assert (recipe.canvas_stage, recipe.blend_stage) == (mosaic, mixup)
+    assert recipe.slots_of(mosaic) == (0, 1, 2) and recipe.slots_of(mixup) == (3,)
+    names = recipe.plan_layout.names
+    assert "roi" not in names  # the canvas stage decodes the sample's image itself (tile 0)
+    assert names[:3] == ["mosaic.tile0.roi", "mosaic.tile0.matrix", "mosaic.tile0.size"]
+    assert [n for n in names if n.startswith("mixup.")] == ["mixup.roi", "mixup.matrix", "mixup.size", "mixup.ratio"]
+
+
 @pytest.mark.parametrize("spec, match", [
     ({"name": "Mosaic"}, "Mosaic.size: required"),
     ({"name": "Mosaic", "size": "640"}, "Mosaic.size"),
