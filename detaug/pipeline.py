@@ -7,7 +7,8 @@ It moves pixels only: what to read and how to warp it comes planned from the hos
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from detaug.errors import DeviceError
 if TYPE_CHECKING:  # the pipeline reads a recipe through its methods; recipes sit above it (tests/test_layers.py)
     from detaug.transforms import Compose
 
-__all__ = ["DEVICES", "build_pipeline", "cuda_devices", "feed", "feed_first_run", "feed_inputs", "input_names",
+__all__ = ["DEVICES", "GraphParts", "build_pipeline", "cuda_devices", "feed", "feed_first_run", "feed_inputs", "input_names",
            "outputs_outlive_runs", "pick_device", "resolve_device"]
 
 
@@ -87,7 +88,7 @@ def build_pipeline(
     The pipeline only moves pixels: its external sources are fed, batch by batch, by
     :func:`feed` with ``"data"`` (per sample, encoded bytes uint8 ``[L]`` or a decoded
     ``uint8 [H, W, 3]`` array), ``"params"`` (float32 ``[B, P]``: the plan of
-    :class:`~detaug.planning.PlannedBatch`) and, for a recipe with mixing transforms,
+    :class:`~detaug.planning.PlannedBatch`, laid out by ``transforms.plan_layout``) and, for a recipe with mixing transforms,
     ``"data_1"`` ... ``"data_J"`` (the partner images, ``PlannedBatch.partners``, but for slots
     of ``pool="batch"``, taken from the batch's own images; see :func:`input_names`); boxes and
     labels are the plan's.
@@ -127,25 +128,35 @@ def build_pipeline(
         device_id=dali_device_id,
         seed=seed,
         prefetch_queue_depth=prefetch_queue_depth,
-        enable_conditionals=transforms.mixup is not None,  # MixUp blends only where it applies
+        enable_conditionals=any(t.conditional for t in transforms.mixing),  # MixUp blends only where it applies
     )
     def detection_pipeline():
         # 1-2. The planned batch: images (encoded, or decoded arrays), partner images of mixing
         #      transforms, and each sample's parameter vector (decode ROIs, warp matrices and
-        #      sizes, blend ratio, photometric parameters; see Compose.param_slices), planned on
-        #      the host (detaug.planning).
+        #      sizes, blend ratio, photometric parameters), planned on the host
+        #      (detaug.planning); its fields are read by name (Compose.plan_layout,
+        #      detaug.plan_layout), each a slice of the one "params" input.
         #    Fed without a copy (no_copy): the fed arrays stay alive until the batch's outputs
         #    are taken (feed_inputs says so).
         data = fn.external_source(name="data", layout="HWC" if decoded_input else None, no_copy=True)
         fed = {k: fn.external_source(name=f"data_{k + 1}", layout="HWC" if decoded_input else None, no_copy=True)
                for k in range(transforms.num_partners) if k not in transforms.batch_slots}
         params = fn.external_source(name="params", no_copy=True)
-        layout_of = transforms.param_slices()
+        plan = transforms.plan_layout
+
+        def value(name):
+            """Plan field ``name`` of every sample: a scalar, or a vector in the field's shape."""
+            f = plan.field(name)
+            if not f.shape:
+                return params[f.start]
+            v = params[f.start:f.start + f.size]
+            return v if len(f.shape) == 1 else fn.reshape(v, shape=list(f.shape))
 
         def decode(encoded, roi):
-            """Decode only the region ``roi`` (x, y, w, h) of each image, on the GPU if asked;
-            EXIF orientation applied unless the source says "ignore" (the plan's frame)."""
-            anchor, shape = params[roi.start:roi.start + 2], params[roi.start + 2:roi.stop]
+            """Decode only the region of plan field ``roi`` (x, y, w, h) of each image, on the GPU
+            if asked; EXIF orientation applied unless the source says "ignore" (the plan's frame)."""
+            where = plan.slice(roi)
+            anchor, shape = params[where.start:where.start + 2], params[where.start + 2:where.stop]
             if decoded_input:
                 images = fn.slice(encoded, anchor, shape, axis_names="WH", normalized_anchor=False, normalized_shape=False)
                 return images.gpu() if on_gpu else images
@@ -156,21 +167,24 @@ def build_pipeline(
                 adjust_orientation=adjust_orientation, **decoder,
             )
 
-        def warp(images, matrix, size, fill, projective=False):
-            """One warp by a forward matrix in DALI pixel space (affine: [2, 3]; projective: [3, 3]).
-            On the CPU an affine warp runs as the projective warp of the same map (the same
-            pixels to rounding; DALI's CPU warp_perspective takes a quarter of the time of its
-            CPU warp_affine: docs/benchmarks.md, "The CPU path")."""
+        def warp(images, matrix, size, fill):
+            """One warp by the forward matrix of plan field ``matrix`` in DALI pixel space (affine:
+            [2, 3]; projective: [3, 3]) to the size of field ``size``. On the CPU an affine warp
+            runs as the projective warp of the same map (the same pixels to rounding; DALI's CPU
+            warp_perspective takes a quarter of the time of its CPU warp_affine:
+            docs/benchmarks.md, "The CPU path")."""
+            projective = plan.field(matrix).shape == (3, 3)
+            where = plan.slice(matrix)
             if projective or not on_gpu:
-                m = params[matrix]
+                m = params[where]
                 if not projective:  # [a b c; d e f] -> [a b c; d e f; 0 0 1]
                     m = fn.cat(m, types.Constant(np.array([0, 0, 1], np.float32), device="cpu"))
                 return fn.experimental.warp_perspective(
-                    images, matrix=fn.reshape(m, shape=[3, 3]), size=params[size], inverse_map=False,
+                    images, matrix=fn.reshape(m, shape=[3, 3]), size=value(size), inverse_map=False,
                     fill_value=fill, interp_type=types.INTERP_LINEAR, pixel_origin="corner",
                 )
             return fn.warp_affine(
-                images, matrix=fn.reshape(params[matrix], shape=[2, 3]), size=params[size], inverse_map=False,
+                images, matrix=value(matrix), size=value(size), inverse_map=False,
                 fill_value=fill, interp_type=types.INTERP_LINEAR,
             )
 
@@ -180,54 +194,36 @@ def build_pipeline(
             batch position the plan gives."""
             if k not in transforms.batch_slots:
                 return decode(fed[k], roi)
-            index = fn.cast(params[layout_of["batch_index"][k].start], dtype=types.INT32)
+            index = fn.cast(value(f"slot{k}.batch_index"), dtype=types.INT32)
             return fn.permute_batch(own, indices=index)
 
-        # 3. Decode only what is needed (all of each image where batch-mates share it). Mosaic:
-        #    each tile's image, only the part its quadrant shows of the window the first warp
-        #    reads, placed on that quadrant (fill elsewhere); the four quadrants, side by side,
-        #    are the window.
-        if transforms.mosaic is not None:
-            fill = transforms.mosaic.fill
-            tiles = layout_of["tiles"]
-            own = decode(data, tiles[0][0])
-            sources = [own] + [partner(k, own, tiles[k + 1][0]) for k in range(3)]
-            quadrants = [warp(src, matrix, size, fill) for src, (_, matrix, size) in zip(sources, tiles)]
-            images = fn.cat(fn.cat(quadrants[0], quadrants[1], axis=1), fn.cat(quadrants[2], quadrants[3], axis=1), axis=0)
+        graph = GraphParts(value=value, decode=decode, warp=warp, partner=partner, data=data, on_gpu=on_gpu)
+
+        # 3. Decode only what is needed (all of each image where batch-mates share it); a canvas
+        #    stage (Mosaic) composes the first canvas from the sample's images instead, decoding
+        #    of each only what it shows of the part the first warp reads.
+        canvas, blend = transforms.canvas_stage, transforms.blend_stage
+        if canvas is not None:
+            images, own = canvas.dali_canvas(graph, transforms.slots_of(canvas))
         else:
-            own = images = decode(data, layout_of["roi"])
+            own = images = decode(data, "roi")
 
-        def blend(images):
-            """MixUp: ``r * images + (1 - r) * partner``, the partner placed on the canvas, for the
-            samples it applies to (``r < 1``); DALI's conditional runs the warp and the blend on
-            those only (the partner is taken from the whole batch first: ``permute_batch``
-            indexes the whole batch)."""
-            roi, matrix, size, ratio = layout_of["mixup"]
-            mate = partner(transforms.num_partners - 1, own, roi)
-            r = params[ratio.start]
-            if r < 1.0:
-                partner_image = warp(mate, matrix, size, transforms.mixup.fill)
-                weight = r.gpu() if on_gpu else r
-                images = fn.cast(images * weight + partner_image * (1.0 - weight), dtype=types.UINT8)
-            return images
-
-        # 4. Geometry: one warp per segment (forward matrices, DALI pixel space); MixUp blends its
-        #    partner in where it stands in the recipe.
-        segments = zip(layout_of["warps"], transforms.segment_fills, transforms.segment_projective)
-        for s, ((matrix, size), fill, projective) in enumerate(segments):
-            if transforms.mixup is not None and s == transforms.blend_at:
-                images = blend(images)
-            images = warp(images, matrix, size, fill, projective)
-        if transforms.mixup is not None and transforms.blend_at == len(transforms.segments):
-            images = blend(images)
+        # 4. Geometry: one warp per segment (forward matrices, DALI pixel space); a blend stage
+        #    (MixUp) blends its partner in where it stands in the recipe.
+        for s, fill in enumerate(transforms.segment_fills):
+            if blend is not None and s == transforms.blend_at:
+                images = blend.dali_blend(graph, images, own, transforms.slots_of(blend))
+            images = warp(images, f"warp{s}.matrix", f"warp{s}.size", fill)
+        if blend is not None and transforms.blend_at == len(transforms.segments):
+            images = blend.dali_blend(graph, images, own, transforms.slots_of(blend))
 
         # 5. Photometric transforms, in recipe order, with the planned per-sample parameters. On
         #    the CPU the last one hands float32 to an output stage that takes it, where it can
         #    (dali_float: DALI's CPU conversion to uint8 costs more than ColorJitter's op).
-        photometric = list(zip(transforms.photometric, layout_of["photometric"]))
+        photometric = transforms.photometric
         float_last = not on_gpu and transforms.output is not None and transforms.output.takes_float
-        for k, (t, where) in enumerate(photometric):
-            values = [params[i] for i in range(where.start, where.stop)]
+        for k, t in enumerate(photometric):
+            values = [value(f"photometric{k}.{name}") for name in t.param_names]
             out = t.dali_float(images, values) if float_last and k == len(photometric) - 1 else None
             images = t.dali(images, values) if out is None else out
 
@@ -239,6 +235,30 @@ def build_pipeline(
         return images
 
     return detection_pipeline()
+
+
+@dataclass(frozen=True)
+class GraphParts:
+    """The parts of :func:`build_pipeline`'s graph that a mixing transform's DALI fragment uses
+    (:class:`detaug.transforms.mixing.MixingTransform`), inside the pipeline definition.
+
+    Attributes:
+        value: ``value(field)``: plan field ``field`` of every sample (a DataNode: a scalar, or
+            a vector in the field's shape).
+        decode: ``decode(data, roi_field)``: the region of plan field ``roi_field`` of images ``data``.
+        warp: ``warp(images, matrix_field, size_field, fill)``: one warp by a planned forward matrix.
+        partner: ``partner(slot, own, roi_field)``: partner slot ``slot``'s image (decoded from
+            its input, or a batch-mate's ``own`` image for a slot of ``pool="batch"``).
+        data: the sample's own image data (the ``"data"`` input).
+        on_gpu: the pipeline runs on the GPU.
+    """
+
+    value: Callable[[str], Any]
+    decode: Callable[[Any, str], Any]
+    warp: Callable[[Any, str, str, float], Any]
+    partner: Callable[[int, Any, str], Any]
+    data: Any
+    on_gpu: bool
 
 
 def outputs_outlive_runs(pipe: Any) -> bool:

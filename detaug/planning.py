@@ -67,6 +67,7 @@ from detaug.formats.images import annotation_frame, exif_matrix, orient_boxes, p
 from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
 from detaug.keypoints import KEYPOINTS, flip_permutation, move_keypoints, orient_keypoints
 from detaug.plan import Partners
+from detaug.plan_layout import PlanLayout
 from detaug.rotated import ROTATED_BOXES, move_rotated_boxes, orient_rotated_boxes
 from detaug.seeds import sample_keys
 from detaug.sources import FieldSpec, box_area, field_specs
@@ -194,7 +195,8 @@ class PlannedBatch:
         data: per sample, the image data DALI reads: uint8 ``[L]`` encoded bytes, or a decoded
             ``uint8 [H, W, 3]`` array; ``None`` where a worker planned decoded arrays from their
             shapes (the caller loads them, :meth:`BatchPlanner.load_data`).
-        params: float32 ``[B, P]`` parameter vectors (:meth:`Compose.param_slices`).
+        params: float32 ``[B, P]`` parameter vectors, laid out by :attr:`layout`: DALI's
+            ``"params"`` input (:func:`detaug.pipeline.feed`); :meth:`plan` reads a field.
         boxes: per sample float32 ``[M, 4]`` xyxy boxes on the output image.
         labels: per sample int64 ``[M]``, the labels of the boxes kept, in their order.
         fields: per sample ``{name: [M, ...]}``, each field of :attr:`BatchPlanner.fields` for
@@ -217,6 +219,8 @@ class PlannedBatch:
             ``labels`` and ``fields`` joined over the batch (``counts[i]``: sample ``i``'s
             boxes), where the plan came from a worker that joined them for the trip
             (:mod:`detaug.plan_ahead`); else ``None``. See :func:`batch_columns`.
+        layout: the fields of ``params`` by name (the recipe's ``plan_layout``,
+            :mod:`detaug.plan_layout`); ``None`` for a batch built by hand without one.
     """
 
     epoch: int
@@ -233,6 +237,14 @@ class PlannedBatch:
     partner_positions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
     fields: list[dict[str, np.ndarray]] = field(default_factory=list)
     joined: tuple[list[int], dict[str, np.ndarray]] | None = None
+    layout: PlanLayout | None = None
+
+    def plan(self, name: str) -> np.ndarray:
+        """Plan field ``name`` of every sample: ``[B, *shape]`` in the field's dtype (for example
+        ``plan("warp0.matrix")``: float32 ``[B, 2, 3]``; :attr:`layout` lists the fields)."""
+        if self.layout is None:
+            raise ValueError("this planned batch carries no plan layout")
+        return self.layout.read(self.params, name)
 
     def image_arrays(self) -> list[np.ndarray]:
         """The image data the batch carries: ``data``, then each partner slot's (slots of
@@ -432,7 +444,7 @@ class BatchPlanner:
             params=np.stack(params).astype(np.float32, copy=False), boxes=list(out_boxes),
             labels=out_labels, skipped=g.skipped, repaired=g.repaired,
             partners=None if decoded_shapes else g.partner_data, partner_positions=g.partner_positions,
-            fields=out_fields,
+            fields=out_fields, layout=self.transforms.plan_layout,
         )
 
     def _read_first(self, candidates: Iterable[int], bad: Mapping[int, str], findings: _Findings,

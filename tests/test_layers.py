@@ -42,7 +42,8 @@ class Layer:
 LAYERS: tuple[Layer, ...] = (
     Layer("foundations", "errors, random keys, box kernels, worker processes, the DALI-to-framework hand-over, "
           "generated data, the shared command-line helpers",
-          ("detaug", "detaug.errors", "detaug.seeds", "detaug.boxes", "detaug.keypoints", "detaug.rotated", "detaug.plan", "detaug.labels", "detaug.epochs",
+          ("detaug", "detaug.errors", "detaug.seeds", "detaug.boxes", "detaug.keypoints", "detaug.rotated",
+           "detaug.plan", "detaug.plan_layout", "detaug.decode_regions", "detaug.labels", "detaug.epochs",
            "detaug.decoding", "detaug.workers", "detaug.shared_arrays", "detaug.handover", "detaug.feeder",
            "detaug.synthetic", "detaug.preview", "detaug.cli_support")),
     Layer("formats", "reading and checking files: images, COCO, box formats, columnar caches",
@@ -50,7 +51,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer("converters", "voc2coco", ("converters", "converters.*")),
     Layer("sources", "datasets: COCO, VOC, sample lists, shards", ("detaug.sources", "detaug.shards")),
     Layer("engine", "the batch planner, planning ahead in workers, the DALI pipeline, eager calls; they read a "
-          "recipe through its methods", ("detaug.planning", "detaug.plan_ahead", "detaug.pipeline", "detaug.eager")),
+          "recipe through its methods", ("detaug.batch_plan", "detaug.planning", "detaug.plan_ahead", "detaug.pipeline",
+                                         "detaug.eager")),
     Layer("transform schema", "parameters and their checks", ("detaug.transforms.schema", "detaug.transforms.params")),
     Layer("transform base", "the base classes and the registry", ("detaug.transforms.base",)),
     Layer("transform families", "one module per family of transforms", ("detaug.transforms.*",), independent=True),

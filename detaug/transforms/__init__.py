@@ -16,7 +16,7 @@ from detaug.transforms.base import (
 )
 from detaug.transforms.blur import GaussianBlur
 from detaug.transforms.color import ColorJitter, Grayscale, RandomGrayscale, RandomPhotometricDistort
-from detaug.transforms.compose import Compose, default_detection_recipe
+from detaug.transforms.compose import Compose
 from detaug.transforms.composition import OneOf, RandomApply, RandomChoice, SomeOf
 from detaug.transforms.crop import CenterCrop, FixedSizeCrop, RandomCrop, RandomIoUCrop, RandomResizedCrop
 from detaug.transforms.erasing import CoarseDropout, RandomErasing
@@ -25,7 +25,7 @@ from detaug.transforms.mixing import MixUp, Mosaic
 from detaug.transforms.noise import GaussNoise
 from detaug.transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from detaug.transforms.perspective import RandomPerspective
-from detaug.transforms.presets import PRESETS, preset, yolo_recipe
+from detaug.transforms.presets import PRESETS, default_detection_recipe, preset, yolo_recipe
 from detaug.transforms.pad import Pad, RandomZoomOut
 from detaug.transforms.resize import LetterBox, RandomShortestSize, Resize, ScaleJitter
 

@@ -1,9 +1,11 @@
 """Base classes of detaug transforms, the registry of recipe names, and their schema checks.
 
 A transform is one class: its parameter schema (:class:`~detaug.transforms.schema.Param`), its
-planner (vectorised NumPy over the batch), its pixel op (DALI) and its box rule. ``Compose``
-asks transforms (``kind``, ``out_size``, ``plan``, ``dali``) and never tests their types;
-adding one means its class, the ``@register`` line and its tests.
+planner (vectorised NumPy over the batch), its pixel op (DALI) and its box rule. ``Compose``,
+the batch planner and the pipeline ask transforms (``kind``, ``out_size``, ``plan``, ``dali``;
+a mixing transform its ``stage`` and the methods of
+:class:`~detaug.transforms.mixing.MixingTransform`) and never test their types (a test reads
+their sources for a transform's name); adding one means its class, the ``@register`` line and its tests.
 """
 
 from __future__ import annotations
@@ -241,6 +243,9 @@ class OutputTransform(Transform):
     #: Whether :meth:`dali_output` also takes float32 HWC images in [0, 255]
     #: (:meth:`PhotometricTransform.dali_float`).
     takes_float: ClassVar[bool] = False
+    #: Whether it normalises with per-channel ``mean`` and ``std`` attributes (on the 0-1
+    #: scale), which a preview undoes (``Compose.normalize``).
+    normalizes: ClassVar[bool] = False
 
     def dali_output(self, images: Any, layout: str) -> Any:
         """Add the output stage to the DALI graph: ``images`` HWC uint8 (or float32 in [0, 255]

@@ -2,8 +2,13 @@
 
 Kind ``"mixing"``: a mixing transform names how many *partner* images a sample needs
 (``partners``) and places each on the sample's canvas with an axis-aligned matrix (scale and
-translation) and a visible rectangle; ``Compose`` plans them with the sample's other transforms
-and :mod:`detaug.pipeline` renders them. Nothing about them is written anywhere else.
+translation) and a visible rectangle. It takes part in a plan through the methods of
+:class:`MixingTransform`, as a warp does through ``plan``: its ``stage`` says where (``"canvas"``:
+it composes the sample's first canvas, ``Mosaic``; ``"blend"``: it blends a partner into the
+current canvas between warp segments, ``MixUp``), and it declares its plan fields
+(:mod:`detaug.plan_layout`), plans them (:mod:`detaug.batch_plan` calls it) and adds its DALI
+operators (:mod:`detaug.pipeline` calls it). Nothing about them is written anywhere else: the
+recipe, the planner and the pipeline name neither class.
 
 **Partners (the rule).** The partners of a sample are dataset positions drawn from the sample's
 own random stream (:class:`detaug.seeds.SampleRandom` keyed by ``(seed, epoch, image_id)``):
@@ -39,11 +44,14 @@ YOLO); ``MixUp`` follows transforms that fix the canvas size (``Mosaic``, ``Resi
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
 from detaug.boxes import scale_matrix, translation_matrix
+from detaug.decode_regions import aligned_roi, mosaic_window, tile_columns, whole_image
+from detaug.plan import PlanState
+from detaug.plan_layout import PlanFieldSpec
 from detaug.seeds import SampleRandom
 from detaug.transforms.base import Param, Transform, register
 from detaug.transforms.schema import REQUIRED
@@ -59,11 +67,70 @@ _POOL = Param("pool", "choice", "dataset", "where partners come from: 'dataset' 
 
 
 class MixingTransform(Transform):
-    """A transform whose samples are made of several source images (see the module docstring)."""
+    """A transform whose samples are made of several source images (see the module docstring).
+
+    Its partner images fill *slots* of the sample (``slots``: their indices among the recipe's
+    partner slots, ``Compose.mixing_slots``). A ``"canvas"`` stage implements
+    :meth:`plan_canvas`, :meth:`canvas_values` and :meth:`dali_canvas`; a ``"blend"`` stage
+    :meth:`plan_blend` and :meth:`dali_blend`. The DALI methods receive ``graph``, the
+    pipeline's parts (:class:`detaug.pipeline.GraphParts`: ``value(field)``, ``decode(data,
+    roi_field)``, ``warp(images, matrix_field, size_field, fill)``, ``partner(slot, own,
+    roi_field)``, ``data``, ``on_gpu``).
+    """
 
     kind: ClassVar[str] = "mixing"
     #: partner images per sample (besides the sample's own)
     partners: ClassVar[int] = 0
+    #: ``"canvas"`` (composes the sample's first canvas from its images, in place of decoding
+    #: the sample's image) or ``"blend"`` (blends its partners into the current canvas)
+    stage: ClassVar[str] = ""
+    #: its DALI operators run under a DALI conditional (``if`` on a DataNode)
+    conditional: ClassVar[bool] = False
+
+    def misplaced(self, index: int, before: Sequence[Transform], fixed: bool) -> str | None:
+        """What is wrong with this transform at ``index`` of its recipe, after the transforms
+        ``before`` (``fixed``: they fix the canvas size); ``None`` where it can be planned."""
+        return None
+
+    def draw_needed(self, rand: SampleRandom) -> np.ndarray:
+        """bool ``[B, partners]``: which partners a sample needs, drawn (the same way for every
+        sample) in the partner block after the partner positions (:func:`detaug.batch_plan.partner_block`).
+        The default draws nothing: all of them."""
+        return np.ones((rand.batch_size, self.partners), dtype=bool)
+
+    def plan_fields(self) -> list[PlanFieldSpec]:
+        """Its fields in the recipe's plan layout (:mod:`detaug.plan_layout`), in order."""
+        return []
+
+    def plan_canvas(self, state: PlanState, image_hw: np.ndarray, layers: np.ndarray) -> Any:
+        """Canvas stage: place the sample's image and its partners (``image_hw`` float64
+        ``[B, 1 + partners, 2]``, layers ``[B, 1 + partners]`` of ``state``) on a new canvas
+        (``state.start_canvas``, ``state.place_layers``); returns what :meth:`canvas_values` needs."""
+        raise NotImplementedError
+
+    def canvas_values(self, placed: Any, first: tuple[np.ndarray, np.ndarray] | None,
+                      whole: Sequence[bool]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Canvas stage: ``(its plan field values, origin [B, 2])``: what to decode and where to
+        put it, for a first warp ``first`` (``(matrix [B, 3, 3], canvas_hw [B, 2])`` reading the
+        canvas; ``None``: the whole canvas is the stage's output); ``whole[k]``: image ``k`` is
+        decoded whole (shared by the batch). The composed part starts at ``origin`` (x, y) of
+        the canvas: the first warp reads from there."""
+        raise NotImplementedError
+
+    def dali_canvas(self, graph: Any, slots: Sequence[int]) -> tuple[Any, Any]:
+        """Canvas stage: ``(canvas images, the sample's own decoded image)`` in the DALI graph."""
+        raise NotImplementedError
+
+    def plan_blend(self, state: PlanState, apply: np.ndarray, partner_hw: np.ndarray, layers: np.ndarray,
+                   whole: bool) -> dict[str, np.ndarray]:
+        """Blend stage: place the partner (``partner_hw`` ``[B, 2]``, layers ``[B]`` of ``state``)
+        on the current canvas for the samples of ``apply`` (``[B]`` bool, :meth:`draw_needed`);
+        its plan field values (``whole``: the partner is decoded whole)."""
+        raise NotImplementedError
+
+    def dali_blend(self, graph: Any, images: Any, own: Any, slots: Sequence[int]) -> Any:
+        """Blend stage: ``images`` with the partner blended in, in the DALI graph."""
+        raise NotImplementedError
 
 
 @register
@@ -98,9 +165,54 @@ class Mosaic(MixingTransform):
         _POOL,
     )
     partners = 3
+    stage = "canvas"
 
     def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
         return 2 * self.size[0], 2 * self.size[1]
+
+    def misplaced(self, index: int, before: Sequence[Transform], fixed: bool) -> str | None:
+        if index != 0:
+            return "must be the first transform of a recipe (its tiles are whole source images, as in YOLO)"
+        return None
+
+    def plan_fields(self) -> list[PlanFieldSpec]:
+        specs: list[PlanFieldSpec] = []
+        for k in range(4):
+            specs += [(f"mosaic.tile{k}.roi", (4,), "float32", f"decode region (x, y, w, h) of tile {k}'s image"
+                       + (" (the sample's own)" if k == 0 else "")),
+                      (f"mosaic.tile{k}.matrix", (2, 3), "float32",
+                       f"forward map of tile {k} from its decoded region to its part of the window"),
+                      (f"mosaic.tile{k}.size", (2,), "float32", f"(h, w) of tile {k}'s part of the window")]
+        return specs
+
+    def plan_canvas(self, state: PlanState, image_hw: np.ndarray, layers: np.ndarray) -> Any:
+        maps, rects, canvas, centre = self.plan_tiles(state.rand, image_hw)
+        state.start_canvas(canvas)
+        state.place_layers(layers.ravel(), maps.reshape(-1, 3, 3), rects.reshape(-1, 4))
+        return image_hw, maps, rects, canvas, centre
+
+    def canvas_values(self, placed: Any, first: tuple[np.ndarray, np.ndarray] | None,
+                      whole: Sequence[bool]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Only the window of the canvas that the first warp reads is composed (each tile's
+        part of it decoded, :func:`detaug.decode_regions.tile_columns`)."""
+        image_hw, maps, rects, canvas, centre = placed
+        window = mosaic_window(canvas, centre, first)
+        values = {}
+        for k in range(4):
+            roi, matrix, size = tile_columns(image_hw[:, k], maps[:, k], rects[:, k], window, whole=whole[k])
+            values.update({f"mosaic.tile{k}.roi": roi, f"mosaic.tile{k}.matrix": matrix, f"mosaic.tile{k}.size": size})
+        return values, window[:, :2]
+
+    def dali_canvas(self, graph: Any, slots: Sequence[int]) -> tuple[Any, Any]:
+        """Each tile's image, only the part its quadrant shows of the window, placed on that
+        quadrant (``fill`` elsewhere); the four quadrants, side by side, are the window."""
+        from nvidia.dali import fn
+
+        own = graph.decode(graph.data, "mosaic.tile0.roi")
+        sources = [own] + [graph.partner(slot, own, f"mosaic.tile{k + 1}.roi") for k, slot in enumerate(slots)]
+        quadrants = [graph.warp(src, f"mosaic.tile{k}.matrix", f"mosaic.tile{k}.size", self.fill)
+                     for k, src in enumerate(sources)]
+        return fn.cat(fn.cat(quadrants[0], quadrants[1], axis=1), fn.cat(quadrants[2], quadrants[3], axis=1), axis=0), own
 
     def plan_tiles(self, rand: SampleRandom, tile_hw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Place the 4 tiles of every sample (2 draws per sample: the centre).
@@ -159,12 +271,57 @@ class MixUp(MixingTransform):
         _POOL,
     )
     partners = 1
+    stage = "blend"
+    conditional = True  # the warp and the blend run on the samples it applies to only
 
     def setup(self) -> None:
         self._grid, self._cdf = _beta_table(self.alpha, self.alpha)
 
     def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
         return in_size
+
+    def misplaced(self, index: int, before: Sequence[Transform], fixed: bool) -> str | None:
+        if any(getattr(u, "stage", None) == "blend" for u in before):
+            return "a recipe may blend only once (one MixUp)"
+        if not fixed:
+            return ("needs a fixed canvas size before it: put Mosaic, Resize((h, w)), LetterBox "
+                    "or another transform with a fixed output size earlier")
+        return None
+
+    def draw_needed(self, rand: SampleRandom) -> np.ndarray:
+        return self.draw_apply(rand)[:, None]
+
+    def plan_fields(self) -> list[PlanFieldSpec]:
+        return [("mixup.roi", (4,), "float32", "decode region (x, y, w, h) of the partner"),
+                ("mixup.matrix", (2, 3), "float32", "forward map of the partner from its region to the canvas"),
+                ("mixup.size", (2,), "float32", "(h, w) of the canvas the partner is placed on"),
+                ("mixup.ratio", (), "float32", "the sample's weight r of the blend (1: not blended)")]
+
+    def plan_blend(self, state: PlanState, apply: np.ndarray, partner_hw: np.ndarray, layers: np.ndarray,
+                   whole: bool) -> dict[str, np.ndarray]:
+        n = state.batch_size
+        canvas = state.canvas_hw
+        m, ratio = self.plan_partner(state.rand, apply, canvas, partner_hw)
+        rects = np.stack([np.zeros(n), np.zeros(n), canvas[:, 1], canvas[:, 0]], axis=1)
+        state.place_layers(layers, m, rects, alive=apply)
+        roi = whole_image(partner_hw) if whole else aligned_roi(partner_hw, m, rects)
+        return {"mixup.roi": roi, "mixup.matrix": (m @ translation_matrix(roi[:, 0], roi[:, 1]))[:, :2, :],
+                "mixup.size": canvas, "mixup.ratio": ratio}
+
+    def dali_blend(self, graph: Any, images: Any, own: Any, slots: Sequence[int]) -> Any:
+        """``r * images + (1 - r) * partner``, the partner placed on the canvas, for the samples
+        it applies to (``r < 1``); DALI's conditional runs the warp and the blend on those only
+        (the partner is taken from the whole batch first: ``permute_batch`` indexes the whole
+        batch)."""
+        from nvidia.dali import fn, types
+
+        mate = graph.partner(slots[0], own, "mixup.roi")
+        r = graph.value("mixup.ratio")
+        if r < 1.0:
+            partner_image = graph.warp(mate, "mixup.matrix", "mixup.size", self.fill)
+            weight = r.gpu() if graph.on_gpu else r
+            images = fn.cast(images * weight + partner_image * (1.0 - weight), dtype=types.UINT8)
+        return images
 
     def draw_apply(self, rand: SampleRandom) -> np.ndarray:
         """bool ``[B]``: which samples are blended (one draw per sample, in the partner block)."""

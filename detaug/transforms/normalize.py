@@ -27,6 +27,7 @@ class Normalize(OutputTransform):
             raise self.error("std", f"values must be positive, got {list(self.std)!r}")
 
     takes_float = True  # crop_mirror_normalize takes float32 input as it takes uint8
+    normalizes = True
 
     def dali_output(self, images: Any, layout: str) -> Any:
         """HWC uint8 -> float32 ``layout`` (``"CHW"`` or ``"HWC"``) in one ``crop_mirror_normalize``."""

@@ -23,17 +23,34 @@ from detaug.transforms.compose import Compose
 from detaug.transforms.crop import FixedSizeCrop, RandomIoUCrop
 from detaug.transforms.flip import RandomHorizontalFlip
 from detaug.transforms.mixing import MixUp, Mosaic
+from detaug.transforms.normalize import Normalize
 from detaug.transforms.pad import RandomZoomOut
 from detaug.transforms.perspective import RandomPerspective
 from detaug.transforms.resize import RandomShortestSize, Resize, ScaleJitter
 from detaug.transforms.schema import closest
 
-__all__ = ["PRESETS", "preset", "yolo_recipe"]
+__all__ = ["PRESETS", "default_detection_recipe", "preset", "yolo_recipe"]
 
 #: torchvision's ``mean`` fill, as one grey level.
 MEAN_FILL = 117.0
 #: ``RandomShortestSize`` sizes of torchvision's ``multiscale`` policy.
 MULTISCALE_SIZES = (480, 512, 544, 576, 608, 640, 672, 704, 736, 768, 800)
+
+
+def default_detection_recipe(size: int | tuple[int, int] = 512, fill: float = 114) -> Compose:
+    """The default detection recipe: IoU crop, flip, affine, resize, colour jitter, normalize."""
+    return Compose(
+        [
+            RandomIoUCrop(),
+            RandomHorizontalFlip(p=0.5),
+            RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=5, fill=fill),
+            Resize(size if not isinstance(size, int) else (size, size)),
+            ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2, hue=0.05),
+            Normalize(),
+        ],
+        min_size=1.0,
+        min_visibility=0.0,
+    )
 
 
 def yolo_recipe(size: int | tuple[int, int] = 640, mixup: float = 0.1, perspective: float = 0.1,

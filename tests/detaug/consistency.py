@@ -146,7 +146,7 @@ class RecordingCompose(Compose):
         """``[B]`` product of the determinants of the batch's warp matrices."""
         params = np.asarray(record[0], dtype=np.float64)
         scale = np.ones(len(params))
-        for matrix, _ in self.param_slices()["warps"]:
-            m = params[:, matrix].reshape(-1, 2, 3)
+        for s in range(len(self.segments)):
+            m = params[:, self.plan_layout.slice(f"warp{s}.matrix")].reshape(-1, 2, 3)
             scale *= np.abs(np.linalg.det(m[:, :, :2]))
         return scale

@@ -80,7 +80,7 @@ def test_planning_a_batch_equals_planning_each_sample_alone(name):
             batch = plan(recipe, pool, idx)
             for k, i in enumerate(idx):
                 assert_same_sample(batch, k, alone[i])
-            matrices = np.stack(batch[0])[:, recipe.param_slices()["warps"][0][0]]
+            matrices = np.stack(batch[0])[:, recipe.plan_layout.slice("warp0.matrix")]
             rotated = matrices[:, 1] != 0
             rotated_and_aligned |= bool(rotated.any() and not rotated.all())
             cropped |= any(len(b) < len(pool[1][i]) for b, i in zip(batch[1], idx))

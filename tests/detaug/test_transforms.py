@@ -25,10 +25,10 @@ def out_boxes(out):
 
 def warp(recipe, out, segment=0):
     """(decode ROI (x, y, w, h), warp matrix [2, 3], output size (h, w)) of sample 0."""
-    where = recipe.param_slices()
+    where = recipe.plan_layout
     params = out[0][0]
-    m, size = where["warps"][segment]
-    return params[where["roi"]], params[m].reshape(2, 3), params[size]
+    m, size = where.slice(f"warp{segment}.matrix"), where.slice(f"warp{segment}.size")
+    return params[where.slice("roi")], params[m].reshape(2, 3), params[size]
 
 
 def test_horizontal_flip_moves_boxes():

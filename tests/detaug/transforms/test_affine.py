@@ -56,11 +56,11 @@ def expanded_plans(angle: float, shapes: list[tuple[int, int]]):
     n = len(shapes)
     out = recipe.plan_batch([np.array([h, w, 3]) for h, w in shapes], [np.zeros((0, 4))] * n, [np.zeros(0)] * n,
                             sample_keys(0, 0, np.arange(n)))
-    where = recipe.param_slices()
+    where = recipe.plan_layout
     params = np.stack(out[0]).astype(np.float64)
-    m, size = where["warps"][0]
+    m, size = where.slice("warp0.matrix"), where.slice("warp0.size")
     matrix = params[:, m].reshape(n, 2, 3)
-    matrix[:, :, 2] -= np.einsum("bij,bj->bi", matrix[:, :, :2], params[:, where["roi"]][:, :2])
+    matrix[:, :, 2] -= np.einsum("bij,bj->bi", matrix[:, :, :2], params[:, where.slice("roi")][:, :2])
     return matrix, params[:, size]
 
 

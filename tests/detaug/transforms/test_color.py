@@ -56,7 +56,7 @@ def random_images(n: int, hw=(12, 16), seed: int = 0) -> list[np.ndarray]:
 
 def photometric(recipe: Compose, params: np.ndarray, k: int = 0) -> np.ndarray:
     """``[B, n]`` parameters of the recipe's ``k``-th photometric transform."""
-    return params[:, recipe.param_slices()["photometric"][k]]
+    return params[:, recipe.plan_layout.slice(f"photometric{k}")]
 
 
 def plan_params(t, n: int, seed: int = 0, canvas=(100, 100)) -> list[np.ndarray]:

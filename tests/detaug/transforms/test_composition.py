@@ -71,7 +71,7 @@ def test_some_of_draws_n_and_runs_repeats_in_order():
     t = T.SomeOf([T.ColorJitter(brightness=(2, 2)), T.GaussianBlur(3), T.RandomGrayscale(p=1.0)], n=2)
     recipe = Compose([t])
     params, _, _ = plan_many(recipe, 3000)
-    p = np.stack(params)[:, recipe.param_slices()["photometric"][0]]
+    p = np.stack(params)[:, recipe.plan_layout.slice("photometric0")]
     applied = np.stack([p[:, 0] != 1, p[:, 4] != np.float32(T.GaussianBlur.neutral[0]), p[:, 5] != 0], axis=1)
     assert (applied.sum(axis=1) == 2).all() and (np.abs(applied.mean(axis=0) - 2 / 3) < 0.04).all()
 
@@ -101,7 +101,7 @@ def test_boxes_dropped_by_a_child_only_for_the_samples_that_chose_it():
     boxes = np.array([[5, 5, 30, 30], [160, 60, 195, 95]], np.float32)  # far apart: one crop keeps one
     recipe = Compose([T.OneOf([T.RandomIoUCrop(sampler_options=[0.5]), T.RandomHorizontalFlip(p=1.0)])])
     params, _, labels = plan_many(recipe, 400, boxes=boxes)
-    matrices = np.stack(params)[:, recipe.param_slices()["warps"][0][0]].reshape(-1, 2, 3)
+    matrices = np.stack(params)[:, recipe.plan_layout.slice("warp0.matrix")].reshape(-1, 2, 3)
     flipped = matrices[:, 0, 0] < 0
     counts = np.array([len(lab) for lab in labels])
     assert 0.3 < flipped.mean() < 0.7
@@ -162,7 +162,7 @@ def test_erasing_inside_a_composition_hides_boxes_only_where_applied():
     recipe = Compose([T.RandomApply([erase], p=0.5)], min_visibility=0.6)
     whole = np.array([[0, 0, 200, 100]], np.float32)  # the whole image: erasing hides half of it
     params, _, labels = plan_many(recipe, 400, boxes=whole)
-    erased = np.stack(params)[:, recipe.param_slices()["photometric"][0]][:, 2] > 0
+    erased = np.stack(params)[:, recipe.plan_layout.slice("photometric0")][:, 2] > 0
     kept = np.array([len(lab) == 1 for lab in labels])
     assert 0.3 < erased.mean() < 0.7 and (kept == ~erased).all()
 

@@ -93,10 +93,10 @@ def plan_one(transforms, boxes, hw=(100, 200), seed=0, image_id=7, min_size=0.0)
     boxes = np.asarray(boxes, np.float32).reshape(-1, 4)
     out = recipe.plan_batch([np.array([hw[0], hw[1], 3])], [boxes], [np.arange(1, len(boxes) + 1)],
                             sample_keys(seed, 0, [image_id]))
-    where = recipe.param_slices()
+    where = recipe.plan_layout
     params = out[0][0].astype(np.float64)
-    roi = params[where["roi"]]
-    m, size = where["warps"][0]
+    roi = params[where.slice("roi")]
+    m, size = where.slice("warp0.matrix"), where.slice("warp0.size")
     matrix = params[m].reshape(2, 3).copy()
     matrix[:, 2] -= matrix[:, :2] @ roi[:2]  # the warp reads the ROI: back to source pixels
     return roi, matrix, params[size], out[1][0], out[2][0]
@@ -108,11 +108,11 @@ def plan_many(transform, hw, n, seed=0):
     recipe = Compose([transform])
     out = recipe.plan_batch([np.array([hw[0], hw[1], 3])] * n, [np.zeros((0, 4))] * n, [np.zeros(0)] * n,
                             sample_keys(seed, 0, np.arange(n)))
-    where = recipe.param_slices()
+    where = recipe.plan_layout
     params = np.stack(out[0]).astype(np.float64)
-    m, size = where["warps"][0]
+    m, size = where.slice("warp0.matrix"), where.slice("warp0.size")
     matrix = params[:, m].reshape(n, 2, 3).copy()
-    roi = params[:, where["roi"]]
+    roi = params[:, where.slice("roi")]
     matrix[:, :, 2] -= np.einsum("bij,bj->bi", matrix[:, :, :2], roi[:, :2])
     return matrix, params[:, size]
 

@@ -199,11 +199,10 @@ def test_mosaic_tiles_and_fill_where_no_image():
     samples, objects = one_object_images(seed=3)
     recipe = Compose([T.Mosaic((50, 60), fill=30)])
     (planned, images), = run(SampleListSource(samples), recipe, 4, steps=[0])
-    tiles = recipe.param_slices()["tiles"]
     for i, image in enumerate(images):
         assert image.shape == (100, 120, 3)
         # the four quadrant sizes add up to the whole canvas: the centre splits it
-        sizes = np.array([planned.params[i][size] for _, _, size in tiles])
+        sizes = np.array([planned.plan(f"mosaic.tile{k}.size")[i] for k in range(4)])
         xc, yc = sizes[0][1], sizes[0][0]
         assert 30 <= xc <= 90 and 25 <= yc <= 75  # center=(0.5, 1.5) of (w, h)
         assert (sizes[1] == [yc, 120 - xc]).all() and (sizes[2] == [100 - yc, xc]).all()
@@ -263,7 +262,7 @@ def test_mixup_keeps_both_boxes_and_blends_with_the_drawn_ratio(pool):
     source = SampleListSource(samples)
     mixed = Compose([T.Resize((72, 96)), T.MixUp(p=1.0, alpha=4.0, scale=(0.7, 1.3), fill=FILL, pool=pool)])
     plain = Compose([T.Resize((72, 96))])
-    ratio_at = mixed.param_slices()["mixup"][3].start
+    ratio_at = mixed.plan_layout.field("mixup.ratio").start
     problems, ratios, checked = [], [], 0
     for (pm, im), (pp, ip) in zip(run(source, mixed, 4), run(source, plain, 4)):
         for i in range(len(im)):
@@ -309,7 +308,7 @@ def test_mixup_blends_only_the_samples_it_applies_to(pool):
     samples, _ = scene_samples(12, seed=4, size=(120, 90))
     source = SampleListSource(samples)
     mixed = Compose([T.Resize((72, 96)), T.MixUp(p=0.5, alpha=4.0, fill=FILL, pool=pool)])
-    at = mixed.param_slices()["mixup"][3].start
+    at = mixed.plan_layout.field("mixup.ratio").start
     applied = []
     for (pm, im), (_, ip) in zip(run(source, mixed, 12, seed=1), run(source, Compose([T.Resize((72, 96))]), 12, seed=1)):
         for i in range(len(im)):
@@ -407,12 +406,12 @@ def drawn_problems(recipe: Compose, trials: int, batch: int = 8) -> tuple[list[s
     and how many boxes were checked."""
     images = group_images(5)
     j = recipe.num_partners
-    mosaic = recipe.mosaic is not None
+    mosaic = recipe.canvas_stage is not None
     source = SampleListSource([Sample(images[0][0][0], images[0][0][1], np.arange(4), image_id=1)])  # decoded arrays
     pipe = build_pipeline(source, recipe, batch_size=batch, device=DEVICE, num_threads=2, layout="HWC",
                           prefetch_queue_depth=1)
     pipe.build()
-    ratio_at = recipe.param_slices()["mixup"][3].start if recipe.mixup is not None else None
+    ratio_at = recipe.plan_layout.field("mixup.ratio").start if "mixup.ratio" in recipe.plan_layout else None
     problems, checked = [], 0
     for trial in range(trials):
         rng = np.random.default_rng(trial)
@@ -537,13 +536,12 @@ def test_batch_pool_takes_partners_from_the_batch_decoded_once():
     recipe = T.yolo_recipe(64, mixup=0.5, pool="batch")
     assert recipe.batch_slots == (0, 1, 2, 3)
     assert input_names(recipe) == ["data", "params"]
-    where = recipe.param_slices()["batch_index"]
     planner = BatchPlanner(source, recipe, EpochSpec(n=len(source), batch_size=5, seed=3, shuffle=True))
     for step in range(len(planner.spec)):
         planned = planner.plan(1, step)
         b = len(planned.positions)
         assert planned.partners == [None] * 4
-        index = np.stack([planned.params[:, where[k].start] for k in range(4)], 1).astype(np.int64)
+        index = np.stack([planned.plan(f"slot{k}.batch_index") for k in range(4)], 1).astype(np.int64)
         assert ((index >= 0) & (index < b)).all()
         shown = planned.partner_positions >= 0
         np.testing.assert_array_equal(planned.partner_positions[shown], planned.positions[index][shown])
@@ -615,6 +613,27 @@ def test_bad_partner_is_replaced_by_the_next_position_and_counted():
 def test_malformed_mixing_recipes(recipe, match):
     with pytest.raises(RecipeError, match=match):
         Compose(recipe)
+
+
+def test_a_mixing_transform_without_a_stage_cannot_be_planned():
+    from detaug.transforms.mixing import MixingTransform
+
+    class Stitch(MixingTransform):  # not registered: a recipe file never names it
+        partners = 1
+
+    with pytest.raises(RecipeError, match=r"Stitch.*neither a canvas nor a blend stage"):
+        Compose([T.Resize((32, 32)), Stitch()])
+
+
+def test_mixing_transforms_own_their_partner_slots_and_plan_fields():
+    recipe = T.yolo_recipe(64, mixup=0.5)
+    mosaic, mixup = recipe.mixing
+    assert (recipe.canvas_stage, recipe.blend_stage) == (mosaic, mixup)
+    assert recipe.slots_of(mosaic) == (0, 1, 2) and recipe.slots_of(mixup) == (3,)
+    names = recipe.plan_layout.names
+    assert "roi" not in names  # the canvas stage decodes the sample's image itself (tile 0)
+    assert names[:3] == ["mosaic.tile0.roi", "mosaic.tile0.matrix", "mosaic.tile0.size"]
+    assert [n for n in names if n.startswith("mixup.")] == ["mixup.roi", "mixup.matrix", "mixup.size", "mixup.ratio"]
 
 
 @pytest.mark.parametrize("spec, match", [

@@ -152,8 +152,8 @@ def test_boxes_match_object_pixels(name):
 def test_projective_segments_use_nine_floats_and_affine_ones_six():
     recipe = Compose([T.RandomRotation(20), T.RandomResizedCrop(64), T.RandomPerspective(p=1.0), T.Resize((32, 32))])
     assert recipe.segment_projective == [False, True]
-    (m0, s0), (m1, s1) = recipe.param_slices()["warps"]
-    assert m0.stop - m0.start == 6 and m1.stop - m1.start == 9
+    m0, m1 = recipe.plan_layout.field("warp0.matrix"), recipe.plan_layout.field("warp1.matrix")
+    assert (m0.shape, m0.size, m1.shape, m1.size) == ((2, 3), 6, (3, 3), 9)
     assert recipe.num_params == 4 + 8 + 11
 
 
