@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from detaug.boxes import box_area
 from detaug.errors import DatasetError, DataWarning
 from detaug.formats import validation as v
 from detaug.formats.coco import NO_ANNOTATION_ID, CocoDataset, load_coco
@@ -105,12 +106,6 @@ COCO_FIELDS = {"iscrowd": FieldSpec(_INT64), "area": FieldSpec(_FLOAT32)}
 #: The fields of a :class:`VocSource`: ``iscrowd`` (0/1, 1 for difficult objects with
 #: ``difficult="crowd"``) and ``difficult`` (0/1, the XML's flag).
 VOC_FIELDS = {"iscrowd": FieldSpec(_INT64), "difficult": FieldSpec(_INT64)}
-
-
-def box_area(boxes: np.ndarray) -> np.ndarray:
-    """float32 ``[N]``: the areas ``(x2 - x1) * (y2 - y1)`` of xyxy boxes ``[N, 4]``, in pixels."""
-    b = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
-    return ((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])).astype(np.float32)
 
 
 def field_specs(source: Any) -> dict[str, FieldSpec]:
@@ -469,7 +464,7 @@ def coco_to_samples(
         if skip_empty and not len(boxes):
             report.add(v.EMPTY_IMAGE_LEFT_OUT, file, image_id=image.id)
             continue
-        fields = {"iscrowd": crowd.astype(np.int64), "area": box_area(boxes)}
+        fields = {"iscrowd": crowd.astype(np.int64), "area": box_area(boxes, np.float32)}
         if points is not None:  # a keypoints file (detaug.keypoints: pixel indices + 0.5)
             fields[KEYPOINTS] = points
         samples.append(Sample(str(root / image.file_name), boxes, labels, image.id, image.size, fields))

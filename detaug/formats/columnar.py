@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from detaug.errors import DatasetError, DataWarning
+from detaug.boxes import box_area
 from detaug.formats import validation as v
 
 __all__ = [
@@ -1107,10 +1108,8 @@ class _CocoFields:
         self.columns, self.crowd = columns, crowd
 
     def __call__(self, start: int, end: int, boxes: np.ndarray) -> dict[str, np.ndarray]:
-        from detaug.sources import box_area
-
         crowd = np.asarray(self.columns.iscrowd[start:end], dtype=np.int64) if self.crowd else np.zeros(end - start, np.int64)
-        return {"iscrowd": crowd, "area": box_area(boxes)}
+        return {"iscrowd": crowd, "area": box_area(boxes, np.float32)}
 
 
 def coco_view(columns: CocoColumns, images_dir: str | os.PathLike, *, include_iscrowd: bool = True,
