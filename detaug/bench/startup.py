@@ -146,9 +146,7 @@ def _child(kind: str, coco: str, images: str, shards: str, cache_dir: str, ranks
     if kind == "coco-list":
         source = CocoSource(coco, images)
     elif kind in ("coco-cache-build", "coco-cache"):
-        from detaug.formats.columnar import cached_coco_source
-
-        source = cached_coco_source(coco, images, cache_dir=cache_dir)
+        source = CocoSource(coco, images, cache=cache_dir or True)
     elif kind == "shards":
         from detaug.shards import ShardSource
 

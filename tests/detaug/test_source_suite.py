@@ -20,7 +20,7 @@ import pytest
 
 import detaug.transforms as T
 from detaug import DataWarning, ImageError
-from detaug.formats.columnar import cached_coco_source
+from detaug.formats.samples import Source
 from detaug.planning import BatchPlanner, EpochSpec
 from detaug.shards import ShardSource, read_index, write_shards
 from detaug.sources import CocoSource, SampleListSource, VocSource
@@ -40,7 +40,7 @@ def _build(kind: str, coco: Path, voc: Path, work: Path) -> object:
         if kind == "coco":
             return CocoSource(coco / "annotations.json", coco / "images")
         if kind == "coco-cache":
-            return cached_coco_source(coco / "annotations.json", coco / "images", cache_dir=work / "cache")
+            return CocoSource(coco / "annotations.json", coco / "images", cache=work / "cache")
         if kind == "voc":
             return VocSource(voc)
         base = CocoSource(coco / "annotations.json", coco / "images")
@@ -84,6 +84,11 @@ def source(kind, data):
 def bad_source(kind, data):
     root, bad = data
     return _build(kind, root / "coco-bad", root / "voc-bad", root / f"work-bad-{kind}"), bad["voc" if kind == "voc" else "coco"]
+
+
+def test_every_kind_is_a_source(source):
+    assert isinstance(source, Source)
+    assert len(source.samples) == len(source) and set(source.present_labels()) <= set(source.categories)
 
 
 def _ids(source) -> list[int]:

@@ -13,7 +13,8 @@ from PIL import Image
 
 from detaug.errors import DatasetError, DataWarning
 from detaug.formats import validation as v
-from detaug.sources import ORIENTATIONS, Sample, SampleListSource, VocSource
+from detaug.formats.samples import CheckedSamples, Source
+from detaug.sources import ORIENTATIONS, Sample, SampleListSource, VocSource, check_samples
 
 REALDATA = Path(__file__).resolve().parents[3] / "shared" / "realdata"
 
@@ -220,6 +221,30 @@ def test_source_api(tmp_path):
     assert set(ORIENTATIONS) == {"auto", "apply", "ignore"}
     with pytest.raises(ValueError, match="orientation"):
         build(samples, orientation="exif")
+
+    assert isinstance(source, Source)
+
+
+def test_checked_samples_build_a_source_as_they_are(tmp_path):
+    """check_samples runs the checks into the report given (a parser's own, with its findings);
+    SampleListSource takes CheckedSamples without checking again or finishing the report."""
+    report = v.Report("my folder")
+    report.add(v.SIZE_NOT_DECLARED, "my folder: a.txt", detail="a parser's finding")
+    samples = [Sample(np.zeros((10, 20, 3), np.uint8), [[-5, 1, 8, 4], [30, 1, 40, 4]], [2, 3], 7)]
+    checked = check_samples(samples, {2: "two", 3: "three"}, report=report)
+    assert isinstance(checked, CheckedSamples) and checked.report is report and checked.field_specs == {}
+    assert (report.images, report.boxes) == (1, 1)
+    assert report.counts == {v.SIZE_NOT_DECLARED: 1, v.BOX_CLIPPED: 1, v.BOX_OUTSIDE: 1}
+    assert checked.samples[0].boxes.tolist() == [[0, 1, 8, 4]] and checked.samples[0].labels.tolist() == [2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)  # not finished here: the caller says it once
+        source = SampleListSource(checked, orientation="ignore")
+    assert source.samples is checked.samples and source.report is report and source.decoded
+    assert source.categories == {2: "two", 3: "three"} and source.orientation == "ignore"
+    with pytest.raises(TypeError, match="carry their categories"):
+        SampleListSource(checked, {2: "two"})
+    with pytest.raises(DatasetError, match="unknown category id"):
+        check_samples(samples, {2: "two"})
 
 
 # -- VocSource ----------------------------------------------------------------------------------------
