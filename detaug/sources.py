@@ -8,6 +8,8 @@ counted in ``source.report``), and then read by position:
   arrays, PIL images or torch tensors; given as :class:`Sample`, mappings or tuples).
 * :class:`CocoSource`: a COCO detection JSON, parsed by :func:`detaug.formats.coco.load_coco`.
 * :class:`VocSource`: a Pascal VOC folder through the ``voc2coco`` converter, in memory.
+* :class:`YoloSource`: a YOLO-txt folder (``images/``, ``labels/``, ``classes.txt``), parsed by
+  :mod:`detaug.formats.yolo` (docs/sources.md builds it step by step).
 
 Per-box fields (``Sample.fields``): arrays of one row per box, such as COCO's ``iscrowd`` and
 ``area``, VOC's ``difficult``, or a user's track id column. The checks keep them aligned with
@@ -54,7 +56,6 @@ from detaug.formats.samples import (
     VOC_FIELDS,
     CheckedSamples,
     FieldSpec,
-    ImageLike,
     Sample,
     Source,
     field_specs,
@@ -63,7 +64,7 @@ from detaug.keypoints import KEYPOINTS, check_keypoints
 
 __all__ = [
     "COCO_FIELDS", "ORIENTATIONS", "RESERVED_FIELDS", "VOC_FIELDS", "CheckedSamples", "CocoSource", "FieldSpec",
-    "Sample", "SampleListSource", "Source", "VocSource", "box_area", "check_samples", "coco_to_samples",
+    "Sample", "SampleListSource", "Source", "VocSource", "YoloSource", "box_area", "check_samples", "coco_to_samples",
     "field_specs",
 ]
 
@@ -356,6 +357,55 @@ class VocSource(SampleListSource):
         _warn_left_out(report.source, voc)  # stacklevel 3: the caller of VocSource(...)
         report.finish()
         super().__init__(replace(checked, field_specs=VOC_FIELDS), orientation=orientation)
+
+
+class YoloSource(SampleListSource):
+    """A YOLO-txt folder (``images/``, ``labels/`` with one ``class cx cy w h`` line per box as
+    fractions of the image, ``classes.txt``), parsed by
+    :func:`detaug.formats.yolo.read_yolo_folder` (its layout and errors: every malformed line
+    named by file and line) and checked as every sample list is: sample ``i`` is the ``i``-th
+    image in path order (or in the split list's order), its image id ``i + 1``, its labels the
+    class indices (0-based), :attr:`categories` the names by index.
+
+    Each box is placed on its image by the image's size, read from its header (no pixel is
+    decoded) and declared as the sample's ``size``: boxes partly outside the image are clipped,
+    boxes without area in it dropped (repairs, counted in ``report`` and said in one
+    :class:`~detaug.DataWarning`). An image whose header gives no size is kept without boxes
+    (a note; the loaders name and skip the image when they read it).
+
+    Args:
+        root: the folder.
+        split: a split list ``root/<split>.txt`` of image paths relative to ``root``; ``None``:
+            every image under ``images/``.
+        names: the class names (a list or a names file); ``None``: ``root/classes.txt`` if there.
+        orientation: the frame of the boxes of EXIF-rotated images; default ``"apply"``: YOLO
+            labels are fractions of the image as displayed (after its EXIF orientation, as
+            Ultralytics reads images); ``"ignore"``: of the stored pixels.
+        allow_paths_outside: accept split list entries that are absolute or leave ``root``.
+    """
+
+    def __init__(self, root: str | os.PathLike, split: str | None = None, *,
+                 names: Sequence[str] | str | os.PathLike | None = None, orientation: str = "apply",
+                 allow_paths_outside: bool = False) -> None:
+        from detaug.formats.yolo import read_yolo_folder
+
+        orientation = check_orientation(orientation)
+        folder = read_yolo_folder(root, split, names=names, allow_paths_outside=allow_paths_outside)
+        report = folder.report
+        samples = []
+        for k, item in enumerate(folder.images):
+            info = probe_file(item.image)
+            if info.size_known:
+                hw = info.stored_hw if orientation == "ignore" else info.displayed_hw
+                samples.append(Sample(item.image, to_xyxy(item.boxes, "yolo", hw), item.labels, k + 1, hw))
+                continue
+            if len(item.labels):
+                report.add(v.BOXES_NOT_PLACED, item.image, image_id=k + 1,
+                           detail=f"{info.problem}: the {len(item.labels)} boxes of {item.label_file}")
+            samples.append(Sample(item.image, np.zeros((0, 4)), np.zeros(0, np.int64), k + 1))
+        checked = check_samples(samples, folder.categories or None, report=report)  # the one set of checks
+        report.finish()
+        super().__init__(checked, orientation=orientation)
 
 
 def _warn_left_out(source: str, voc: Any) -> None:
