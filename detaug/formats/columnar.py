@@ -48,6 +48,7 @@ import numpy as np
 from detaug.errors import DatasetError, DataWarning
 from detaug.boxes import box_area
 from detaug.formats import validation as v
+from detaug.formats.box_formats import xywh_to_xyxy
 from detaug.formats.samples import Sample
 
 __all__ = [
@@ -622,7 +623,7 @@ class _Collector:
             self.ann["category_id"].append(np.array(cid, dtype=np.int64))
             xywh = np.array(bbox, dtype=np.float64).reshape(-1, 4)
             with np.errstate(over="ignore", invalid="ignore"):  # xyxy in float64, kept in float32 (beyond: inf)
-                xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1).astype(np.float32)
+                xyxy = xywh_to_xyxy(xywh).astype(np.float32)
             self.ann["bbox"].append(xyxy)
         except OverflowError:
             raise _Irregular("an integer beyond int64") from None
