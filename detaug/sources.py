@@ -60,6 +60,7 @@ from detaug.formats.samples import (
     Source,
     field_specs,
 )
+from detaug.formats.yolo import read_yolo_folder
 from detaug.keypoints import KEYPOINTS, check_keypoints
 
 __all__ = [
@@ -387,8 +388,6 @@ class YoloSource(SampleListSource):
     def __init__(self, root: str | os.PathLike, split: str | None = None, *,
                  names: Sequence[str] | str | os.PathLike | None = None, orientation: str = "apply",
                  allow_paths_outside: bool = False) -> None:
-        from detaug.formats.yolo import read_yolo_folder
-
         orientation = check_orientation(orientation)
         folder = read_yolo_folder(root, split, names=names, allow_paths_outside=allow_paths_outside)
         report = folder.report
