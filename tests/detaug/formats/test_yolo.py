@@ -120,3 +120,16 @@ def test_empty_folder_and_missing_images_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="images folder"):
         read_yolo_folder(tmp_path / "nope")
     assert np.array_equal(parse_labels("", "f", None, v.Report("t"))[1], np.zeros((0, 4)))
+
+
+def test_hostile_label_files_are_refused_before_they_are_read(tmp_path, monkeypatch):
+    """A link to a device never ends and a huge file would fill the memory: both are named."""
+    import detaug.formats.yolo as yolo
+
+    folder(tmp_path, {"b.txt": "0 0.5 0.5 0.5 0.5\n" * 4}, images=("a.jpg", "b.jpg"))
+    (tmp_path / "labels" / "a.txt").symlink_to("/dev/zero")
+    monkeypatch.setattr(yolo, "MAX_LABEL_BYTES", 40)
+    with pytest.raises(DatasetError) as info:
+        read_yolo_folder(tmp_path)
+    assert str(info.value).startswith(f"{tmp_path / 'labels' / 'a.txt'}: malformed annotation: not a regular file")
+    assert f"{tmp_path / 'labels' / 'b.txt'}: 72 bytes: larger than 40" in str(info.value)
