@@ -8,6 +8,8 @@ Conventions used throughout detaug:
 * Matrices are 3x3 homogeneous forward maps acting on column vectors ``(x, y, 1)``.
 * A *half-plane* ``(a, b, c)`` is the set ``a * x + b * y <= c``.
 
+Conversions between box formats are :mod:`detaug.formats.box_formats`'.
+
 Geometry of a chain of transforms (see :mod:`detaug.plan`): every canvas the image passes through
 is a rectangle ``[0, W_k] x [0, H_k]`` in its own coordinates, i.e. four half-planes; mapped back
 to the *source* image they stay half-planes. A box's visible part after the whole chain is its
@@ -21,9 +23,6 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = [
-    "xywh_to_xyxy",
-    "xyxy_to_xywh",
-    "convert_format",
     "box_area",
     "box_iou",
     "translation_matrix",
@@ -40,50 +39,12 @@ __all__ = [
     "polygon_bounds",
 ]
 
-BOX_FORMATS = ("xyxy", "xywh", "cxcywh", "yxyx", "rel_xyxy", "rel_xywh", "rel_yxyx", "rel_cxcywh")
 
-
-def xywh_to_xyxy(boxes: np.ndarray) -> np.ndarray:
-    """``[..., 4]`` ``(x, y, w, h)`` -> ``(x_min, y_min, x_max, y_max)``."""
-    boxes = np.asarray(boxes)
-    return np.concatenate([boxes[..., :2], boxes[..., :2] + boxes[..., 2:]], axis=-1)
-
-
-def xyxy_to_xywh(boxes: np.ndarray) -> np.ndarray:
-    """``[..., 4]`` ``(x_min, y_min, x_max, y_max)`` -> ``(x, y, w, h)``."""
-    boxes = np.asarray(boxes)
-    return np.concatenate([boxes[..., :2], boxes[..., 2:] - boxes[..., :2]], axis=-1)
-
-
-def convert_format(boxes_xyxy: np.ndarray, fmt: str, canvas_size: tuple[int, int]) -> np.ndarray:
-    """Convert absolute ``xyxy`` boxes ``[..., 4]`` to ``fmt`` (names as in Keras 3).
-
-    ``canvas_size`` is ``(height, width)`` of the image the boxes live in; it is used by the
-    relative (``rel_*``) formats, whose coordinates are divided by the width (x) and height (y).
-    """
-    if fmt not in BOX_FORMATS:
-        raise ValueError(f"unknown box format {fmt!r}; expected one of {', '.join(BOX_FORMATS)}")
-    b = np.asarray(boxes_xyxy, dtype=np.float32)
-    rel = fmt.startswith("rel_")
-    base = fmt[4:] if rel else fmt
-    if rel:
-        h, w = canvas_size
-        b = b / np.array([w, h, w, h], dtype=np.float32)
-    x0, y0, x1, y1 = (b[..., i] for i in range(4))
-    if base == "xyxy":
-        out = b
-    elif base == "xywh":
-        out = np.stack([x0, y0, x1 - x0, y1 - y0], axis=-1)
-    elif base == "cxcywh":
-        out = np.stack([(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0], axis=-1)
-    else:  # yxyx
-        out = np.stack([y0, x0, y1, x1], axis=-1)
-    return out.astype(np.float32, copy=False)
-
-
-def box_area(boxes_xyxy: np.ndarray) -> np.ndarray:
-    """Areas ``[...]`` of ``[..., 4]`` xyxy boxes (0 for inverted boxes)."""
-    b = np.asarray(boxes_xyxy)
+def box_area(boxes_xyxy: np.ndarray, dtype: type | np.dtype | None = None) -> np.ndarray:
+    """Areas ``[...]`` ``(x2 - x1) * (y2 - y1)`` of ``[..., 4]`` xyxy boxes, in pixels (0 for
+    inverted boxes), in the boxes' dtype; ``dtype``: the boxes cast to it first (``np.float32``
+    gives the float32 areas of the ``area`` field). The one area rule of detaug."""
+    b = np.asarray(boxes_xyxy, dtype=dtype)
     return np.clip(b[..., 2] - b[..., 0], 0, None) * np.clip(b[..., 3] - b[..., 1], 0, None)
 
 

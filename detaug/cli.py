@@ -122,64 +122,16 @@ def load_recipe(path: str | None, size: int) -> Any:
     return default_detection_recipe(size=size) if path is None else read_recipe(path)
 
 
-def _existing_folder(option: str, path: str) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise CliError(f"{option} {p}: folder not found")
-    if not p.is_dir():
-        raise CliError(f"{option} {p}: not a folder")
-    return p
-
-
-def _existing_file(option: str, path: str) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise CliError(f"{option} {p}: file not found")
-    if p.is_dir():
-        raise CliError(f"{option} {p}: is a folder, not a file")
-    return p
-
-
 def make_source(args: argparse.Namespace) -> Any:
-    """A source from ``--coco FILE --images DIR`` or ``--voc ROOT [--split NAME]``, its files
-    checked first (each error names its option)."""
-    from detaug.sources import CocoSource, VocSource
+    """A source from ``--coco FILE --images DIR`` or ``--voc ROOT [--split NAME]``
+    (:func:`detaug.source_args.source_from_args`; each error names its option); a VOC folder's
+    report goes to stderr."""
+    from detaug.source_args import source_from_args
 
-    if args.voc and args.coco:
-        raise CliError("give either --voc ROOT or --coco FILE --images DIR, not both")
+    source = source_from_args(args, shuffle=True)
     if args.voc:
-        _existing_folder("--voc", args.voc)
-        if args.images:
-            raise CliError("--images goes with --coco (a VOC folder has its images in JPEGImages/)")
-        if args.labels not in ("voc", "discover"):
-            _existing_file("--labels", args.labels)
-        source = VocSource(args.voc, args.split, labels=args.labels)
         print(source.report.summary(), file=sys.stderr)
-        return source
-    if args.coco:
-        if args.split:
-            raise CliError("--split goes with --voc (a COCO file is one split)")
-        coco = _existing_file("--coco", args.coco)
-        if not args.images:
-            raise CliError("--coco needs --images DIR (the folder its file_name entries are relative to)")
-        images = _existing_folder("--images", args.images)
-        source = CocoSource(coco, images, shuffle=True, seed=args.seed,
-                            allow_paths_outside=getattr(args, "allow_paths_outside", False))
-        _check_images_there(source, coco, images)
-        return source
-    raise CliError("give a dataset: --voc ROOT, or --coco FILE --images DIR")
-
-
-def _check_images_there(source: Any, coco: Path, images: Path) -> None:
-    """A :class:`CliError` when not one image of ``source`` is in ``images`` (the wrong folder);
-    single missing images are the loader's to skip and name."""
-    if any(os.path.exists(source.file_of(i)) for i in range(len(source))):
-        return
-    first = source.file_of(0)
-    raise CliError(
-        f"--images {images}: none of the {len(source)} images of {coco} is there (the first would "
-        f"be {first}); give the folder their file_name entries are relative to"
-    )
+    return source
 
 
 def write_preview(loader: Any, recipe: Any, path: Path, count: int) -> Path:

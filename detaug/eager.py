@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from detaug.boxes import box_area
 from detaug.formats.box_formats import check_box_format, from_xyxy, to_xyxy
 from detaug.keypoints import KEYPOINTS
 from detaug.rotated import ROTATED_BOXES
@@ -176,7 +177,7 @@ def apply(
         result[name] = _like(planned.fields[0][name] if name in moved else arr[kept], fields[name])
     if "area" in extra:
         b = planned.boxes[0]
-        result["area"] = _like(((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])).astype(np.float32), fields["area"])
+        result["area"] = _like(box_area(b, np.float32), fields["area"])
     return result
 
 

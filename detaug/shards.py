@@ -56,7 +56,7 @@ from detaug.errors import DatasetError, DataWarning
 from detaug.formats import validation as v
 from detaug.formats.coco import read_json
 from detaug.formats.columnar import SampleTable, SampleView, load_columns, save_columns
-from detaug.sources import FieldSpec, SampleListSource, check_orientation, field_specs
+from detaug.sources import CheckedSamples, FieldSpec, SampleListSource, check_orientation, field_specs
 
 __all__ = [
     "INDEX_VERSION", "ShardSource", "ShardSummary", "add_shards_parser", "parse_size", "read_index",
@@ -629,7 +629,7 @@ class ShardSource(SampleListSource):
                                f"{' '.join(str(err).split())[:200]})") from None
         report = self._check_manifest(categories, specs)
         view = SampleView(self.table, _TarMember(self), fields_of=_ShardFields(self) if specs else None)
-        self._adopt(view, categories, report, orientation, specs)  # type: ignore[arg-type]
+        super().__init__(CheckedSamples(view, categories, report, specs), orientation=orientation)  # type: ignore[arg-type]
         if self.skipped_when_written:  # named when written; said again to whoever reads the folder
             first = self.skipped_when_written[0]
             warnings.warn(f"{self.root}: {len(self.skipped_when_written)} image(s) left out when the shards were "
@@ -840,22 +840,13 @@ def _size_arg(text: str) -> int:
 def source_of(src: str, *, images: str | None = None, split: str | None = None, labels: str = "discover",
               allow_paths_outside: bool = False) -> Any:
     """The source ``detaug shards`` reads: a VOC folder, or a COCO JSON with its images folder
-    (``allow_paths_outside``: :class:`~detaug.sources.CocoSource`'s)."""
-    from detaug.sources import CocoSource, VocSource
+    (``allow_paths_outside``: :class:`~detaug.sources.CocoSource`'s), chosen by
+    :func:`detaug.source_args.source_from_args` (a :class:`~detaug.cli_support.CliError`
+    naming the option for a user error)."""
+    from detaug.source_args import source_from_args
 
-    path = Path(src)
-    if path.is_dir():
-        if images:
-            raise ValueError("--images goes with a COCO JSON (a VOC folder has its images in JPEGImages/)")
-        return VocSource(path, split, labels=labels)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such VOC folder or COCO JSON file")
-    if split:
-        raise ValueError("--split goes with a VOC folder (a COCO file is one split)")
-    folder = Path(images) if images else (path.parent / "images" if (path.parent / "images").is_dir() else path.parent)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: images folder not found (--images)")
-    return CocoSource(path, folder, allow_paths_outside=allow_paths_outside)
+    return source_from_args(argparse.Namespace(src=src, images=images, split=split, labels=labels,
+                                               allow_paths_outside=allow_paths_outside))
 
 
 def run_shards(args: argparse.Namespace) -> int:

@@ -8,6 +8,8 @@ counted in ``source.report``), and then read by position:
   arrays, PIL images or torch tensors; given as :class:`Sample`, mappings or tuples).
 * :class:`CocoSource`: a COCO detection JSON, parsed by :func:`detaug.formats.coco.load_coco`.
 * :class:`VocSource`: a Pascal VOC folder through the ``voc2coco`` converter, in memory.
+* :class:`YoloSource`: a YOLO-txt folder (``images/``, ``labels/``, ``classes.txt``), parsed by
+  :mod:`detaug.formats.yolo` (docs/sources.md builds it step by step).
 
 Per-box fields (``Sample.fields``): arrays of one row per box, such as COCO's ``iscrowd`` and
 ``area``, VOC's ``difficult``, or a user's track id column. The checks keep them aligned with
@@ -16,13 +18,14 @@ and filter (:mod:`detaug.planning`); ``source.field_specs`` says which fields ev
 source has (:class:`FieldSpec`: dtype and trailing shape). ``area`` is always recomputed from
 the boxes it goes out with.
 
-The interface the loaders use (every source has it)::
-
-    source.samples: list[Sample]; len(source); source.decoded; source.categories: dict[int, str]
-    source.orientation ("auto" | "apply" | "ignore"); source.report
-    source.describe(i) -> str; source.file_of(i) -> str
-    source.load(i) -> (data, boxes, labels, image_id)
-    source.field_specs: dict[str, FieldSpec]  (may be absent: no fields)
+Every source implements :class:`~detaug.formats.samples.Source` (what the loaders, the planner
+and ``write_shards`` read: ``samples``, ``len``, ``categories``, ``report``, ``decoded``,
+``orientation``, ``field_specs``, ``load(i)``, ``file_of(i)``, ``describe(i)``,
+``present_labels()``, ``max_boxes()``). A new source parses its files into
+:class:`~detaug.formats.samples.Sample` records, checks them with :func:`check_samples` (or
+hands over :class:`~detaug.formats.samples.CheckedSamples` it checked itself) and builds a
+:class:`SampleListSource` from them; docs/sources.md walks through one (a YOLO-txt folder).
+:func:`detaug.source_args.source_from_args` chooses one from command-line arguments.
 
 Boxes are float32 ``[N, 4]`` absolute ``xyxy`` in continuous pixel coordinates (pixel ``i`` spans
 ``[i, i + 1)``), labels int64 ``[N]`` category ids in ``[0, 2**31 - 1]``, image ids ints that fit
@@ -35,88 +38,37 @@ import os
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
+from detaug.boxes import box_area
 from detaug.errors import DatasetError, DataWarning
 from detaug.formats import validation as v
 from detaug.formats.coco import NO_ANNOTATION_ID, CocoDataset, load_coco
 from detaug.formats.box_formats import check_box_format, to_xyxy
 from detaug.formats.images import ORIENTATIONS, probe_file, probe_image, read_bytes
+from detaug.formats.samples import (
+    COCO_FIELDS,
+    RESERVED_FIELDS,
+    VOC_FIELDS,
+    CheckedSamples,
+    FieldSpec,
+    Sample,
+    Source,
+    field_specs,
+)
+from detaug.formats.yolo import read_yolo_folder
 from detaug.keypoints import KEYPOINTS, check_keypoints
 from detaug.rotated import ROTATED_BOXES, check_rotated_boxes
 
 __all__ = [
-    "COCO_FIELDS", "ORIENTATIONS", "RESERVED_FIELDS", "VOC_FIELDS", "CocoSource", "FieldSpec", "Sample",
-    "SampleListSource", "VocSource", "box_area", "coco_to_samples", "field_specs",
+    "COCO_FIELDS", "ORIENTATIONS", "RESERVED_FIELDS", "VOC_FIELDS", "CheckedSamples", "CocoSource", "FieldSpec",
+    "Sample", "SampleListSource", "Source", "VocSource", "YoloSource", "box_area", "check_samples", "coco_to_samples",
+    "field_specs",
 ]
-
-ImageLike = str | os.PathLike | bytes | bytearray | memoryview | np.ndarray
-
-
-@dataclass
-class Sample:
-    """One annotated image.
-
-    Attributes:
-        image: a file path; encoded bytes (``bytes``, ``bytearray``, ``memoryview``, or a 1-D
-            uint8 array or tensor such as ``np.frombuffer(data, np.uint8)``: 1-D uint8 is always
-            encoded); a decoded uint8 ``[H, W, 3]`` RGB or ``[H, W]`` grayscale array; a PIL image
-            (its pixels as PIL holds them: EXIF orientation not applied); or a uint8 torch tensor
-            ``[3, H, W]`` (CHW), ``[H, W, 3]`` or ``[H, W]`` (PIL images and tensors are kept as
-            NumPy arrays; the type rules are :func:`detaug.formats.validation.image_input`'s).
-        boxes: ``[N, 4]`` absolute ``xyxy`` boxes, pixel ``i`` spanning ``[i, i + 1)`` (kept as float32).
-        labels: ``[N]`` integer category ids in ``[0, 2**31 - 1]`` (kept as int64).
-        image_id: an integer id returned with the sample's target.
-        size: the declared ``(height, width)`` the boxes were annotated on, or ``None``; it tells
-            the frame of an EXIF-rotated image's boxes (``orientation="auto"``), and boxes are
-            clipped to it.
-        fields: per-box arrays by name, each ``[N, ...]`` (one row per box, in the boxes'
-            order): numbers or bools (bools are kept as int64), e.g. ``{"iscrowd": [0, 1],
-            "track_id": [7, 9]}``. Names are strings other than :data:`RESERVED_FIELDS`.
-    """
-
-    image: ImageLike
-    boxes: Any = field(default_factory=lambda: np.zeros((0, 4), np.float32))
-    labels: Any = field(default_factory=lambda: np.zeros(0, np.int64))
-    image_id: int = 0
-    size: tuple[int, int] | None = None
-    fields: dict[str, Any] = field(default_factory=dict)
-
-
-#: Names a per-box field cannot take: the targets' own keys and the sample's.
-RESERVED_FIELDS = ("image", "boxes", "labels", "image_id", "size", "fields")
-
-
-class FieldSpec(NamedTuple):
-    """A per-box field of a source: its arrays are ``dtype [N, *shape]``."""
-
-    dtype: np.dtype
-    shape: tuple[int, ...] = ()
-
-
-_INT64, _FLOAT32 = np.dtype(np.int64), np.dtype(np.float32)
-
-#: The fields of a :class:`CocoSource`: ``iscrowd`` (0/1) and ``area`` (the box's, in pixels).
-COCO_FIELDS = {"iscrowd": FieldSpec(_INT64), "area": FieldSpec(_FLOAT32)}
-
-#: The fields of a :class:`VocSource`: ``iscrowd`` (0/1, 1 for difficult objects with
-#: ``difficult="crowd"``) and ``difficult`` (0/1, the XML's flag).
-VOC_FIELDS = {"iscrowd": FieldSpec(_INT64), "difficult": FieldSpec(_INT64)}
-
-
-def box_area(boxes: np.ndarray) -> np.ndarray:
-    """float32 ``[N]``: the areas ``(x2 - x1) * (y2 - y1)`` of xyxy boxes ``[N, 4]``, in pixels."""
-    b = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
-    return ((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])).astype(np.float32)
-
-
-def field_specs(source: Any) -> dict[str, FieldSpec]:
-    """The per-box fields every sample of ``source`` has (``{}`` for a source without any)."""
-    return dict(getattr(source, "field_specs", None) or {})
 
 
 def check_orientation(orientation: str) -> str:
@@ -127,7 +79,7 @@ def check_orientation(orientation: str) -> str:
 
 
 class SampleListSource:
-    """An in-memory list of samples, checked once.
+    """An in-memory list of samples, checked once: a :class:`~detaug.formats.samples.Source`.
 
     All images must be of one kind: encoded (paths, bytes; decoded by DALI) or decoded (arrays,
     PIL images, tensors).
@@ -140,6 +92,9 @@ class SampleListSource:
             position when all are 0. Every sample with boxes must carry the same per-box fields
             (a sample without boxes may leave them out), each of one trailing shape; a field's
             arrays are cast to one dtype (NumPy's promotion; bools become int64).
+            Or :class:`~detaug.formats.samples.CheckedSamples` (from :func:`check_samples`, or
+            from a parser that ran the checks itself), taken as they are: the way a new source
+            is built (docs/sources.md, "Adding a source").
         categories: optional names by category id; when given, every label must be one of them.
         orientation: the frame of the boxes of EXIF-rotated images (:data:`ORIENTATIONS`; see
             :mod:`detaug.formats.images`).
@@ -159,37 +114,31 @@ class SampleListSource:
         field_specs: ``{name: FieldSpec}`` of the per-box fields every sample has.
     """
 
-    samples: list[Sample]
+    samples: Sequence[Sample]
     decoded: bool
     categories: dict[int, str]
     orientation: str
     report: v.Report
     field_specs: dict[str, FieldSpec]
 
-    def __init__(self, samples: Iterable[Sample | Mapping[str, Any] | tuple], categories: Mapping[int, str] | None = None,
-                 *, orientation: str = "auto", box_format: str = "xyxy") -> None:
+    def __init__(self, samples: CheckedSamples | Iterable[Sample | Mapping[str, Any] | tuple],
+                 categories: Mapping[int, str] | None = None, *, orientation: str = "auto",
+                 box_format: str = "xyxy") -> None:
         orientation = check_orientation(orientation)
-        check_box_format(box_format)
-        report = v.Report("sample list")
-        names = _check_categories(categories, report)
-        checked, specs = _check_samples(samples, names if categories is not None else None, report, box_format)
-        report.images = len(checked)
-        report.boxes = sum(len(s.boxes) for s in checked)
-        report.finish()
-        self._adopt(checked, names, report, orientation, specs)
-
-    def _adopt(self, samples: list[Sample], categories: dict[int, str], report: v.Report, orientation: str,
-               specs: Mapping[str, FieldSpec] | None = None) -> None:
-        """Take samples that went through the checks (``specs``: their per-box fields)."""
-        self.samples = samples
-        self.categories = categories
-        self.report = report
+        if isinstance(samples, CheckedSamples):
+            if categories is not None or box_format != "xyxy":
+                raise TypeError("CheckedSamples carry their categories and xyxy boxes: give neither categories "
+                                "nor box_format with them")
+            checked = samples
+        else:
+            checked = check_samples(samples, categories, box_format=box_format)
+            checked.report.finish()
+        self.samples = checked.samples
+        self.categories = checked.categories
+        self.report = checked.report
         self.orientation = orientation
-        self.decoded = _is_decoded(samples[0].image)
-        self.field_specs = dict(specs or {})
-        if KEYPOINTS not in self.field_specs and isinstance(samples, list) and KEYPOINTS in (samples[0].fields or {}):
-            # a COCO keypoints file (coco_to_samples gives every sample float32 [N, K, 3])
-            self.field_specs[KEYPOINTS] = FieldSpec(_FLOAT32, tuple(samples[0].fields[KEYPOINTS].shape[1:]))
+        self.decoded = bool(len(checked.samples)) and _is_decoded(checked.samples[0].image)
+        self.field_specs = dict(checked.field_specs)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -320,11 +269,14 @@ class CocoSource(SampleListSource):
             columns = load_coco_columns(self.annotations_file, cache_dir=None if cache is True else cache,
                                         allow_paths_outside=allow_paths_outside)
             view, report = coco_view(columns, self.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
-            self._adopt(view, columns.categories, report, orientation, COCO_FIELDS)
+            super().__init__(CheckedSamples(view, columns.categories, report, COCO_FIELDS), orientation=orientation)
             return
-        dataset = load_coco(annotations_file, allow_paths_outside=allow_paths_outside)
+        dataset = load_coco(annotations_file, allow_paths_outside=allow_paths_outside)  # checked as it is parsed
         samples = coco_to_samples(dataset, self.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
-        self._adopt(samples, dataset.categories, dataset.report, orientation, COCO_FIELDS)
+        specs = dict(COCO_FIELDS)
+        if KEYPOINTS in samples[0].fields:  # a COCO keypoints file: every sample has float32 [N, K, 3]
+            specs[KEYPOINTS] = FieldSpec(np.dtype(np.float32), tuple(samples[0].fields[KEYPOINTS].shape[1:]))
+        super().__init__(CheckedSamples(samples, dataset.categories, dataset.report, specs), orientation=orientation)
 
 
 class VocSource(SampleListSource):
@@ -401,13 +353,59 @@ class VocSource(SampleListSource):
             samples.append(Sample(str(Path(voc.image_root) / image.file_name), image.boxes[keep], image.labels[keep],
                                   image.image_id, image.size, fields))
         try:
-            checked, _ = _check_samples(samples, voc.categories, report)  # the one set of checks
+            checked = check_samples(samples, voc.categories, report=report)  # the one set of checks
         except DatasetError as err:
             raise DatasetError(f"{err}\nconversion:\n{voc.report.summary()}") from err
-        report.images, report.boxes = len(checked), sum(len(s.boxes) for s in checked)
         _warn_left_out(report.source, voc)  # stacklevel 3: the caller of VocSource(...)
         report.finish()
-        self._adopt(checked, voc.categories, report, orientation, VOC_FIELDS)
+        super().__init__(replace(checked, field_specs=VOC_FIELDS), orientation=orientation)
+
+
+class YoloSource(SampleListSource):
+    """A YOLO-txt folder (``images/``, ``labels/`` with one ``class cx cy w h`` line per box as
+    fractions of the image, ``classes.txt``), parsed by
+    :func:`detaug.formats.yolo.read_yolo_folder` (its layout and errors: every malformed line
+    named by file and line) and checked as every sample list is: sample ``i`` is the ``i``-th
+    image in path order (or in the split list's order), its image id ``i + 1``, its labels the
+    class indices (0-based), :attr:`categories` the names by index.
+
+    Each box is placed on its image by the image's size, read from its header (no pixel is
+    decoded) and declared as the sample's ``size``: boxes partly outside the image are clipped,
+    boxes without area in it dropped (repairs, counted in ``report`` and said in one
+    :class:`~detaug.DataWarning`). An image whose header gives no size is kept without boxes
+    (a note; the loaders name and skip the image when they read it).
+
+    Args:
+        root: the folder.
+        split: a split list ``root/<split>.txt`` of image paths relative to ``root``; ``None``:
+            every image under ``images/``.
+        names: the class names (a list or a names file); ``None``: ``root/classes.txt`` if there.
+        orientation: the frame of the boxes of EXIF-rotated images; default ``"apply"``: YOLO
+            labels are fractions of the image as displayed (after its EXIF orientation, as
+            Ultralytics reads images); ``"ignore"``: of the stored pixels.
+        allow_paths_outside: accept split list entries that are absolute or leave ``root``.
+    """
+
+    def __init__(self, root: str | os.PathLike, split: str | None = None, *,
+                 names: Sequence[str] | str | os.PathLike | None = None, orientation: str = "apply",
+                 allow_paths_outside: bool = False) -> None:
+        orientation = check_orientation(orientation)
+        folder = read_yolo_folder(root, split, names=names, allow_paths_outside=allow_paths_outside)
+        report = folder.report
+        samples = []
+        for k, item in enumerate(folder.images):
+            info = probe_file(item.image)
+            if info.size_known:
+                hw = info.stored_hw if orientation == "ignore" else info.displayed_hw
+                samples.append(Sample(item.image, to_xyxy(item.boxes, "yolo", hw), item.labels, k + 1, hw))
+                continue
+            if len(item.labels):
+                report.add(v.BOXES_NOT_PLACED, item.image, image_id=k + 1,
+                           detail=f"{info.problem}: the {len(item.labels)} boxes of {item.label_file}")
+            samples.append(Sample(item.image, np.zeros((0, 4)), np.zeros(0, np.int64), k + 1))
+        checked = check_samples(samples, folder.categories or None, report=report)  # the one set of checks
+        report.finish()
+        super().__init__(checked, orientation=orientation)
 
 
 def _warn_left_out(source: str, voc: Any) -> None:
@@ -470,7 +468,7 @@ def coco_to_samples(
         if skip_empty and not len(boxes):
             report.add(v.EMPTY_IMAGE_LEFT_OUT, file, image_id=image.id)
             continue
-        fields = {"iscrowd": crowd.astype(np.int64), "area": box_area(boxes)}
+        fields = {"iscrowd": crowd.astype(np.int64), "area": box_area(boxes, np.float32)}
         if points is not None:  # a keypoints file (detaug.keypoints: pixel indices + 0.5)
             fields[KEYPOINTS] = points
         samples.append(Sample(str(root / image.file_name), boxes, labels, image.id, image.size, fields))
@@ -484,6 +482,38 @@ def coco_to_samples(
 
 
 # -- sample-list checks (the rules themselves live in detaug.formats.validation) -------------------
+
+def check_samples(samples: Iterable[Sample | Mapping[str, Any] | tuple], categories: Mapping[int, str] | None = None,
+                  *, report: v.Report | None = None, box_format: str = "xyxy") -> CheckedSamples:
+    """The one set of checks of every source built from samples (the table of
+    :mod:`detaug.formats.validation`): boxes converted from ``box_format`` to float32 xyxy,
+    clipped to the declared size or dropped (repairs), labels int64 among ``categories`` when
+    given, unique ids (1..n assigned when all are 0), per-box fields aligned with their boxes.
+
+    Args:
+        samples, categories, box_format: as :class:`SampleListSource`'s.
+        report: the report the findings go to (default: a new one named ``"sample list"``); a
+            source's own, which may already hold its parser's findings (errors in it are raised
+            with those of the checks).
+
+    Returns:
+        :class:`~detaug.formats.samples.CheckedSamples` (``report.images`` and
+        ``report.boxes`` set). The report is not finished: call ``report.finish()`` (one
+        :class:`~detaug.DataWarning` if anything was repaired) once the source's own findings
+        are in; ``SampleListSource(samples)`` does.
+
+    Raises:
+        DatasetError: the errors of the checks (and those ``report`` already held), naming the
+            file and the image id. TypeError: as :class:`SampleListSource`'s.
+    """
+    check_box_format(box_format)
+    report = v.Report("sample list") if report is None else report
+    names = _check_categories(categories, report)
+    checked, specs = _check_samples(samples, names if categories is not None else None, report, box_format)
+    report.images = len(checked)
+    report.boxes = sum(len(s.boxes) for s in checked)
+    return CheckedSamples(checked, names, report, specs)
+
 
 def _is_decoded(image: Any) -> bool:
     return isinstance(image, np.ndarray) and image.ndim >= 2

@@ -49,7 +49,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer("formats", "reading and checking files: images, COCO, box formats, columnar caches",
           ("detaug.formats", "detaug.formats.*")),
     Layer("converters", "voc2coco", ("converters", "converters.*")),
-    Layer("sources", "datasets: COCO, VOC, sample lists, shards", ("detaug.sources", "detaug.shards")),
+    Layer("sources", "datasets: COCO, VOC, sample lists, shards; choosing one from arguments",
+          ("detaug.sources", "detaug.shards", "detaug.source_args")),
     Layer("engine", "the batch planner, planning ahead in workers, the DALI pipeline, eager calls; they read a "
           "recipe through its methods", ("detaug.batch_plan", "detaug.planning", "detaug.plan_ahead", "detaug.pipeline",
                                          "detaug.eager")),
@@ -67,9 +68,6 @@ LAYERS: tuple[Layer, ...] = (
 
 #: ``(importer, imported)``: arrows not fixed yet, with the reason; remove one once it is fixed.
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("detaug.formats.columnar", "detaug.sources"):
-        "issue 40: cached_coco_source builds a CocoSource through __new__ (a circle with sources.py); "
-        "CocoSource(cache=...) removes it",
     ("detaug.bench.train", "detaug.bench.runner"):
         "issue 40: bench/train.py reads SCHEMA, DEFAULTS and _environment from the runner that calls it (a circle)",
 }

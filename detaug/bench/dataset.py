@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from detaug.formats.box_formats import xywh_to_xyxy
+
 __all__ = [
     "MIN_SIDE",
     "BenchDataset",
@@ -492,7 +494,7 @@ def load_records(dataset: BenchDataset) -> list[Record]:
         if not anns:
             continue
         xywh = np.asarray([a["bbox"] for a in anns], dtype=np.float32).reshape(-1, 4)
-        boxes = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)
+        boxes = xywh_to_xyxy(xywh)
         labels = np.asarray([a["category_id"] for a in anns], dtype=np.int64)
         records.append(
             Record(

@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from detaug.formats.box_formats import xywh_to_xyxy
+
 __all__ = ["SOURCES", "main", "measure", "write_annotations"]
 
 SOURCES = ("coco-list", "coco-cache-build", "coco-cache", "shards")
@@ -112,7 +114,7 @@ def write_annotations(folder: str | os.PathLike, n: int) -> tuple[Path, Path, Pa
         xywh = data["xywh"]
         table = SampleTable(data["ids"], np.tile(np.array([[480, 640]], np.int32), (n, 1)),
                             np.arange(0, n * BOXES + 1, BOXES, dtype=np.int64),
-                            np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1).astype(np.float32),
+                            xywh_to_xyxy(xywh).astype(np.float32),
                             data["labels"].astype(np.int32))
         stride = 100 * 1024  # placeholder images of 100 kB
         within = np.arange(n, dtype=np.int64) % PER_TAR
@@ -146,9 +148,7 @@ def _child(kind: str, coco: str, images: str, shards: str, cache_dir: str, ranks
     if kind == "coco-list":
         source = CocoSource(coco, images)
     elif kind in ("coco-cache-build", "coco-cache"):
-        from detaug.formats.columnar import cached_coco_source
-
-        source = cached_coco_source(coco, images, cache_dir=cache_dir)
+        source = CocoSource(coco, images, cache=cache_dir or True)
     elif kind == "shards":
         from detaug.shards import ShardSource
 

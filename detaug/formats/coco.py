@@ -22,6 +22,7 @@ import numpy as np
 
 from detaug.errors import DatasetError
 from detaug.formats import validation as v
+from detaug.formats.box_formats import xywh_to_xyxy
 
 __all__ = ["CocoDataset", "CocoImage", "load_coco", "read_json"]
 
@@ -336,7 +337,7 @@ class _Parser:
         except OverflowError:  # an integer beyond float64: as_coordinate makes it inf
             table = np.array([[v.as_coordinate(c) for c in row] for row in cols.xywh], dtype=np.float64)
         with np.errstate(over="ignore", invalid="ignore"):
-            xyxy = np.concatenate([table[:, :2], table[:, :2] + table[:, 2:]], axis=1)
+            xyxy = xywh_to_xyxy(table)
         sizes = np.array([im.size or (np.nan, np.nan) for im in images.values()], dtype=np.float64).reshape(-1, 2)
         ids = np.array(cols.ids, dtype=np.int64)
 

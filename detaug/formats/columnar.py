@@ -23,7 +23,7 @@ or any error) is parsed by :func:`detaug.formats.coco.load_coco` instead, which 
 problem; a clean result of that is cached the same way.
 
 :class:`SampleView` is the ``source.samples`` of a columnar source: ``len``, indexing (builds the
-:class:`~detaug.sources.Sample` on demand) and iteration.
+:class:`~detaug.formats.samples.Sample` on demand) and iteration.
 """
 
 from __future__ import annotations
@@ -46,10 +46,13 @@ from typing import Any
 import numpy as np
 
 from detaug.errors import DatasetError, DataWarning
+from detaug.boxes import box_area
 from detaug.formats import validation as v
+from detaug.formats.box_formats import xywh_to_xyxy
+from detaug.formats.samples import Sample
 
 __all__ = [
-    "CACHE_VERSION", "CocoColumns", "SampleTable", "SampleView", "cache_folder", "cached_coco_source", "coco_view",
+    "CACHE_VERSION", "CocoColumns", "SampleTable", "SampleView", "cache_folder", "coco_view",
     "load_coco_columns", "load_columns", "parse_coco_columns", "save_columns",
 ]
 
@@ -203,7 +206,7 @@ class SampleTable:
 
 class SampleView(Sequence):
     """``source.samples`` of a columnar source: a read-only sequence of
-    :class:`~detaug.sources.Sample` built on demand from a :class:`SampleTable`.
+    :class:`~detaug.formats.samples.Sample` built on demand from a :class:`SampleTable`.
 
     Args:
         table: the columns.
@@ -230,8 +233,6 @@ class SampleView(Sequence):
         return index if self.rows is None else int(self.rows[index])
 
     def __getitem__(self, index: int) -> Any:  # type: ignore[override]
-        from detaug.sources import Sample
-
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         r = self.row(int(index))
@@ -622,7 +623,7 @@ class _Collector:
             self.ann["category_id"].append(np.array(cid, dtype=np.int64))
             xywh = np.array(bbox, dtype=np.float64).reshape(-1, 4)
             with np.errstate(over="ignore", invalid="ignore"):  # xyxy in float64, kept in float32 (beyond: inf)
-                xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1).astype(np.float32)
+                xyxy = xywh_to_xyxy(xywh).astype(np.float32)
             self.ann["bbox"].append(xyxy)
         except OverflowError:
             raise _Irregular("an integer beyond int64") from None
@@ -1084,7 +1085,7 @@ def _warn_repairs(report: v.Report) -> None:
                       stacklevel=3)
 
 
-# -- a CocoSource over the columns -----------------------------------------------------------------
+# -- the samples of CocoSource(cache=...) ----------------------------------------------------------
 
 class _CocoImages:
     """``image_of`` of a COCO view: ``str(images_dir / file_name)``, as ``coco_to_samples``
@@ -1107,10 +1108,8 @@ class _CocoFields:
         self.columns, self.crowd = columns, crowd
 
     def __call__(self, start: int, end: int, boxes: np.ndarray) -> dict[str, np.ndarray]:
-        from detaug.sources import box_area
-
         crowd = np.asarray(self.columns.iscrowd[start:end], dtype=np.int64) if self.crowd else np.zeros(end - start, np.int64)
-        return {"iscrowd": crowd, "area": box_area(boxes)}
+        return {"iscrowd": crowd, "area": box_area(boxes, np.float32)}
 
 
 def coco_view(columns: CocoColumns, images_dir: str | os.PathLike, *, include_iscrowd: bool = True,
@@ -1150,43 +1149,4 @@ def coco_view(columns: CocoColumns, images_dir: str | os.PathLike, *, include_is
         report.raise_errors()
     return view, report
 
-
-def cached_coco_source(annotations_file: str | os.PathLike, images_dir: str | os.PathLike, *,
-                       cache: bool = True, cache_dir: str | os.PathLike | None = None, shuffle: bool = False,
-                       seed: int | None = None, skip_empty: bool = False, include_iscrowd: bool = True,
-                       shard_id: int | None = None, num_shards: int | None = None,
-                       orientation: str = "auto", allow_paths_outside: bool = False) -> Any:
-    """A :class:`~detaug.sources.CocoSource` whose samples are columns (:class:`SampleView`),
-    parsed once and cached (:func:`load_coco_columns`): the same samples, ids, boxes, report
-    and arguments as ``CocoSource(annotations_file, images_dir, ...)``, with a start-up that
-    opens the cache instead of parsing the JSON."""
-    from detaug.sources import COCO_FIELDS, CocoSource, check_orientation
-
-    source = CocoSource.__new__(CocoSource)
-    orientation = check_orientation(orientation)
-    source.annotations_file = Path(annotations_file)
-    source.images_dir = Path(images_dir)
-    if not source.images_dir.is_dir():
-        raise FileNotFoundError(f"{source.images_dir}: images folder not found")
-    source.shuffle, source.seed, source.skip_empty = shuffle, seed, skip_empty
-    source.include_iscrowd, source.shard_id, source.num_shards = include_iscrowd, shard_id, num_shards
-    source.allow_paths_outside = allow_paths_outside
-    columns = load_coco_columns(source.annotations_file, cache=cache, cache_dir=cache_dir,
-                                allow_paths_outside=allow_paths_outside)
-    view, report = coco_view(columns, source.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
-    source._adopt(view, columns.categories, report, orientation, COCO_FIELDS)
-    source.present_labels = _TableCall(view, "present_labels")  # type: ignore[attr-defined]
-    source.max_boxes = _TableCall(view, "max_boxes")  # type: ignore[attr-defined]
-    return source
-
-
-class _TableCall:
-    """``source.present_labels()`` / ``source.max_boxes()`` of a view's table (picklable). A
-    view leaves out only images without boxes (``skip_empty``): the table's answer is the view's."""
-
-    def __init__(self, view: SampleView, name: str) -> None:
-        self.view, self.name = view, name
-
-    def __call__(self) -> Any:
-        return getattr(self.view.table, self.name)()
 

@@ -62,6 +62,11 @@ image size not declared                note    COCO image without ``width``/``he
 crowd box left out                     note    ``iscrowd=1`` with ``include_iscrowd=False``
 image without boxes left out           note    with ``skip_empty=True``
 image ids assigned 1..n                note    every sample's ``image_id`` was 0: ids are positions + 1
+image without a label file             note    YOLO: no label file for an image: it has no boxes
+label file without an image            note    YOLO: a label file no image has: left out
+boxes of an unreadable image left out  note    YOLO: the image's header gives no size, so its boxes
+                                               (fractions of it) cannot be placed: left out (the
+                                               loaders skip the image itself, naming it)
 =====================================  ======  ===========================================================
 
 Python objects of the wrong kind handed to a source's constructor raise ``TypeError`` naming the
@@ -153,6 +158,9 @@ SIZE_NOT_DECLARED = "image size not declared"
 CROWD_LEFT_OUT = "crowd box left out"
 EMPTY_IMAGE_LEFT_OUT = "image without boxes left out"
 IDS_ASSIGNED = "image ids assigned 1..n"
+IMAGE_WITHOUT_LABELS = "image without a label file"
+LABELS_WITHOUT_IMAGE = "label file without an image"
+BOXES_NOT_PLACED = "boxes of an unreadable image left out"
 
 #: Every reason and its kind (the module docstring's table, in its order).
 RULES: dict[str, Kind] = {
@@ -161,7 +169,8 @@ RULES: dict[str, Kind] = {
                      MALFORMED_ANNOTATION, UNKNOWN_IMAGE, NO_BOX, MALFORMED_BOX, NON_FINITE,
                      UNKNOWN_CATEGORY, LABEL_RANGE, NEGATIVE_LABEL, MALFORMED_LABEL], "error"),
     **dict.fromkeys([EMPTY_BOX, BOX_CLIPPED, BOX_OUTSIDE], "repair"),
-    **dict.fromkeys([SIZE_NOT_DECLARED, CROWD_LEFT_OUT, EMPTY_IMAGE_LEFT_OUT, IDS_ASSIGNED], "note"),
+    **dict.fromkeys([SIZE_NOT_DECLARED, CROWD_LEFT_OUT, EMPTY_IMAGE_LEFT_OUT, IDS_ASSIGNED, IMAGE_WITHOUT_LABELS,
+                     LABELS_WITHOUT_IMAGE, BOXES_NOT_PLACED], "note"),
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from detaug.boxes import convert_format
+from detaug.formats.box_formats import convert_format
 
 __all__ = [
     "KERAS_BOX_FORMATS",

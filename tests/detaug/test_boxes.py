@@ -6,49 +6,27 @@ import numpy as np
 import pytest
 
 from detaug.boxes import (
+    box_area,
     box_iou,
     boxes_to_polygons,
     canvas_halfplanes,
     clip_polygons,
-    convert_format,
     polygon_area,
     polygon_bounds,
     rotation_matrix,
     shear_matrix,
     transform_points,
     translation_matrix,
-    xywh_to_xyxy,
-    xyxy_to_xywh,
 )
 
 
-def test_xywh_round_trip():
-    boxes = np.array([[1.5, 2.0, 10.0, 4.0], [0, 0, 1, 1]])
-    xyxy = xywh_to_xyxy(boxes)
-    np.testing.assert_allclose(xyxy, [[1.5, 2.0, 11.5, 6.0], [0, 0, 1, 1]])
-    np.testing.assert_allclose(xyxy_to_xywh(xyxy), boxes)
-
-
-@pytest.mark.parametrize(
-    "fmt, expected",
-    [
-        ("xyxy", [10, 20, 30, 60]),
-        ("xywh", [10, 20, 20, 40]),
-        ("cxcywh", [20, 40, 20, 40]),
-        ("yxyx", [20, 10, 60, 30]),
-        ("rel_xyxy", [0.1, 0.1, 0.3, 0.3]),
-        ("rel_yxyx", [0.1, 0.1, 0.3, 0.3]),
-    ],
-)
-def test_convert_format(fmt, expected):
-    out = convert_format(np.array([[10, 20, 30, 60]], np.float32), fmt, canvas_size=(200, 100))
-    np.testing.assert_allclose(out[0], expected, rtol=1e-6)
-    assert out.dtype == np.float32
-
-
-def test_convert_format_rejects_unknown_names():
-    with pytest.raises(ValueError, match="unknown box format 'ltrb'"):
-        convert_format(np.zeros((1, 4)), "ltrb", (1, 1))
+def test_box_area_in_the_boxes_dtype_or_the_one_asked():
+    boxes = np.array([[0, 0, 10, 5], [4, 4, 2, 9]], np.float64)  # the second is inverted: no area
+    assert box_area(boxes).tolist() == [50.0, 0.0] and box_area(boxes).dtype == np.float64
+    narrow = box_area(np.array([[0.1, 0.2, 1e7 + 0.3, 0.7]]), np.float32)
+    assert narrow.dtype == np.float32
+    b = np.float32([0.1, 0.2, 1e7 + 0.3, 0.7])
+    assert narrow[0] == (b[2] - b[0]) * (b[3] - b[1])  # cast first, then subtracted in float32
 
 
 def test_box_iou_matches_hand_computation():

@@ -23,7 +23,6 @@ from PIL import Image
 
 import detaug.transforms as T
 from detaug import DatasetError, DataWarning
-from detaug.formats.columnar import cached_coco_source
 from detaug.planning import BatchPlanner, EpochSpec, select_fields
 from detaug.seeds import sample_keys
 from detaug.sources import CocoSource, Sample, SampleListSource, VocSource
@@ -251,14 +250,14 @@ def write_coco(root) -> str:
 def test_coco_iscrowd_and_area_from_a_coco_json(tmp_path):
     path = write_coco(tmp_path)
     plain = CocoSource(path, tmp_path / "images")
-    cached = cached_coco_source(path, tmp_path / "images", cache_dir=tmp_path / "cache")
+    cached = CocoSource(path, tmp_path / "images", cache=tmp_path / "cache")
     for source in (plain, cached, pickle.loads(pickle.dumps(cached))):
         assert list(source.field_specs) == ["iscrowd", "area"]
         first = source.samples[0].fields
         assert first["iscrowd"].dtype == np.int64 and first["iscrowd"].tolist() == [0, 1]
         assert first["area"].dtype == np.float32 and first["area"].tolist() == [80.0, 192.0]  # the boxes'
     for source in (CocoSource(path, tmp_path / "images", include_iscrowd=False),
-                   cached_coco_source(path, tmp_path / "images", cache_dir=tmp_path / "cache", include_iscrowd=False)):
+                   CocoSource(path, tmp_path / "images", cache=tmp_path / "cache", include_iscrowd=False)):
         assert source.samples[0].fields["iscrowd"].tolist() == [0] and source.samples[0].labels.tolist() == [1]
     recipe = T.Compose([T.RandomHorizontalFlip(p=1.0), T.Resize((15, 20))])  # half size: a quarter of the area
     loader = DetectionLoader(plain, recipe, 2, device="cpu", num_threads=1)

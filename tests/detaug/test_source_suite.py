@@ -1,10 +1,11 @@
 """One suite, every source kind: CocoSource, the columnar (cached) COCO source, VocSource,
-SampleListSource and ShardSource must keep the same rules: exact epochs and equal ranks, the
+SampleListSource, ShardSource and YoloSource must keep the same rules: exact epochs and equal ranks, the
 seed contract, bad images named and skipped (or raised), and state_dict resume.
 
 The epoch and rank rules are checked on :class:`~detaug.planning.BatchPlanner` (what both
 loaders run, no DALI); one real CPU ``DetectionLoader`` per kind checks the end to end path,
-the bad images and the resume. Datasets: a dozen 64x48 synthetic JPEGs.
+the bad images and the resume. Datasets: a dozen 64x48 synthetic JPEGs (the YOLO folder is
+written from the COCO one by :func:`write_yolo_folder`).
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ import pytest
 
 import detaug.transforms as T
 from detaug import DataWarning, ImageError
-from detaug.formats.columnar import cached_coco_source
+from detaug.formats.box_formats import from_xyxy
+from detaug.formats.samples import Source
 from detaug.planning import BatchPlanner, EpochSpec
 from detaug.shards import ShardSource, read_index, write_shards
-from detaug.sources import CocoSource, SampleListSource, VocSource
+from detaug.sources import CocoSource, SampleListSource, VocSource, YoloSource
 from detaug.synthetic import write_coco_dataset, write_voc_dataset
 from detaug.torch import DetectionLoader
 
-KINDS = ["coco", "coco-cache", "voc", "list", "shards"]
+KINDS = ["coco", "coco-cache", "voc", "list", "shards", "yolo"]
 RECIPE = T.Compose([T.RandomHorizontalFlip(), T.RandomAffine(degrees=10, scale=(0.8, 1.2)), T.Resize((40, 48))])
 N = 12
 BAD_TEXT = b"this is not an image"
@@ -40,14 +42,32 @@ def _build(kind: str, coco: Path, voc: Path, work: Path) -> object:
         if kind == "coco":
             return CocoSource(coco / "annotations.json", coco / "images")
         if kind == "coco-cache":
-            return cached_coco_source(coco / "annotations.json", coco / "images", cache_dir=work / "cache")
+            return CocoSource(coco / "annotations.json", coco / "images", cache=work / "cache")
         if kind == "voc":
             return VocSource(voc)
         base = CocoSource(coco / "annotations.json", coco / "images")
+        if kind == "yolo":
+            return YoloSource(write_yolo_folder(base, work / "yolo"))
         if kind == "list":
             return SampleListSource(list(base.samples), base.categories)
         write_shards(base, work / "shards", shard_size=6000, verify=False, progress=False)  # several tars
         return ShardSource(work / "shards")
+
+
+def write_yolo_folder(source: CocoSource, root: Path) -> Path:
+    """A YOLO-txt folder of ``source``'s images (copied) and boxes (``class cx cy w h`` fractions
+    of the declared size, class = the category's position), with ``classes.txt``."""
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    ids = sorted(source.categories)
+    (root / "classes.txt").write_text("".join(f"{source.categories[i]}\n" for i in ids))
+    for s in source.samples:
+        image = Path(s.image)
+        shutil.copy(image, root / "images" / image.name)
+        rows = from_xyxy(s.boxes, "yolo", s.size).astype(np.float64)
+        (root / "labels" / f"{image.stem}.txt").write_text("".join(
+            f"{ids.index(int(label))} {' '.join(repr(float(x)) for x in row)}\n" for label, row in zip(s.labels, rows)))
+    return root
 
 
 def _spoil(source) -> str:
@@ -84,6 +104,11 @@ def source(kind, data):
 def bad_source(kind, data):
     root, bad = data
     return _build(kind, root / "coco-bad", root / "voc-bad", root / f"work-bad-{kind}"), bad["voc" if kind == "voc" else "coco"]
+
+
+def test_every_kind_is_a_source(source):
+    assert isinstance(source, Source)
+    assert len(source.samples) == len(source) and set(source.present_labels()) <= set(source.categories)
 
 
 def _ids(source) -> list[int]:

@@ -13,7 +13,8 @@ from PIL import Image
 
 from detaug.errors import DatasetError, DataWarning
 from detaug.formats import validation as v
-from detaug.sources import ORIENTATIONS, Sample, SampleListSource, VocSource
+from detaug.formats.samples import CheckedSamples, Source
+from detaug.sources import ORIENTATIONS, Sample, SampleListSource, VocSource, YoloSource, check_samples
 
 REALDATA = Path(__file__).resolve().parents[3] / "shared" / "realdata"
 
@@ -221,6 +222,30 @@ def test_source_api(tmp_path):
     with pytest.raises(ValueError, match="orientation"):
         build(samples, orientation="exif")
 
+    assert isinstance(source, Source)
+
+
+def test_checked_samples_build_a_source_as_they_are(tmp_path):
+    """check_samples runs the checks into the report given (a parser's own, with its findings);
+    SampleListSource takes CheckedSamples without checking again or finishing the report."""
+    report = v.Report("my folder")
+    report.add(v.SIZE_NOT_DECLARED, "my folder: a.txt", detail="a parser's finding")
+    samples = [Sample(np.zeros((10, 20, 3), np.uint8), [[-5, 1, 8, 4], [30, 1, 40, 4]], [2, 3], 7)]
+    checked = check_samples(samples, {2: "two", 3: "three"}, report=report)
+    assert isinstance(checked, CheckedSamples) and checked.report is report and checked.field_specs == {}
+    assert (report.images, report.boxes) == (1, 1)
+    assert report.counts == {v.SIZE_NOT_DECLARED: 1, v.BOX_CLIPPED: 1, v.BOX_OUTSIDE: 1}
+    assert checked.samples[0].boxes.tolist() == [[0, 1, 8, 4]] and checked.samples[0].labels.tolist() == [2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)  # not finished here: the caller says it once
+        source = SampleListSource(checked, orientation="ignore")
+    assert source.samples is checked.samples and source.report is report and source.decoded
+    assert source.categories == {2: "two", 3: "three"} and source.orientation == "ignore"
+    with pytest.raises(TypeError, match="carry their categories"):
+        SampleListSource(checked, {2: "two"})
+    with pytest.raises(DatasetError, match="unknown category id"):
+        check_samples(samples, {2: "two"})
+
 
 # -- VocSource ----------------------------------------------------------------------------------------
 
@@ -346,3 +371,46 @@ def test_voc_source_warns_what_the_conversion_left_out(tmp_path):
     assert "left out 1 image (1 malformed XML; e.g. " in message and "img2.xml" in message
     assert "1 object (1 label not in the labels list; e.g. " in message and "'dog'" in message
     assert len(source) == 1 and source.samples[0].labels.tolist() == [1]
+
+
+# -- YoloSource ---------------------------------------------------------------------------------------
+
+def write_yolo(root, lines, size=(20, 40), exif_orientation=None):
+    """A YOLO folder of one JPEG ``a.jpg`` of ``size`` (h, w) with ``lines`` as its label file."""
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    exif = Image.Exif()
+    if exif_orientation is not None:
+        exif[0x0112] = exif_orientation
+    Image.new("RGB", (size[1], size[0]), 100).save(root / "images" / "a.jpg", exif=exif)
+    (root / "labels" / "a.txt").write_text("".join(line + "\n" for line in lines))
+    (root / "classes.txt").write_text("cat\ndog\n")
+    return root
+
+
+def test_yolo_source_places_boxes_on_the_image_and_counts_repairs(tmp_path):
+    write_yolo(tmp_path, ["1 0.5 0.5 0.5 0.5", "0 0.95 0.5 0.2 0.2", "0 1.5 0.5 0.2 0.2", "1 0.5 0.5 0 0.3"])
+    with pytest.warns(DataWarning, match=r"\(YOLO\): 1 box clipped to the image, 1 box outside the image dropped, "
+                                         r"1 empty box dropped"):
+        source = YoloSource(tmp_path)
+    sample = source.samples[0]
+    assert isinstance(source, Source) and source.categories == {0: "cat", 1: "dog"} and source.orientation == "apply"
+    assert sample.size == (20, 40) and sample.image_id == 1 and source.file_of(0) == str(tmp_path / "images" / "a.jpg")
+    assert sample.boxes.tolist() == [[10, 5, 30, 15], [34, 8, 40, 12]] and sample.labels.tolist() == [1, 0]
+    assert source.report.images == 1 and source.report.boxes == 2
+
+
+def test_yolo_source_reads_the_displayed_frame_of_an_exif_rotated_image(tmp_path):
+    write_yolo(tmp_path, ["0 0.25 0.5 0.5 1.0"], size=(20, 40), exif_orientation=6)  # displayed 40 x 20
+    assert YoloSource(tmp_path).samples[0].boxes.tolist() == [[0, 0, 10, 40]]
+    stored = YoloSource(tmp_path, orientation="ignore").samples[0]
+    assert stored.size == (20, 40) and stored.boxes.tolist() == [[0, 0, 20, 20]]
+
+
+def test_yolo_source_keeps_an_unreadable_image_without_its_boxes_and_says_so(tmp_path):
+    write_yolo(tmp_path, ["0 0.5 0.5 0.5 0.5"])
+    (tmp_path / "images" / "a.jpg").write_bytes(b"not an image")
+    source = YoloSource(tmp_path)
+    assert len(source) == 1 and source.samples[0].boxes.shape == (0, 4) and source.samples[0].size is None
+    assert source.report.notes == {v.BOXES_NOT_PLACED: 1}
+    assert "not an image (unknown format): the 1 boxes of" in str(source.report.examples[v.BOXES_NOT_PLACED][0])

@@ -16,7 +16,6 @@ from detaug.bench.startup import main as startup_main
 from detaug.formats.coco import load_coco
 from detaug.formats.columnar import (
     CocoColumns,
-    cached_coco_source,
     load_coco_columns,
     parse_coco_columns,
 )
@@ -129,7 +128,7 @@ def test_the_cache_is_used_and_rebuilt_when_the_file_changes(tmp_path):
 
 
 @pytest.mark.parametrize("options", [{}, {"include_iscrowd": False}, {"skip_empty": True, "include_iscrowd": False}])
-def test_cached_coco_source_is_the_coco_source(tmp_path, options):
+def test_coco_source_with_a_cache_is_the_coco_source(tmp_path, options):
     doc = coco_dict()
     doc["annotations"] = [a for a in doc["annotations"] if a["image_id"] != 3 or options.get("skip_empty") is None]
     path = _write(tmp_path, doc)
@@ -138,7 +137,7 @@ def test_cached_coco_source_is_the_coco_source(tmp_path, options):
         warnings.simplefilter("ignore", DataWarning)
         expected = CocoSource(path, tmp_path / "images", **options)
         for _ in range(2):  # built, then from the cache
-            got = cached_coco_source(path, tmp_path / "images", cache_dir=tmp_path / "cache", **options)
+            got = CocoSource(path, tmp_path / "images", cache=tmp_path / "cache", **options)
     assert isinstance(got, CocoSource) and len(got) == len(expected)
     for i in range(len(expected)):
         a, b = expected.samples[i], got.samples[i]
