@@ -508,5 +508,6 @@ def test_the_background_feed_runs_into_the_next_epoch_and_goes_with_the_loader(s
     ref = weakref.ref(loader)
     del loader
     gc.collect()
+    last._thread.join(timeout=10)  # a collection run by the feed thread itself stops it without a join
     assert ref() is None and not last.alive
     inline.close()
