@@ -584,9 +584,10 @@ class _Column:
         return data.reshape(-1, *self.shape)
 
     def close(self) -> None:
-        """Free the column (its file is removed with the spill folder)."""
+        """Free the column (and remove its file: the disk a build needs stays near twice the cache)."""
         if self.file is not None:
             self.file.close()
+            self.path.unlink(missing_ok=True)  # type: ignore[union-attr]
         self.parts = []
 
 
