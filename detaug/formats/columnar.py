@@ -17,10 +17,12 @@ pages of the samples it reads; processes on one host share them through the page
 COCO files are parsed once (:func:`parse_coco_columns`: streamed in chunks, each chunk parsed
 with ``orjson`` where installed, else ``json``; the validation rules of
 :mod:`detaug.formats.validation` applied column-wise) and the result cached
-(:func:`load_coco_columns`): the second start-up of a 10M-image COCO file opens the cache. A file
+(:func:`load_coco_columns`; built in bounded memory: the chunks' columns spilled to files in the
+folder being written, only 32 bytes an image and a block of boxes in memory, the arrays the bytes
+the in-memory parse would save): the second start-up of a 10M-image COCO file opens the cache. A file
 the fast path does not take (anything beyond plain ints, floats and strings where COCO has them,
 or any error) is parsed by :func:`detaug.formats.coco.load_coco` instead, which names every
-problem; a clean result of that is cached the same way.
+problem; a clean result of that is cached the same way (in memory, as ``load_coco`` reads it).
 
 :class:`SampleView` is the ``source.samples`` of a columnar source: ``len``, indexing (builds the
 :class:`~detaug.sources.Sample` on demand) and iteration.
