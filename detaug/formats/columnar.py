@@ -567,7 +567,7 @@ class _Column:
     def append(self, array: np.ndarray) -> None:
         array = np.ascontiguousarray(array, dtype=self.dtype).reshape(-1, *self.shape)
         if self.file is not None:
-            self.file.write(memoryview(array).cast("B"))
+            self.file.write(_raw(array))
         else:
             self.parts.append(array)
         self.rows += len(array)
@@ -591,6 +591,11 @@ class _Column:
             self.file.close()
             self.path.unlink(missing_ok=True)  # type: ignore[union-attr]
         self.parts = []
+
+
+def _raw(array: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous array, not copied (empty ones too)."""
+    return memoryview(array.reshape(-1).view(np.uint8))
 
 
 class _Out:
@@ -621,7 +626,7 @@ class _Out:
         if self.folder is None:
             self.parts[name].append(array)
         else:
-            self.files[name].write(memoryview(array).cast("B"))
+            self.files[name].write(_raw(array))
 
     def put(self, name: str, array: np.ndarray) -> np.ndarray:
         """The whole array ``name`` at once; returns it as it can be read back (from a folder:

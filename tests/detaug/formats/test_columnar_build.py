@@ -127,3 +127,24 @@ def test_a_file_found_irregular_midway_is_cached_by_load_coco_without_leftovers(
     folder = cache_folder(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "a.json.detaug-cache", "a.json.detaug-cache.lock"]
     assert sorted(p.name for p in folder.iterdir()) == sorted([*(f"{n}.npy" for n in expected.arrays()), "meta.json"])
+
+
+@pytest.mark.parametrize("doc", [
+    {"images": [{"id": 1, "file_name": "a.jpg"}]},  # no annotations, no categories
+    {"images": [{"id": 1, "file_name": "a.jpg", "width": 5, "height": 5}], "annotations": [], "categories": []},
+    {"images": [{"id": 1, "file_name": "a.jpg", "width": 5, "height": 5}],  # every box dropped: no box kept
+     "annotations": [{"id": k, "image_id": 1, "category_id": 1, "bbox": [9, 9, 1, 1]} for k in range(9)],
+     "categories": [{"id": 1, "name": "x"}]},
+])
+def test_a_cache_without_boxes_is_built_in_tiny_blocks(tmp_path, monkeypatch, doc):
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(doc))
+    expected = _quiet(parse_coco_columns, path)
+    _tiny_blocks(monkeypatch)
+    built = _quiet(load_coco_columns, path)
+    assert expected.parsed_by == "stream" and len(built.table.boxes) == 0
+    for name, array in expected.arrays().items():
+        got = built.arrays()[name]
+        assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array), name
+        assert (cache_folder(path) / f"{name}.npy").read_bytes() == _npy_bytes(array), name
+    assert dict(built.report.counts) == dict(expected.report.counts)
