@@ -17,10 +17,12 @@ pages of the samples it reads; processes on one host share them through the page
 COCO files are parsed once (:func:`parse_coco_columns`: streamed in chunks, each chunk parsed
 with ``orjson`` where installed, else ``json``; the validation rules of
 :mod:`detaug.formats.validation` applied column-wise) and the result cached
-(:func:`load_coco_columns`): the second start-up of a 10M-image COCO file opens the cache. A file
+(:func:`load_coco_columns`; built in bounded memory: the chunks' columns spilled to files in the
+folder being written, only 32 bytes an image and a block of boxes in memory, the arrays the bytes
+the in-memory parse would save): the second start-up of a 10M-image COCO file opens the cache. A file
 the fast path does not take (anything beyond plain ints, floats and strings where COCO has them,
 or any error) is parsed by :func:`detaug.formats.coco.load_coco` instead, which names every
-problem; a clean result of that is cached the same way.
+problem; a clean result of that is cached the same way (in memory, as ``load_coco`` reads it).
 
 :class:`SampleView` is the ``source.samples`` of a columnar source: ``len``, indexing (builds the
 :class:`~detaug.formats.samples.Sample` on demand) and iteration.
@@ -79,12 +81,23 @@ def save_columns(folder: str | os.PathLike, arrays: Mapping[str, np.ndarray], me
     replacing it atomically (written next to it, then renamed). ``stamp(folder written so
     far, meta) -> meta``: what ``meta.json`` holds, from the written arrays. Returns the
     folder."""
+    def write(tmp: Path) -> Mapping[str, Any]:
+        for name, array in arrays.items():
+            np.save(tmp / f"{name}.npy", np.ascontiguousarray(array), allow_pickle=False)
+        return meta
+
+    return _write_folder(folder, write, stamp)
+
+
+def _write_folder(folder: str | os.PathLike, write: Callable[[Path], Mapping[str, Any]],
+                  stamp: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None) -> Path:
+    """:func:`save_columns` of what ``write(folder being written) -> meta`` writes (the arrays'
+    ``.npy`` files): nothing of it is left behind when ``write`` raises."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
     try:
-        for name, array in arrays.items():
-            np.save(tmp / f"{name}.npy", np.ascontiguousarray(array), allow_pickle=False)
+        meta = write(tmp)
         meta = stamp(tmp, dict(meta)) if stamp is not None else meta
         (tmp / "meta.json").write_text(json.dumps(dict(meta), separators=(",", ":")))
         if folder.exists():
@@ -541,20 +554,146 @@ def _needs_norm(name: str) -> bool:
     return "//" in name or "/." in name or name.startswith(".") or name.endswith("/")
 
 
+class _Column:
+    """One column of a parse, appended a chunk at a time: kept in memory, or (``path`` given)
+    appended to a raw file there and read back a block at a time (bounded memory)."""
+
+    def __init__(self, dtype: Any, shape: tuple[int, ...] = (), path: Path | None = None) -> None:
+        self.dtype, self.shape, self.path = np.dtype(dtype), shape, path
+        self.width = int(np.prod(shape, dtype=np.int64))
+        self.rows = 0
+        self.parts: list[np.ndarray] = []
+        self.file = open(path, "xb") if path is not None else None
+
+    def append(self, array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array, dtype=self.dtype).reshape(-1, *self.shape)
+        if self.file is not None:
+            self.file.write(_raw(array))
+        else:
+            self.parts.append(array)
+        self.rows += len(array)
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows ``start:stop`` (in memory: a view of the joined column; from a file: read)."""
+        stop = self.rows if stop is None else min(stop, self.rows)
+        start = min(start, stop)
+        if self.file is None:
+            if len(self.parts) != 1:
+                self.parts = [_cat(self.parts, self.dtype, self.shape).reshape(-1, *self.shape)]
+            return self.parts[0][start:stop]
+        self.file.flush()
+        data = np.fromfile(self.path, self.dtype, count=(stop - start) * self.width,
+                           offset=start * self.width * self.dtype.itemsize)
+        return data.reshape(-1, *self.shape)
+
+    def close(self) -> None:
+        """Free the column (and remove its file: the disk a build needs stays near twice the cache)."""
+        if self.file is not None:
+            self.file.close()
+            self.path.unlink(missing_ok=True)  # type: ignore[union-attr]
+        self.parts = []
+
+
+def _raw(array: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous array, not copied (empty ones too)."""
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+class _Out:
+    """The arrays a parse builds: kept in memory, or (``folder`` given) written there as
+    ``NAME.npy`` files as they come, the same bytes ``np.save`` writes (the shape, known
+    first, in the header; the rows appended)."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self.folder = folder
+        self.parts: dict[str, list[np.ndarray]] = {}
+        self.files: dict[str, Any] = {}
+        self.expected: dict[str, tuple[np.dtype, tuple[int, ...], int]] = {}
+
+    def start(self, name: str, dtype: Any, shape: tuple[int, ...]) -> None:
+        dtype, shape = np.dtype(dtype), tuple(int(s) for s in shape)
+        self.expected[name] = (dtype, shape, 0)
+        if self.folder is None:
+            self.parts[name] = []
+            return
+        f = self.files[name] = open(self.folder / f"{name}.npy", "xb")
+        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                 "fortran_order": False, "shape": shape})
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        dtype, shape, rows = self.expected[name]
+        array = np.ascontiguousarray(array, dtype=dtype).reshape(-1, *shape[1:])
+        self.expected[name] = (dtype, shape, rows + len(array))
+        if self.folder is None:
+            self.parts[name].append(array)
+        else:
+            self.files[name].write(_raw(array))
+
+    def put(self, name: str, array: np.ndarray) -> np.ndarray:
+        """The whole array ``name`` at once; returns it as it can be read back (from a folder:
+        memory-mapped, its pages read only where they are used)."""
+        self.start(name, array.dtype, array.shape)
+        self.write(name, array)
+        if self.folder is None:
+            return array
+        self.files[name].flush()
+        return self.result_of(name)
+
+    def result_of(self, name: str) -> np.ndarray:
+        path = self.folder / f"{name}.npy"  # type: ignore[operator]
+        return np.load(path, mmap_mode="r" if path.stat().st_size > 4096 else None, allow_pickle=False)
+
+    def result(self) -> dict[str, np.ndarray]:
+        """The arrays (from a folder: its files, closed, memory-mapped)."""
+        arrays = {}
+        for name, (dtype, shape, rows) in self.expected.items():
+            if rows != shape[0]:  # pragma: no cover - a defect of the parse, not of the file
+                raise AssertionError(f"{name}: {rows} rows written, {shape[0]} announced")
+            if self.folder is None:
+                arrays[name] = _cat(self.parts.pop(name), dtype, shape[1:]).reshape(shape)
+            else:
+                self.files.pop(name).close()
+                arrays[name] = self.result_of(name)
+        return arrays
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        self.files, self.parts = {}, {}
+
+
 class _Collector:
     """Columns of the images and annotations chunks, checked the plain way (any doubt:
-    :class:`_Irregular`)."""
+    :class:`_Irregular`): in memory, or (``spill`` given: a folder made for them, removed by
+    :meth:`close`) in raw files there."""
 
-    def __init__(self, allow_paths_outside: bool = False) -> None:
+    def __init__(self, allow_paths_outside: bool = False, spill: Path | None = None) -> None:
         self.allow_paths_outside = allow_paths_outside
+        self.spill = spill
+        if spill is not None:
+            spill.mkdir()
         self.outside = 0  # names that leave the images folder (counted when allowed)
-        self.ids: list[np.ndarray] = []
-        self.sizes: list[np.ndarray] = []
-        self.exif: list[np.ndarray] = []
-        self.names: list[bytes] = []
-        self.name_lengths: list[np.ndarray] = []
-        self.name_hashes: list[np.ndarray] = []
-        self.ann: dict[str, list[np.ndarray]] = {k: [] for k in ("id", "image_id", "category_id", "iscrowd", "bbox")}
+        self.ids = self.column("ids", np.int64)
+        self.sizes = self.column("sizes", np.int32, (2,))
+        self.exif = self.column("exif", np.int8)
+        self.names = self.column("names", np.uint8)
+        self.name_lengths = self.column("name_lengths", np.int64)
+        self.name_hashes = self.column("name_hashes", np.int64)
+        self.ann = {k: self.column(f"ann_{k}", dtype, shape) for k, dtype, shape in (
+            ("id", np.int64, ()), ("image_id", np.int64, ()), ("category_id", np.int64, ()),
+            ("iscrowd", bool, ()), ("bbox", np.float32, (4,)))}
+
+    def column(self, name: str, dtype: Any, shape: tuple[int, ...] = ()) -> _Column:
+        """A new column (a file of the spill folder, where there is one)."""
+        return _Column(dtype, shape, None if self.spill is None else self.spill / f"{name}.bin")
+
+    def close(self) -> None:
+        """Free the columns and remove the spill folder."""
+        for column in (self.ids, self.sizes, self.exif, self.names, self.name_lengths, self.name_hashes,
+                       *self.ann.values()):
+            column.close()
+        if self.spill is not None:
+            shutil.rmtree(self.spill, ignore_errors=True)
 
     def images(self, items: list[Any]) -> None:
         _plain(items, (dict,))
@@ -593,7 +732,7 @@ class _Collector:
         lengths = np.fromiter(map(len, names), np.int64, len(names))
         if len(blob) != int(lengths.sum()):  # non-ASCII names: their byte lengths
             lengths = np.fromiter((len(n.encode("utf-8")) for n in names), np.int64, len(names))
-        self.names.append(blob)
+        self.names.append(np.frombuffer(blob, np.uint8))
         self.name_lengths.append(lengths)
         self.name_hashes.append(np.fromiter(map(hash, keys), np.int64, len(keys)))
         self.ids.append(id_array)
@@ -618,30 +757,30 @@ class _Collector:
             raise _Irregular("a bbox of another length")
         _plain([c for b in bbox for c in b], (int, float))
         try:
-            self.ann["id"].append(np.array(aid, dtype=np.int64))
-            self.ann["image_id"].append(np.array(iid, dtype=np.int64))
-            self.ann["category_id"].append(np.array(cid, dtype=np.int64))
+            columns = (np.array(aid, dtype=np.int64), np.array(iid, dtype=np.int64), np.array(cid, dtype=np.int64))
             xywh = np.array(bbox, dtype=np.float64).reshape(-1, 4)
             with np.errstate(over="ignore", invalid="ignore"):  # xyxy in float64, kept in float32 (beyond: inf)
                 xyxy = xywh_to_xyxy(xywh).astype(np.float32)
-            self.ann["bbox"].append(xyxy)
         except OverflowError:
             raise _Irregular("an integer beyond int64") from None
         c = np.array(crowd, dtype=np.float64)
         if not np.isin(c, (0.0, 1.0)).all():
             raise _Irregular("iscrowd not 0/1")
+        for key, column in zip(("id", "image_id", "category_id"), columns):
+            self.ann[key].append(column)
+        self.ann["bbox"].append(xyxy)
         self.ann["iscrowd"].append(c == 1)
 
 
 #: Boxes checked at once when a COCO file is parsed into columns.
 _CHECK_ROWS = 1 << 21
-
-
-def _take(lists: dict[str, list[np.ndarray]], key: str, dtype: Any, shape: tuple[int, ...] = ()) -> np.ndarray:
-    """:func:`_cat` of ``lists[key]``, the list emptied (its chunks freed)."""
-    joined = _cat(lists[key], dtype, shape)
-    lists[key].clear()
-    return joined
+#: Kept boxes grouped by image at once when a cache is built (bounded memory: about 90 bytes
+#: each; more boxes are first split into files of images with at most this many boxes).
+_GROUP_ROWS = 1 << 21
+#: A kept box while its image's boxes are grouped: its image's row, the checked box and the
+#: columns that go with it.
+_KEPT = np.dtype([("owner", np.int64), ("box", np.float32, (4,)), ("label", np.int32), ("crowd", bool),
+                  ("aid", np.int64)])
 
 
 def _cat(parts: list[np.ndarray], dtype: Any, shape: tuple[int, ...] = ()) -> np.ndarray:
@@ -663,23 +802,42 @@ def parse_coco_columns(path: str | os.PathLike, *, name: str | None = None, chun
         DatasetError: the file's errors, as ``load_coco`` names them.
     """
     path = Path(path)
+    try:
+        columns = _stream(path, name, chunk_bytes, allow_paths_outside, None)
+    except (_Irregular, RecursionError):  # RecursionError: a value nested too deeply
+        columns = _by_load_coco(path, name, allow_paths_outside)
+    return columns
+
+
+def _by_load_coco(path: Path, name: str | None, allow_paths_outside: bool) -> CocoColumns:
+    """The columns of a file the streaming parser does not take, read by ``load_coco``."""
+    from detaug.formats.coco import load_coco
+
+    columns = CocoColumns.from_dataset(load_coco(path, name=name, allow_paths_outside=allow_paths_outside))
+    columns.parsed_by = "load_coco"
+    columns.outside = _count_outside(columns)  # type: ignore[attr-defined]
+    return columns
+
+
+def _stream(path: Path, name: str | None, chunk_bytes: int, allow_paths_outside: bool,
+            folder: Path | None) -> CocoColumns:
+    """The streaming parse (:class:`_Irregular` where it does not take the file): in memory, or
+    with ``folder`` in bounded memory, the chunks' columns spilled to files in ``folder/build/``
+    (removed at the end) and the arrays written there as ``NAME.npy`` files."""
     source = name or str(path)
+    collector = _Collector(allow_paths_outside, None if folder is None else folder / "build")
+    out = _Out(folder)
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
+            if os.fstat(f.fileno()).st_size == 0:
                 raise _Irregular("empty file")
-            collector = _Collector(allow_paths_outside)
             found = _top_level(_File(f.fileno()), chunk_bytes, collector.images, collector.annotations)
-        columns = _finish(source, found, collector)
-        columns.parsed_by = "stream"
-        columns.outside = collector.outside  # type: ignore[attr-defined]
-    except (_Irregular, RecursionError):  # RecursionError: a value nested too deeply
-        from detaug.formats.coco import load_coco
-
-        columns = CocoColumns.from_dataset(load_coco(path, name=name, allow_paths_outside=allow_paths_outside))
-        columns.parsed_by = "load_coco"
-        columns.outside = _count_outside(columns)  # type: ignore[attr-defined]
+        columns = _finish(source, found, collector, out, _GROUP_ROWS if folder is not None else None)
+    finally:
+        out.close()
+        collector.close()
+    columns.parsed_by = "stream"
+    columns.outside = collector.outside  # type: ignore[attr-defined]
     return columns
 
 
@@ -688,14 +846,18 @@ def _count_outside(columns: CocoColumns) -> int:
     return len(v.outside_paths([columns.file_name(i) for i in range(len(columns))]))
 
 
-def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
-    """Check the collected columns as a whole and build the dataset (or :class:`_Irregular`)."""
+def _finish(source: str, found: dict[str, Any], c: _Collector, out: _Out, group_rows: int | None) -> CocoColumns:
+    """Check the collected columns as a whole and build the dataset into ``out`` (or
+    :class:`_Irregular`). With ``out`` a folder, what stays in memory is the images' id order,
+    sorted ids, sizes and box counts (32 bytes an image), a block of :data:`_CHECK_ROWS` boxes
+    and a group of at most ``group_rows`` kept boxes (whole images; ``None``: all at once),
+    grouped by image in the annotations' order."""
     from detaug.formats.coco import _Parser
 
     if found.get("images") is not True or "annotations" in found and found["annotations"] is not True:
         raise _Irregular("images / annotations are not arrays")
     categories_raw = found.get("categories")
-    if not isinstance(categories_raw, list) and not (categories_raw is None and not c.ann["id"]):
+    if not isinstance(categories_raw, list) and not (categories_raw is None and not c.ann["id"].rows):
         raise _Irregular("categories are not a list")
     if any(isinstance(cat, dict) and "keypoints" in cat for cat in categories_raw or []):
         raise DatasetError(_NO_KEYPOINTS.format(source=source))
@@ -704,66 +866,127 @@ def _finish(source: str, found: dict[str, Any], c: _Collector) -> CocoColumns:
     report = parser.report
     if report.total:
         raise _Irregular("the categories have errors")
-    ids = _cat(c.ids, np.int64)
-    c.ids.clear()
-    if not len(ids):
+    if not c.ids.rows:
         raise _Irregular("no images")
+    hashes = np.sort(c.name_hashes.read())
+    c.name_hashes.close()
+    if (hashes[1:] == hashes[:-1]).any():
+        raise _Irregular("duplicate (or colliding) file names")
+    del hashes
+    ids = c.ids.read()
+    c.ids.close()
+    n = len(ids)
     order = np.argsort(ids, kind="stable")
     sorted_ids = ids[order]
     if (sorted_ids[1:] == sorted_ids[:-1]).any():
         raise _Irregular("duplicate image ids")
-    hashes = np.sort(_cat(c.name_hashes, np.int64))
-    c.name_hashes.clear()
-    if (hashes[1:] == hashes[:-1]).any():
-        raise _Irregular("duplicate (or colliding) file names")
-    sizes = _cat(c.sizes, np.int32, (2,)).reshape(-1, 2)
-    lengths = _cat(c.name_lengths, np.int64)
-    names = np.frombuffer(b"".join(c.names), np.uint8)
-    c.sizes.clear(), c.name_lengths.clear(), c.names.clear()
-    name_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    ids = out.put("image_ids", ids)  # from a folder: mapped, read only where a finding names an id
+    sizes = c.sizes.read()  # read at random (each box's image): kept in memory
+    out.put("sizes", sizes)
+    c.sizes.close()
+    name_starts = out.put("name_starts", np.concatenate([[0], np.cumsum(c.name_lengths.read())]).astype(np.int64))
+    c.name_lengths.close()
 
     def file_of(i: int) -> str:
-        return f"{source}: {bytes(names[name_starts[i]:name_starts[i + 1]]).decode('utf-8')}"
+        return f"{source}: {bytes(c.names.read(int(name_starts[i]), int(name_starts[i + 1]))).decode('utf-8')}"
 
     undeclared = np.flatnonzero(sizes[:, 0] == 0)
     _add_many(report, v.SIZE_NOT_DECLARED, len(undeclared),
               lambda k: (file_of(int(undeclared[k])), int(ids[undeclared[k]]), None), detail="no width/height")
+    del undeclared
 
-    image_of = _take(c.ann, "image_id", np.int64)
-    labels = _take(c.ann, "category_id", np.int64)
-    if len(image_of):
-        slot = np.searchsorted(sorted_ids, image_of)
-        slot = np.minimum(slot, len(ids) - 1)
+    # the boxes, a block at a time in the annotations' order: owner, checks, the kept ones set aside
+    known = np.fromiter(categories, np.int64, len(categories))
+    kept = c.column("kept", _KEPT)
+    counts = np.zeros(n, np.int64)
+    for a in range(0, c.ann["image_id"].rows, _CHECK_ROWS):
+        b = a + _CHECK_ROWS
+        image_of = c.ann["image_id"].read(a, b)
+        slot = np.minimum(np.searchsorted(sorted_ids, image_of), n - 1)
         if (sorted_ids[slot] != image_of).any():
             raise _Irregular("an annotation of an unknown image")
         owner = order[slot]
         del slot, image_of
-        if not np.isin(labels, np.fromiter(categories, np.int64, len(categories))).all():
+        labels = c.ann["category_id"].read(a, b)
+        if not np.isin(labels, known).all():
             raise _Irregular("an unknown category id")
-    else:
-        owner = np.zeros(0, np.int64)
-    xyxy = _take(c.ann, "bbox", np.float32, (4,)).reshape(-1, 4)  # the chunks' lists freed as they are joined
-    ann_ids = _take(c.ann, "id", np.int64)
-    crowd = _take(c.ann, "iscrowd", bool)
+        ann_ids = c.ann["id"].read(a, b)
 
-    def where(j: int) -> tuple[str, int | None, int | str | None]:
-        annotation = int(ann_ids[j]) if ann_ids[j] != -1 else f"annotations[{j}]"
-        return file_of(int(owner[j])), int(ids[owner[j]]), annotation
+        def where(j: int, a: int = a, owner: np.ndarray = owner, ann_ids: np.ndarray = ann_ids
+                  ) -> tuple[str, int | None, int | str | None]:
+            annotation = int(ann_ids[j]) if ann_ids[j] != -1 else f"annotations[{j + a}]"
+            return file_of(int(owner[j])), int(ids[owner[j]]), annotation
 
-    boxes, keep = xyxy, np.empty(len(xyxy), bool)  # checked in place, a block at a time (bounded memory)
-    for a in range(0, len(xyxy), _CHECK_ROWS):
-        b = min(len(xyxy), a + _CHECK_ROWS)
-        hw = sizes[owner[a:b]].astype(np.float32)
+        hw = sizes[owner].astype(np.float32)
         hw[hw[:, 0] == 0] = np.nan
-        boxes[a:b], keep[a:b] = v.check_boxes(xyxy[a:b], hw, report, lambda j, a=a: where(j + a))
+        boxes, keep = v.check_boxes(c.ann["bbox"].read(a, b), hw, report, where)
+        rows = np.flatnonzero(keep)
+        block = np.empty(len(rows), _KEPT)
+        block["owner"], block["box"], block["label"] = owner[rows], boxes[rows], labels[rows]
+        block["crowd"], block["aid"] = c.ann["iscrowd"].read(a, b)[rows], ann_ids[rows]
+        kept.append(block)
+        counts += np.bincount(block["owner"], minlength=n)
+    del order, sorted_ids
+    for column in c.ann.values():
+        column.close()
     report.raise_errors()
-    kept = np.flatnonzero(keep)
-    kept = kept[np.argsort(owner[kept], kind="stable")]  # grouped by image, in the annotations' order
-    box_starts = np.concatenate([[0], np.cumsum(np.bincount(owner[kept], minlength=len(ids)))]).astype(np.int64)
-    table = SampleTable(ids, sizes, box_starts, boxes[kept], labels[kept].astype(np.int32))
-    report.images, report.boxes = len(ids), int(box_starts[-1])
-    return CocoColumns(source, table, names, name_starts, _cat(c.exif, np.int8), crowd[kept],
-                       ann_ids[kept], categories, report)
+    box_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    max_boxes = int(counts.max(initial=0))
+    del counts
+    total = int(box_starts[-1])
+
+    del sizes
+    out.put("box_starts", box_starts)
+    for name, column in (("names", c.names), ("exif", c.exif)):
+        out.start(name, column.dtype, (column.rows,))
+        for a in range(0, column.rows, _CHECK_ROWS * 16):
+            out.write(name, column.read(a, a + _CHECK_ROWS * 16))
+    for name, dtype, shape in (("boxes", np.float32, (total, 4)), ("labels", np.int32, (total,)),
+                               ("iscrowd", bool, (total,)), ("annotation_ids", np.int64, (total,))):
+        out.start(name, dtype, shape)
+    present = np.zeros(0, np.int64)
+    for group in _grouped(kept, box_starts, group_rows, c):
+        group = group[np.argsort(group["owner"], kind="stable")]  # by image, in the annotations' order
+        out.write("boxes", group["box"])
+        out.write("labels", group["label"])
+        out.write("iscrowd", group["crowd"])
+        out.write("annotation_ids", group["aid"])
+        present = np.union1d(present, np.unique(group["label"]).astype(np.int64))
+    kept.close()
+    report.images, report.boxes = n, total
+    arrays = out.result()
+    table = SampleTable.from_arrays(arrays)
+    table.known_labels, table.known_max_boxes = present, max_boxes  # type: ignore[attr-defined]
+    return CocoColumns(source, table, *(arrays[name] for name in CocoColumns.EXTRA), categories, report)
+
+
+def _grouped(kept: _Column, box_starts: np.ndarray, group_rows: int | None, c: _Collector) -> Iterator[np.ndarray]:
+    """The kept boxes (:data:`_KEPT`) in groups of whole images, the images in order, each
+    group's boxes in the annotations' order: all at once where they are at most ``group_rows``
+    (``None``: no bound), else first split into a file per group of images."""
+    total = int(box_starts[-1])
+    if group_rows is None or total <= group_rows:
+        yield kept.read()
+        return
+    firsts = [0]  # each group's first image: at most group_rows boxes, or a single image
+    while firsts[-1] < len(box_starts) - 1:
+        i = firsts[-1]
+        firsts.append(max(i + 1, int(np.searchsorted(box_starts, box_starts[i] + group_rows, side="right")) - 1))
+    firsts.pop()
+    parts = [c.column(f"group{g}", _KEPT) for g in range(len(firsts))]
+    bounds = np.asarray(firsts, np.int64)
+    for a in range(0, kept.rows, _CHECK_ROWS):
+        block = kept.read(a, a + _CHECK_ROWS)
+        group = np.searchsorted(bounds, block["owner"], side="right") - 1
+        by_group = np.argsort(group, kind="stable")
+        ends = np.cumsum(np.bincount(group, minlength=len(parts)))
+        for g, (s, e) in enumerate(zip(np.concatenate([[0], ends[:-1]]), ends)):
+            if e > s:
+                parts[g].append(block[by_group[s:e]])
+    kept.close()
+    for part in parts:
+        yield part.read()
+        part.close()
 
 
 # -- the cache -------------------------------------------------------------------------------------
@@ -920,12 +1143,11 @@ def load_coco_columns(path: str | os.PathLike, *, cache: bool = True, cache_dir:
                 warnings.simplefilter("ignore", DataWarning)  # said by the first look
                 columns = _open_cache(path, folder)
             if columns is None:
-                key = _file_key(path)
-                columns = _parsed(path, name, allow_paths_outside, warn=False)
                 try:
-                    columns = _build_cache(path, folder, columns, key)
+                    columns = _build_cache(path, folder, name, allow_paths_outside)
                 except OSError as err:
                     _warn(f"{folder}: cannot write the annotation cache ({err}); parsed without it")
+                    columns = _parsed(path, name, allow_paths_outside, warn=False)
                 _warn_repairs(columns.report)
                 return columns
     if getattr(columns, "outside", 0) and not allow_paths_outside:
@@ -972,15 +1194,34 @@ def _build_lock(folder: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _build_cache(path: Path, folder: Path, columns: CocoColumns, key: list[int]) -> CocoColumns:
-    """Write the cache of ``columns`` (parsed from ``path`` whose key was ``key`` before the
-    parse) and open it."""
-    digest = _file_hash(path)
-    if _file_key(path) != key:  # changed while parsed: cached under a key that will not match
-        key = [-1] * 5
-    meta = {**columns.meta(), "version": CACHE_VERSION, "key": key, "sha256": digest,
-            "outside": int(getattr(columns, "outside", 0))}
-    save_columns(folder, columns.arrays(), meta, stamp=_stamp)
+def _build_cache(path: Path, folder: Path, name: str | None, allow_paths_outside: bool) -> CocoColumns:
+    """Parse ``path`` into its cache folder and open it. In bounded memory (:func:`_stream`
+    into the folder being written: the chunks' columns spilled to files there, the arrays
+    written from them, 32 bytes an image in memory); a file the streaming parser does
+    not take is read by ``load_coco`` (in memory) and saved. Nothing but the cache is left
+    behind, also when the file has errors (:class:`DatasetError`)."""
+    key = _file_key(path)
+
+    def write(tmp: Path) -> dict[str, Any]:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DataWarning)  # said by the caller, once
+                columns = _stream(path, name, CHUNK_BYTES, allow_paths_outside, tmp)
+        except (_Irregular, RecursionError):  # RecursionError: a value nested too deeply
+            for leftover in tmp.iterdir():  # the arrays written before the doubt
+                leftover.unlink()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DataWarning)
+                columns = _by_load_coco(path, name, allow_paths_outside)
+            for array_name, array in columns.arrays().items():
+                np.save(tmp / f"{array_name}.npy", np.ascontiguousarray(array), allow_pickle=False)
+        columns.report.source = columns.source
+        digest = _file_hash(path)
+        unchanged = _file_key(path) == key  # else: cached under a key that will not match
+        return {**columns.meta(), "version": CACHE_VERSION, "key": key if unchanged else [-1] * 5, "sha256": digest,
+                "outside": int(getattr(columns, "outside", 0))}
+
+    _write_folder(folder, write, _stamp)
     arrays, meta = load_columns(folder)
     built = CocoColumns.from_columns(arrays, meta)
     built.cache = folder  # type: ignore[attr-defined]

@@ -630,14 +630,14 @@ def test_a_copied_dataset_keeps_its_cache(tmp_path):
 def _build_in_a_process(path: str, barrier, parsed) -> None:
     import detaug.formats.columnar as columnar
 
-    real = columnar.parse_coco_columns
+    real = columnar._stream  # the streaming parse, in memory or into the cache being built
 
     def counting(*args, **kwargs):
         with parsed.get_lock():
             parsed.value += 1
         return real(*args, **kwargs)
 
-    columnar.parse_coco_columns = counting
+    columnar._stream = counting
     barrier.wait()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
