@@ -66,6 +66,7 @@ from detaug.boxes import (
     polygon_area,
     polygon_bounds,
     transform_points,
+    translation_matrix,
 )
 
 from detaug.seeds import SampleRandom
@@ -208,6 +209,8 @@ class PlanState:
     _planes: list[np.ndarray] = field(init=False)
     _rotated: np.ndarray = field(init=False)
     _leaky: np.ndarray = field(init=False)
+    _area0: np.ndarray = field(init=False)
+    _shown: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         b = len(self.source_hw)
@@ -235,6 +238,10 @@ class PlanState:
         # not axis-aligned (RandomPerspective moves the corners' pixel centres: the outer
         # half-pixel rim can land off the canvas); :meth:`draw` clips them where pixels are drawn
         self._leaky = np.zeros(n_layers, dtype=bool)
+        # each box's area in its own image (visibility's denominator), and the share of what its
+        # box still holds that is not painted over (:meth:`occlude`; 1: nothing painted)
+        self._area0 = box_area(self.boxes_src)
+        self._shown = np.ones(len(self.boxes_src))
 
     @property
     def batch_size(self) -> int:
@@ -334,6 +341,56 @@ class PlanState:
         in_layers = np.isin(self.box_layer, layers)
         self.alive[in_layers] = mine[self.box_layer[in_layers]]
 
+    def occlude(self, rects: np.ndarray, rows: np.ndarray) -> None:
+        """Paint rectangles ``rects`` ``[B, 4]`` (xyxy, current canvas; an empty one paints
+        nothing) over the boxes ``rows`` ``[N]`` bool (``CutMix``: the sample's own boxes, under
+        the pasted rectangle). A box's visible part ``P`` (its rectangle clipped by its layer's
+        constraints, in its source coordinates) loses ``P ∩ R``: the box becomes the bounding
+        box, in source coordinates, of ``P \\ R`` (the union of ``P`` clipped by each outer
+        side of ``R``'s four half-planes): exact where ``R`` cuts a whole side of an
+        axis-aligned box, the whole box where ``R`` lies inside it or cuts a corner (the box still
+        holds its object's visible pixels), dropped where ``R`` covers it. Its visibility becomes
+        ``area(P \\ R) / area(P)`` times what it was, a share kept through later crops."""
+        r = np.asarray(rects, dtype=np.float64)[self.sample]
+        idx = np.flatnonzero(rows & self.alive & (r[:, 2:] > r[:, :2]).all(axis=1))
+        if not len(idx):
+            return
+        layer, r = self.box_layer[idx], r[idx]
+        poly, count = self._visible_polygons(self.boxes_src[idx], layer)
+        to_rect = translation_matrix(-r[:, 0], -r[:, 1]) @ self.layer_to_canvas[layer]
+        paint = canvas_halfplanes(to_rect, np.stack([r[:, 3] - r[:, 1], r[:, 2] - r[:, 0]], axis=1))
+        under, under_count = poly, count
+        for k in range(4):
+            under, under_count = clip_polygons(under, under_count, paint[:, k])
+        area, hidden = _polygon_areas(poly, count), _polygon_areas(under, under_count)
+        lo, hi = np.full((len(idx), 2), np.inf), np.full((len(idx), 2), -np.inf)
+        for k in range(4):  # P minus R: P beyond each side of R
+            part, part_count = clip_polygons(poly, count, -paint[:, k])
+            bounds = polygon_bounds(part, part_count)
+            some = (part_count > 0) & (_polygon_areas(part, part_count) > 0)
+            lo[some] = np.minimum(lo[some], bounds[some, :2])
+            hi[some] = np.maximum(hi[some], bounds[some, 2:])
+        left = (hi > lo).all(axis=1) & (area - hidden > 0)
+        self.alive[idx[~left]] = False
+        rows_left, b = idx[left], self.boxes_src[idx[left]]
+        self.boxes_src[rows_left] = np.concatenate([np.maximum(b[:, :2], lo[left]), np.minimum(b[:, 2:], hi[left])], 1)
+        # what the shrunk box holds now (its visible polygon), of which area(P \ R) shows
+        new_poly, new_count = self._visible_polygons(self.boxes_src[rows_left], layer[left])
+        held = _polygon_areas(new_poly, new_count)
+        self._shown[rows_left] *= np.clip(np.where(held > 0, (area[left] - hidden[left]) / np.where(held > 0, held, 1), 0.0), 0, 1)
+
+    def _visible_polygons(self, b: np.ndarray, layer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(poly, count)``: boxes ``b`` ``[M, 4]`` of layers ``layer`` ``[M]`` clipped by their
+        layers' constraints, as polygons in source coordinates."""
+        rect = self._clip_rect[layer]
+        clipped = np.concatenate([np.maximum(b[:, :2], rect[:, :2]), np.minimum(b[:, 2:], rect[:, 2:])], axis=1)
+        poly, count = boxes_to_polygons(clipped)
+        count[(clipped[:, 2:] <= clipped[:, :2]).any(axis=1)] = 0
+        for planes in self._planes:
+            for k in range(4):
+                poly, count = clip_polygons(poly, count, planes[layer, k])
+        return poly, count
+
     def _constrain(self, rows: np.ndarray) -> None:
         """Add the current canvas as a constraint on the layers where ``rows`` ``[L]`` is set."""
         m = self.layer_to_canvas
@@ -378,7 +435,7 @@ class PlanState:
         layer = self.box_layer
         rect = self._clip_rect[layer]
         clipped = np.concatenate([np.maximum(b[:, :2], rect[:, :2]), np.minimum(b[:, 2:], rect[:, 2:])], axis=1)
-        full_area = box_area(b)
+        full_area = self._area0
         poly, count = boxes_to_polygons(clipped)
         count[(clipped[:, 2:] <= clipped[:, :2]).any(axis=1)] = 0
         visible = np.where(count > 0, box_area(clipped), 0.0)
@@ -391,6 +448,7 @@ class PlanState:
         out = polygon_bounds(transform_points(self.layer_to_canvas[layer], poly), count)
         wh = self.canvas_hw[self.sample, ::-1]
         out = np.clip(out, 0.0, np.concatenate([wh, wh], axis=1))  # float rounding only: 1e-13 px
+        visible = visible * self._shown
         visibility = np.where(full_area > 0, visible / np.where(full_area > 0, full_area, 1), 0.0)
         keep = self.alive & (count > 0) & (visible > 0)
         return BoxResult(out, keep, visibility)
