@@ -347,10 +347,12 @@ class PlanState:
         the pasted rectangle). A box's visible part ``P`` (its rectangle clipped by its layer's
         constraints, in its source coordinates) loses ``P ∩ R``: the box becomes the bounding
         box, in source coordinates, of ``P \\ R`` (the union of ``P`` clipped by each outer
-        side of ``R``'s four half-planes): exact where ``R`` cuts a whole side of an
-        axis-aligned box, the whole box where ``R`` lies inside it or cuts a corner (the box still
-        holds its object's visible pixels), dropped where ``R`` covers it. Its visibility becomes
-        ``area(P \\ R) / area(P)`` times what it was, a share kept through later crops."""
+        side of ``R``'s four half-planes, leaving out a part of which the canvas draws nothing:
+        one holding no pixel centre across, the rule of :meth:`drop_undrawn`): exact where ``R``
+        cuts a whole side of an axis-aligned box, the whole box where ``R`` lies inside it or
+        cuts a corner (the box still holds its object's visible pixels), dropped where ``R``
+        covers it. Its visibility becomes ``area(P \\ R) / area(P)`` times what it was, a share
+        kept through later crops. ``boxes_src`` is replaced (a copy), never written into."""
         r = np.asarray(rects, dtype=np.float64)[self.sample]
         idx = np.flatnonzero(rows & self.alive & (r[:, 2:] > r[:, :2]).all(axis=1))
         if not len(idx):
@@ -364,20 +366,23 @@ class PlanState:
             under, under_count = clip_polygons(under, under_count, paint[:, k])
         area, hidden = _polygon_areas(poly, count), _polygon_areas(under, under_count)
         lo, hi = np.full((len(idx), 2), np.inf), np.full((len(idx), 2), -np.inf)
-        for k in range(4):  # P minus R: P beyond each side of R
+        for k in range(4):  # P minus R: P beyond each side of R, where the canvas draws some of it
             part, part_count = clip_polygons(poly, count, -paint[:, k])
             bounds = polygon_bounds(part, part_count)
-            some = (part_count > 0) & (_polygon_areas(part, part_count) > 0)
+            shown = polygon_bounds(transform_points(self.layer_to_canvas[layer], part), part_count)
+            some = (part_count > 0) & (np.ceil(shown[:, :2] - 0.5) <= np.floor(shown[:, 2:] - 0.5)).all(axis=1)
             lo[some] = np.minimum(lo[some], bounds[some, :2])
             hi[some] = np.maximum(hi[some], bounds[some, 2:])
         left = (hi > lo).all(axis=1) & (area - hidden > 0)
         self.alive[idx[~left]] = False
         rows_left, b = idx[left], self.boxes_src[idx[left]]
+        self.boxes_src = self.boxes_src.copy()  # the caller's array stays as it was
         self.boxes_src[rows_left] = np.concatenate([np.maximum(b[:, :2], lo[left]), np.minimum(b[:, 2:], hi[left])], 1)
         # what the shrunk box holds now (its visible polygon), of which area(P \ R) shows
         new_poly, new_count = self._visible_polygons(self.boxes_src[rows_left], layer[left])
         held = _polygon_areas(new_poly, new_count)
-        self._shown[rows_left] *= np.clip(np.where(held > 0, (area[left] - hidden[left]) / np.where(held > 0, held, 1), 0.0), 0, 1)
+        share = np.where(held > 0, (area[left] - hidden[left]) / np.where(held > 0, held, 1), 0.0)
+        self._shown[rows_left] *= np.clip(share, 0.0, 1.0)
 
     def _visible_polygons(self, b: np.ndarray, layer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(poly, count)``: boxes ``b`` ``[M, 4]`` of layers ``layer`` ``[M]`` clipped by their

@@ -1,20 +1,21 @@
-"""Samples made of several images: ``Mosaic`` (YOLO's 2x2 tiles) and ``MixUp`` (two images blended).
+"""Samples made of several images: ``Mosaic`` (YOLO's 2x2 or 3x3 tiles), ``MixUp`` (two images
+blended) and ``CutMix`` (a partner's rectangle pasted in).
 
 Kind ``"mixing"``: a mixing transform names how many *partner* images a sample needs
 (``partners``) and places each on the sample's canvas with an axis-aligned matrix (scale and
 translation) and a visible rectangle. It takes part in a plan through the methods of
 :class:`MixingTransform`, as a warp does through ``plan``: its ``stage`` says where (``"canvas"``:
 it composes the sample's first canvas, ``Mosaic``; ``"blend"``: it blends a partner into the
-current canvas between warp segments, ``MixUp``), and it declares its plan fields
+current canvas between warp segments, ``MixUp``, ``CutMix``), and it declares its plan fields
 (:mod:`detaug.plan_layout`), plans them (:mod:`detaug.batch_plan` calls it) and adds its DALI
 operators (:mod:`detaug.pipeline` calls it). Nothing about them is written anywhere else: the
-recipe, the planner and the pipeline name neither class.
+recipe, the planner and the pipeline name none of these classes.
 
 **Partners (the rule).** The partners of a sample are dataset positions drawn from the sample's
 own random stream (:class:`detaug.seeds.SampleRandom` keyed by ``(seed, epoch, image_id)``):
 the stream's first positions, one per partner, each uniform over ``range(len(source))`` (all
-the dataset's positions, whatever the shard or the epoch order), then ``MixUp``'s
-apply-or-not draw. A partner whose image cannot be read or decoded is replaced by the next
+the dataset's positions, whatever the shard or the epoch order), then the blend's
+(``MixUp``'s or ``CutMix``'s) apply-or-not draw. A partner whose image cannot be read or decoded is replaced by the next
 position (``p + 1``, cyclically), named and counted as a skipped image. So a sample's partners,
 like its parameters, depend on nothing but its key and the dataset: the same for any batch,
 batch size, order, shard, worker count, random access (Keras ``seq[i]``) or device. A partner
@@ -37,8 +38,9 @@ always images that decoded. ``pool`` is set per transform; ``Mosaic`` and ``MixU
 
 Restrictions (checked by ``Compose``, :class:`~detaug.errors.RecipeError` otherwise):
 ``Mosaic`` is the first transform of its recipe (its tiles are whole source images, as in
-YOLO); ``MixUp`` follows transforms that fix the canvas size (``Mosaic``, ``Resize((h, w))``,
-``LetterBox``, ``RandomResizedCrop``...); at most one of each.
+YOLO); ``MixUp`` and ``CutMix`` follow transforms that fix the canvas size (``Mosaic``,
+``Resize((h, w))``, ``LetterBox``, ``RandomResizedCrop``...); at most one ``Mosaic`` and one
+blend (``MixUp`` or ``CutMix``).
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ class MixingTransform(Transform):
 
 @register
 class Mosaic(MixingTransform):
-    """YOLO's mosaic: the sample's image and 3 partners as 2x2 tiles around a random centre.
+    """YOLO's mosaic: the sample's image and 3 partners as 2x2 tiles around a random centre (or 8, 3x3).
 
     As ultralytics' ``Mosaic(imgsz)``: the canvas is ``(2 h, 2 w)`` for ``size = (h, w)``; its
     centre ``(xc, yc)`` is drawn uniformly (whole pixels) in ``center`` times ``(w, h)`` (the
@@ -154,6 +156,11 @@ class Mosaic(MixingTransform):
     the canvas after an affine about its centre is the same geometry as ultralytics' crop with
     ``scale=(s0, s1)`` (see :func:`detaug.transforms.yolo_recipe`).
 
+    ``grid=(3, 3)``: YOLOv5's 9-image mosaic (ultralytics' ``Mosaic(n=9)``) on the same
+    ``(2 h, 2 w)`` canvas, 8 partners: a 3x3 grid of ``(h, w)`` cells around the sample's own
+    image (:meth:`plan_tiles9`; the one simplification: each image sits in a cell of the grid,
+    where ultralytics chains the images by their own sizes).
+
     Only the part of the canvas that the next warp reads is composed, and of each tile only the
     part it shows there is decoded.
     """
@@ -164,7 +171,7 @@ class Mosaic(MixingTransform):
         _FILL,
         _POOL,
         Param("grid", "size", (2, 2), "tiles (rows, columns): (2, 2) YOLO's mosaic, (3, 3) its 9-image mosaic "
-              "(YOLOv5's mosaic9, ultralytics' Mosaic(n=9)); see docs/mixing.md"),
+              "(YOLOv5's mosaic9, ultralytics' Mosaic(n=9)); see docs/mixing.md", pair="rows, columns"),
     )
     partners = 3
     stage = "canvas"
@@ -453,7 +460,8 @@ class CutMix(MixingTransform):
 
     def plan_fields(self) -> list[PlanFieldSpec]:
         return [("cutmix.roi", (4,), "float32", "decode region (x, y, w, h) of the partner"),
-                ("cutmix.matrix", (2, 3), "float32", "forward map of the partner from its region to the pasted rectangle"),
+                ("cutmix.matrix", (2, 3), "float32",
+                 "forward map of the partner from its region to the pasted rectangle"),
                 ("cutmix.size", (2,), "float32", "(h, w) of the pasted rectangle (1 x 1 where not applied)"),
                 ("cutmix.corner", (2,), "float32", "(y, x) of the pasted rectangle's top-left corner on the canvas"),
                 ("cutmix.canvas", (2,), "float32", "(h, w) of the canvas pasted on"),

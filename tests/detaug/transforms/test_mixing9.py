@@ -159,7 +159,8 @@ def test_mosaic9_partners_and_plans_do_not_depend_on_batch_or_order():
 def test_mosaic9_plan_fields_round_trip_and_malformed():
     recipe = Compose([T.Mosaic(64, grid=3), T.Resize((64, 64)), T.CutMix(p=0.3, alpha=2.0)])
     assert recipe.num_partners == 9 and recipe.slots_of(recipe.canvas_stage) == tuple(range(8))
-    assert [n for n in recipe.plan_layout.names if n.endswith(".roi")] == [f"mosaic.tile{k}.roi" for k in range(9)] + ["cutmix.roi"]
+    rois = [n for n in recipe.plan_layout.names if n.endswith(".roi")]
+    assert rois == [f"mosaic.tile{k}.roi" for k in range(9)] + ["cutmix.roi"]
     assert Compose.from_yaml(recipe.to_yaml()) == recipe
     assert Compose([T.Mosaic(64)]).num_partners == 3  # the default stays YOLO's 2x2
     for spec, match in [({"name": "Mosaic", "size": 64, "grid": [2, 3]}, "Mosaic.grid"),
