@@ -63,13 +63,14 @@ def colour_problems(results, objects, j: int) -> tuple[list[str], int]:
     return problems, checked
 
 
-@pytest.mark.parametrize("name", sorted(CUTMIX_RECIPES))
-def test_cutmix_boxes_match_object_pixels(name):
+@pytest.mark.parametrize("name, pool", [(name, "dataset") for name in sorted(CUTMIX_RECIPES)] + [("resize", "batch")])
+def test_cutmix_boxes_match_object_pixels(name, pool):
     """Both images' boxes against what is drawn: the sample's cut by the pasted rectangle
     (exact where it cuts a whole side; the whole box where it bites a corner or a hole, whose
     visible pixels span the same box), the partner's clipped to it."""
     samples, objects = one_object_images()
-    recipe = Compose(CUTMIX_RECIPES[name], min_size=1.0)
+    recipe = Compose([type(t)(**{**{k: v for k, v in t.to_dict().items() if k != "name"}, "pool": pool})
+                      if t.kind == "mixing" else t for t in CUTMIX_RECIPES[name]], min_size=1.0)
     results = run(SampleListSource(samples), recipe, 6)
     ious, problems = shown_ious(results, objects, recipe.num_partners)
     assert not problems, "\n".join(problems)
