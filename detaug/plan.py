@@ -47,8 +47,9 @@ Box processing order (all boxes absolute ``xyxy``, float64 while planning):
 Points of a box (keypoints, :mod:`detaug.keypoints`) go with it: :meth:`PlanState.point_geometry`
 gives, per kept box, the map of its layer (the very matrix its outline is mapped with) and its
 layer's clip constraints; a point is visible on the output where it satisfies every constraint of
-its layer (the same closed half-planes and rectangle that clip the box) and lands on the output
-canvas (:meth:`PointGeometry.apply`).
+its layer (the same closed half-planes and rectangle that clip the box), is not under a rectangle
+pasted over it (``CutMix``, :meth:`PlanState.occlude`) and lands on the output canvas
+(:meth:`PointGeometry.apply`).
 """
 
 from __future__ import annotations
@@ -113,6 +114,9 @@ class PointGeometry:
         canvas_hw: float64 ``[M, 2]`` the output canvas ``(height, width)`` of each box's sample.
         anchor: float64 ``[M, 2]`` the centre of each source box (where :attr:`mirrored` reads
             the orientation of a projective map).
+        painted: float64 ``[M, 4, 3]`` or ``None``: the half-planes (layer source coordinates)
+            of a rectangle pasted over each box (``CutMix``, :meth:`PlanState.occlude`); a point
+            inside all four is hidden. A row ``(0, 0, -1)`` paints nothing.
     """
 
     maps: np.ndarray
@@ -120,13 +124,15 @@ class PointGeometry:
     planes: np.ndarray
     canvas_hw: np.ndarray
     anchor: np.ndarray
+    painted: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.maps)
 
     def take(self, rows: np.ndarray | slice) -> PointGeometry:
         """The geometry of boxes ``rows`` (indices, a boolean mask or a slice)."""
-        return PointGeometry(self.maps[rows], self.rect[rows], self.planes[rows], self.canvas_hw[rows], self.anchor[rows])
+        return PointGeometry(self.maps[rows], self.rect[rows], self.planes[rows], self.canvas_hw[rows], self.anchor[rows],
+                             None if self.painted is None else self.painted[rows])
 
     @property
     def mirrored(self) -> np.ndarray:
@@ -141,7 +147,7 @@ class PointGeometry:
         output canvas: ``(float64 [M, K, 2], inside bool [M, K])``. ``inside``: the point
         satisfies every clip constraint of its box's layer (the source image, each crop, a
         Mosaic tile's quadrant: the same closed rectangle and half-planes that clip the box),
-        lies in front of a projective map's horizon, and lands on the canvas ``[0, W] x [0, H]``
+        is not under a pasted rectangle (the open one: its border shows both), lies in front of a projective map's horizon, and lands on the canvas ``[0, W] x [0, H]``
         (within ``1e-6`` px of rounding). Points that are not inside are mapped all the same."""
         p = np.asarray(points, dtype=np.float64).reshape(len(self.maps), -1, 2)
         x, y = p[..., 0], p[..., 1]
@@ -151,6 +157,12 @@ class PointGeometry:
             a, b, c = (self.planes[:, k, j][:, None] for j in range(3))
             with np.errstate(invalid="ignore"):  # 0 * x <= inf: no constraint
                 inside &= (a * x + b * y <= c) | np.isinf(c)
+        if self.painted is not None:
+            under = np.ones_like(inside)
+            for k in range(4):
+                a, b, c = (self.painted[:, k, j][:, None] for j in range(3))
+                under &= a * x + b * y < c
+            inside &= ~under
         m = self.maps[:, None]  # [M, 1, 3, 3]
         u = m[..., 0, 0] * x + m[..., 0, 1] * y + m[..., 0, 2]
         v = m[..., 1, 0] * x + m[..., 1, 1] * y + m[..., 1, 2]
@@ -211,6 +223,7 @@ class PlanState:
     _leaky: np.ndarray = field(init=False)
     _area0: np.ndarray = field(init=False)
     _shown: np.ndarray = field(init=False)
+    _painted: np.ndarray | None = field(init=False)
 
     def __post_init__(self) -> None:
         b = len(self.source_hw)
@@ -242,6 +255,7 @@ class PlanState:
         # box still holds that is not painted over (:meth:`occlude`; 1: nothing painted)
         self._area0 = box_area(self.boxes_src)
         self._shown = np.ones(len(self.boxes_src))
+        self._painted = None  # [N, 4, 3] once a rectangle is pasted (occlude): its half-planes per box
 
     @property
     def batch_size(self) -> int:
@@ -365,6 +379,9 @@ class PlanState:
         for k in range(4):
             under, under_count = clip_polygons(under, under_count, paint[:, k])
         area, hidden = _polygon_areas(poly, count), _polygon_areas(under, under_count)
+        if self._painted is None:
+            self._painted = np.broadcast_to(np.array([0.0, 0.0, -1.0]), (len(self.boxes_src), 4, 3)).copy()
+        self._painted[idx] = paint
         lo, hi = np.full((len(idx), 2), np.inf), np.full((len(idx), 2), -np.inf)
         for k in range(4):  # P minus R: P beyond each side of R, where the canvas draws some of it
             part, part_count = clip_polygons(poly, count, -paint[:, k])
@@ -431,7 +448,8 @@ class PlanState:
         b = self.boxes_src[rows]
         anchor = (b[:, :2] + b[:, 2:]) / 2
         return PointGeometry(self.layer_to_canvas[layer].copy(), self._clip_rect[layer].copy(), planes,
-                             self.canvas_hw[self.sample[rows]].copy(), anchor)
+                             self.canvas_hw[self.sample[rows]].copy(), anchor,
+                             None if self._painted is None else self._painted[rows].copy())
 
     def boxes(self) -> BoxResult:
         """Exact boxes on the current canvas (see the module docstring, steps 4-5 without the

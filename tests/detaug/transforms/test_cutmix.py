@@ -190,6 +190,20 @@ def test_occlude_after_a_rotation_keeps_what_is_left_in_the_box():
     assert 0.3 < after.visibility[0] < 0.7
 
 
+def test_points_under_the_pasted_rectangle_are_hidden():
+    """A box's points (keypoints) under the pasted rectangle are not visible; beside it, and on
+    its border (which shows both images), they are."""
+    state = _state(np.array([[10.0, 10.0, 50.0, 30.0], [60.0, 60.0, 80.0, 80.0]]))
+    state.occlude(np.array([[30.0, 0.0, 70.0, 70.0]]), np.ones(2, bool))
+    where = state.point_geometry(np.array([0, 1]))
+    points = np.array([[[20, 20], [40, 20], [30, 20]],    # beside, under, on the border
+                       [[65, 65], [75, 75], [65, 75]]])  # under, beside, beside
+    out, inside = where.apply(points.astype(float))
+    np.testing.assert_allclose(out, points)
+    assert inside.tolist() == [[True, False, True], [False, True, True]]
+    assert where.take(np.array([1])).painted.shape == (1, 4, 3)
+
+
 @pytest.mark.parametrize("recipe, match", [
     ([T.CutMix()], "CutMix.*fixed canvas size"),
     ([T.Resize((64, 64)), T.MixUp(), T.CutMix()], "CutMix.*only once"),
