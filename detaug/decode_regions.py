@@ -82,10 +82,13 @@ def aligned_roi(hw: np.ndarray, m: np.ndarray, rects: np.ndarray) -> np.ndarray:
     return whole_pixels(lo, hi, hw)
 
 
-def mosaic_window(canvas_hw: np.ndarray, centre: np.ndarray, first: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+def mosaic_window(canvas_hw: np.ndarray, centre: np.ndarray, first: tuple[np.ndarray, np.ndarray] | None,
+                  far: np.ndarray | None = None) -> np.ndarray:
     """``[B, 4]`` xyxy whole-pixel part of the mosaic canvases that is composed: what the first
     warp reads (the whole canvas when none follows), grown to hold one pixel of every quadrant
-    around the centre ``[B, 2]`` (so that no tile is empty)."""
+    around the centre ``[B, 2]`` (so that no tile is empty); with ``far`` ``[B, 2]`` (a 3x3
+    mosaic: ``centre`` and ``far`` are the top-left and bottom-right corners of its centre
+    cell), one pixel of every cell: from ``centre - 1`` to ``far + 1``."""
     n = len(canvas_hw)
     size = canvas_hw[:, ::-1]
     if first is None:
@@ -96,7 +99,7 @@ def mosaic_window(canvas_hw: np.ndarray, centre: np.ndarray, first: tuple[np.nda
         hi = np.clip(np.ceil(hi) + 1, 0, size)
         lo[empty], hi[empty] = centre[empty], centre[empty]
     lo = np.minimum(lo, centre - 1)
-    hi = np.maximum(hi, centre + 1)
+    hi = np.maximum(hi, (centre if far is None else far) + 1)
     return np.concatenate([lo, hi], axis=1)
 
 

@@ -47,8 +47,9 @@ Box processing order (all boxes absolute ``xyxy``, float64 while planning):
 Points of a box (keypoints, :mod:`detaug.keypoints`) go with it: :meth:`PlanState.point_geometry`
 gives, per kept box, the map of its layer (the very matrix its outline is mapped with) and its
 layer's clip constraints; a point is visible on the output where it satisfies every constraint of
-its layer (the same closed half-planes and rectangle that clip the box) and lands on the output
-canvas (:meth:`PointGeometry.apply`).
+its layer (the same closed half-planes and rectangle that clip the box), is not under a rectangle
+pasted over it (``CutMix``, :meth:`PlanState.occlude`) and lands on the output canvas
+(:meth:`PointGeometry.apply`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from detaug.boxes import (
     polygon_area,
     polygon_bounds,
     transform_points,
+    translation_matrix,
 )
 
 from detaug.seeds import SampleRandom
@@ -112,6 +114,9 @@ class PointGeometry:
         canvas_hw: float64 ``[M, 2]`` the output canvas ``(height, width)`` of each box's sample.
         anchor: float64 ``[M, 2]`` the centre of each source box (where :attr:`mirrored` reads
             the orientation of a projective map).
+        painted: float64 ``[M, 4, 3]`` or ``None``: the half-planes (layer source coordinates)
+            of a rectangle pasted over each box (``CutMix``, :meth:`PlanState.occlude`); a point
+            inside all four is hidden. A row ``(0, 0, -1)`` paints nothing.
     """
 
     maps: np.ndarray
@@ -119,13 +124,15 @@ class PointGeometry:
     planes: np.ndarray
     canvas_hw: np.ndarray
     anchor: np.ndarray
+    painted: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.maps)
 
     def take(self, rows: np.ndarray | slice) -> PointGeometry:
         """The geometry of boxes ``rows`` (indices, a boolean mask or a slice)."""
-        return PointGeometry(self.maps[rows], self.rect[rows], self.planes[rows], self.canvas_hw[rows], self.anchor[rows])
+        return PointGeometry(self.maps[rows], self.rect[rows], self.planes[rows], self.canvas_hw[rows], self.anchor[rows],
+                             None if self.painted is None else self.painted[rows])
 
     @property
     def mirrored(self) -> np.ndarray:
@@ -140,7 +147,7 @@ class PointGeometry:
         output canvas: ``(float64 [M, K, 2], inside bool [M, K])``. ``inside``: the point
         satisfies every clip constraint of its box's layer (the source image, each crop, a
         Mosaic tile's quadrant: the same closed rectangle and half-planes that clip the box),
-        lies in front of a projective map's horizon, and lands on the canvas ``[0, W] x [0, H]``
+        is not under a pasted rectangle (the open one: its border shows both), lies in front of a projective map's horizon, and lands on the canvas ``[0, W] x [0, H]``
         (within ``1e-6`` px of rounding). Points that are not inside are mapped all the same."""
         p = np.asarray(points, dtype=np.float64).reshape(len(self.maps), -1, 2)
         x, y = p[..., 0], p[..., 1]
@@ -150,6 +157,12 @@ class PointGeometry:
             a, b, c = (self.planes[:, k, j][:, None] for j in range(3))
             with np.errstate(invalid="ignore"):  # 0 * x <= inf: no constraint
                 inside &= (a * x + b * y <= c) | np.isinf(c)
+        if self.painted is not None:
+            under = np.ones_like(inside)
+            for k in range(4):
+                a, b, c = (self.painted[:, k, j][:, None] for j in range(3))
+                under &= a * x + b * y < c
+            inside &= ~under
         m = self.maps[:, None]  # [M, 1, 3, 3]
         u = m[..., 0, 0] * x + m[..., 0, 1] * y + m[..., 0, 2]
         v = m[..., 1, 0] * x + m[..., 1, 1] * y + m[..., 1, 2]
@@ -208,6 +221,9 @@ class PlanState:
     _planes: list[np.ndarray] = field(init=False)
     _rotated: np.ndarray = field(init=False)
     _leaky: np.ndarray = field(init=False)
+    _area0: np.ndarray = field(init=False)
+    _shown: np.ndarray = field(init=False)
+    _painted: np.ndarray | None = field(init=False)
 
     def __post_init__(self) -> None:
         b = len(self.source_hw)
@@ -235,6 +251,11 @@ class PlanState:
         # not axis-aligned (RandomPerspective moves the corners' pixel centres: the outer
         # half-pixel rim can land off the canvas); :meth:`draw` clips them where pixels are drawn
         self._leaky = np.zeros(n_layers, dtype=bool)
+        # each box's area in its own image (visibility's denominator), and the share of what its
+        # box still holds that is not painted over (:meth:`occlude`; 1: nothing painted)
+        self._area0 = box_area(self.boxes_src)
+        self._shown = np.ones(len(self.boxes_src))
+        self._painted = None  # [N, 4, 3] once a rectangle is pasted (occlude): its half-planes per box
 
     @property
     def batch_size(self) -> int:
@@ -334,6 +355,64 @@ class PlanState:
         in_layers = np.isin(self.box_layer, layers)
         self.alive[in_layers] = mine[self.box_layer[in_layers]]
 
+    def occlude(self, rects: np.ndarray, rows: np.ndarray) -> None:
+        """Paint rectangles ``rects`` ``[B, 4]`` (xyxy, current canvas; an empty one paints
+        nothing) over the boxes ``rows`` ``[N]`` bool (``CutMix``: the sample's own boxes, under
+        the pasted rectangle). A box's visible part ``P`` (its rectangle clipped by its layer's
+        constraints, in its source coordinates) loses ``P ∩ R``: the box becomes the bounding
+        box, in source coordinates, of ``P \\ R`` (the union of ``P`` clipped by each outer
+        side of ``R``'s four half-planes, leaving out a part of which the canvas draws nothing:
+        one holding no pixel centre across, the rule of :meth:`drop_undrawn`): exact where ``R``
+        cuts a whole side of an axis-aligned box, the whole box where ``R`` lies inside it or
+        cuts a corner (the box still holds its object's visible pixels), dropped where ``R``
+        covers it. Its visibility becomes ``area(P \\ R) / area(P)`` times what it was, a share
+        kept through later crops. ``boxes_src`` is replaced (a copy), never written into."""
+        r = np.asarray(rects, dtype=np.float64)[self.sample]
+        idx = np.flatnonzero(rows & self.alive & (r[:, 2:] > r[:, :2]).all(axis=1))
+        if not len(idx):
+            return
+        layer, r = self.box_layer[idx], r[idx]
+        poly, count = self._visible_polygons(self.boxes_src[idx], layer)
+        to_rect = translation_matrix(-r[:, 0], -r[:, 1]) @ self.layer_to_canvas[layer]
+        paint = canvas_halfplanes(to_rect, np.stack([r[:, 3] - r[:, 1], r[:, 2] - r[:, 0]], axis=1))
+        under, under_count = poly, count
+        for k in range(4):
+            under, under_count = clip_polygons(under, under_count, paint[:, k])
+        area, hidden = _polygon_areas(poly, count), _polygon_areas(under, under_count)
+        if self._painted is None:
+            self._painted = np.broadcast_to(np.array([0.0, 0.0, -1.0]), (len(self.boxes_src), 4, 3)).copy()
+        self._painted[idx] = paint
+        lo, hi = np.full((len(idx), 2), np.inf), np.full((len(idx), 2), -np.inf)
+        for k in range(4):  # P minus R: P beyond each side of R, where the canvas draws some of it
+            part, part_count = clip_polygons(poly, count, -paint[:, k])
+            bounds = polygon_bounds(part, part_count)
+            shown = polygon_bounds(transform_points(self.layer_to_canvas[layer], part), part_count)
+            some = (part_count > 0) & (np.ceil(shown[:, :2] - 0.5) <= np.floor(shown[:, 2:] - 0.5)).all(axis=1)
+            lo[some] = np.minimum(lo[some], bounds[some, :2])
+            hi[some] = np.maximum(hi[some], bounds[some, 2:])
+        left = (hi > lo).all(axis=1) & (area - hidden > 0)
+        self.alive[idx[~left]] = False
+        rows_left, b = idx[left], self.boxes_src[idx[left]]
+        self.boxes_src = self.boxes_src.copy()  # the caller's array stays as it was
+        self.boxes_src[rows_left] = np.concatenate([np.maximum(b[:, :2], lo[left]), np.minimum(b[:, 2:], hi[left])], 1)
+        # what the shrunk box holds now (its visible polygon), of which area(P \ R) shows
+        new_poly, new_count = self._visible_polygons(self.boxes_src[rows_left], layer[left])
+        held = _polygon_areas(new_poly, new_count)
+        share = np.where(held > 0, (area[left] - hidden[left]) / np.where(held > 0, held, 1), 0.0)
+        self._shown[rows_left] *= np.clip(share, 0.0, 1.0)
+
+    def _visible_polygons(self, b: np.ndarray, layer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(poly, count)``: boxes ``b`` ``[M, 4]`` of layers ``layer`` ``[M]`` clipped by their
+        layers' constraints, as polygons in source coordinates."""
+        rect = self._clip_rect[layer]
+        clipped = np.concatenate([np.maximum(b[:, :2], rect[:, :2]), np.minimum(b[:, 2:], rect[:, 2:])], axis=1)
+        poly, count = boxes_to_polygons(clipped)
+        count[(clipped[:, 2:] <= clipped[:, :2]).any(axis=1)] = 0
+        for planes in self._planes:
+            for k in range(4):
+                poly, count = clip_polygons(poly, count, planes[layer, k])
+        return poly, count
+
     def _constrain(self, rows: np.ndarray) -> None:
         """Add the current canvas as a constraint on the layers where ``rows`` ``[L]`` is set."""
         m = self.layer_to_canvas
@@ -369,7 +448,8 @@ class PlanState:
         b = self.boxes_src[rows]
         anchor = (b[:, :2] + b[:, 2:]) / 2
         return PointGeometry(self.layer_to_canvas[layer].copy(), self._clip_rect[layer].copy(), planes,
-                             self.canvas_hw[self.sample[rows]].copy(), anchor)
+                             self.canvas_hw[self.sample[rows]].copy(), anchor,
+                             None if self._painted is None else self._painted[rows].copy())
 
     def boxes(self) -> BoxResult:
         """Exact boxes on the current canvas (see the module docstring, steps 4-5 without the
@@ -378,7 +458,7 @@ class PlanState:
         layer = self.box_layer
         rect = self._clip_rect[layer]
         clipped = np.concatenate([np.maximum(b[:, :2], rect[:, :2]), np.minimum(b[:, 2:], rect[:, 2:])], axis=1)
-        full_area = box_area(b)
+        full_area = self._area0
         poly, count = boxes_to_polygons(clipped)
         count[(clipped[:, 2:] <= clipped[:, :2]).any(axis=1)] = 0
         visible = np.where(count > 0, box_area(clipped), 0.0)
@@ -391,6 +471,7 @@ class PlanState:
         out = polygon_bounds(transform_points(self.layer_to_canvas[layer], poly), count)
         wh = self.canvas_hw[self.sample, ::-1]
         out = np.clip(out, 0.0, np.concatenate([wh, wh], axis=1))  # float rounding only: 1e-13 px
+        visible = visible * self._shown
         visibility = np.where(full_area > 0, visible / np.where(full_area > 0, full_area, 1), 0.0)
         keep = self.alive & (count > 0) & (visible > 0)
         return BoxResult(out, keep, visibility)

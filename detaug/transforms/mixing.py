@@ -1,20 +1,21 @@
-"""Samples made of several images: ``Mosaic`` (YOLO's 2x2 tiles) and ``MixUp`` (two images blended).
+"""Samples made of several images: ``Mosaic`` (YOLO's 2x2 or 3x3 tiles), ``MixUp`` (two images
+blended) and ``CutMix`` (a partner's rectangle pasted in).
 
 Kind ``"mixing"``: a mixing transform names how many *partner* images a sample needs
 (``partners``) and places each on the sample's canvas with an axis-aligned matrix (scale and
 translation) and a visible rectangle. It takes part in a plan through the methods of
 :class:`MixingTransform`, as a warp does through ``plan``: its ``stage`` says where (``"canvas"``:
 it composes the sample's first canvas, ``Mosaic``; ``"blend"``: it blends a partner into the
-current canvas between warp segments, ``MixUp``), and it declares its plan fields
+current canvas between warp segments, ``MixUp``, ``CutMix``), and it declares its plan fields
 (:mod:`detaug.plan_layout`), plans them (:mod:`detaug.batch_plan` calls it) and adds its DALI
 operators (:mod:`detaug.pipeline` calls it). Nothing about them is written anywhere else: the
-recipe, the planner and the pipeline name neither class.
+recipe, the planner and the pipeline name none of these classes.
 
 **Partners (the rule).** The partners of a sample are dataset positions drawn from the sample's
 own random stream (:class:`detaug.seeds.SampleRandom` keyed by ``(seed, epoch, image_id)``):
 the stream's first positions, one per partner, each uniform over ``range(len(source))`` (all
-the dataset's positions, whatever the shard or the epoch order), then ``MixUp``'s
-apply-or-not draw. A partner whose image cannot be read or decoded is replaced by the next
+the dataset's positions, whatever the shard or the epoch order), then the blend's
+(``MixUp``'s or ``CutMix``'s) apply-or-not draw. A partner whose image cannot be read or decoded is replaced by the next
 position (``p + 1``, cyclically), named and counted as a skipped image. So a sample's partners,
 like its parameters, depend on nothing but its key and the dataset: the same for any batch,
 batch size, order, shard, worker count, random access (Keras ``seq[i]``) or device. A partner
@@ -37,8 +38,9 @@ always images that decoded. ``pool`` is set per transform; ``Mosaic`` and ``MixU
 
 Restrictions (checked by ``Compose``, :class:`~detaug.errors.RecipeError` otherwise):
 ``Mosaic`` is the first transform of its recipe (its tiles are whole source images, as in
-YOLO); ``MixUp`` follows transforms that fix the canvas size (``Mosaic``, ``Resize((h, w))``,
-``LetterBox``, ``RandomResizedCrop``...); at most one of each.
+YOLO); ``MixUp`` and ``CutMix`` follow transforms that fix the canvas size (``Mosaic``,
+``Resize((h, w))``, ``LetterBox``, ``RandomResizedCrop``...); at most one ``Mosaic`` and one
+blend (``MixUp`` or ``CutMix``).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from detaug.seeds import SampleRandom
 from detaug.transforms.base import Param, Transform, register
 from detaug.transforms.schema import REQUIRED
 
-__all__ = ["POOLS", "MixingTransform", "Mosaic", "MixUp"]
+__all__ = ["POOLS", "MixingTransform", "Mosaic", "MixUp", "CutMix"]
 
 _FILL = Param("fill", "number", 114, "grey level (0-255) where no image is", low=0, high=255)
 #: where partner images come from (the module docstring): "dataset" (the seed contract's rule) or "batch"
@@ -135,7 +137,7 @@ class MixingTransform(Transform):
 
 @register
 class Mosaic(MixingTransform):
-    """YOLO's mosaic: the sample's image and 3 partners as 2x2 tiles around a random centre.
+    """YOLO's mosaic: the sample's image and 3 partners as 2x2 tiles around a random centre (or 8, 3x3).
 
     As ultralytics' ``Mosaic(imgsz)``: the canvas is ``(2 h, 2 w)`` for ``size = (h, w)``; its
     centre ``(xc, yc)`` is drawn uniformly (whole pixels) in ``center`` times ``(w, h)`` (the
@@ -154,6 +156,11 @@ class Mosaic(MixingTransform):
     the canvas after an affine about its centre is the same geometry as ultralytics' crop with
     ``scale=(s0, s1)`` (see :func:`detaug.transforms.yolo_recipe`).
 
+    ``grid=(3, 3)``: YOLOv5's 9-image mosaic (ultralytics' ``Mosaic(n=9)``) on the same
+    ``(2 h, 2 w)`` canvas, 8 partners: a 3x3 grid of ``(h, w)`` cells around the sample's own
+    image (:meth:`plan_tiles9`; the one simplification: each image sits in a cell of the grid,
+    where ultralytics chains the images by their own sizes).
+
     Only the part of the canvas that the next warp reads is composed, and of each tile only the
     part it shows there is decoded.
     """
@@ -163,9 +170,18 @@ class Mosaic(MixingTransform):
         Param("center", "range", (0.5, 1.5), "range of the centre, as a multiple of (width, height)", low=0, high=2),
         _FILL,
         _POOL,
+        Param("grid", "size", (2, 2), "tiles (rows, columns): (2, 2) YOLO's mosaic, (3, 3) its 9-image mosaic "
+              "(YOLOv5's mosaic9, ultralytics' Mosaic(n=9)); see docs/mixing.md", pair="rows, columns"),
     )
     partners = 3
     stage = "canvas"
+
+    def setup(self) -> None:
+        if self.grid not in ((2, 2), (3, 3)):
+            raise self.error("grid", f"must be (2, 2) or (3, 3), got {list(self.grid)}")
+        if self.grid == (3, 3) and min(self.size) < 2:
+            raise self.error("size", "a 3x3 mosaic needs a size of at least 2 pixels each way")
+        self.partners = self.grid[0] * self.grid[1] - 1  # type: ignore[misc]  # per instance: 3 or 8
 
     def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
         return 2 * self.size[0], 2 * self.size[1]
@@ -177,7 +193,7 @@ class Mosaic(MixingTransform):
 
     def plan_fields(self) -> list[PlanFieldSpec]:
         specs: list[PlanFieldSpec] = []
-        for k in range(4):
+        for k in range(1 + self.partners):
             specs += [(f"mosaic.tile{k}.roi", (4,), "float32", f"decode region (x, y, w, h) of tile {k}'s image"
                        + (" (the sample's own)" if k == 0 else "")),
                       (f"mosaic.tile{k}.matrix", (2, 3), "float32",
@@ -186,32 +202,40 @@ class Mosaic(MixingTransform):
         return specs
 
     def plan_canvas(self, state: PlanState, image_hw: np.ndarray, layers: np.ndarray) -> Any:
-        maps, rects, canvas, centre = self.plan_tiles(state.rand, image_hw)
+        if self.grid == (3, 3):
+            maps, rects, canvas, centre, far = self.plan_tiles9(state.rand, image_hw)
+        else:
+            maps, rects, canvas, centre = self.plan_tiles(state.rand, image_hw)
+            far = None
         state.start_canvas(canvas)
         state.place_layers(layers.ravel(), maps.reshape(-1, 3, 3), rects.reshape(-1, 4))
-        return image_hw, maps, rects, canvas, centre
+        return image_hw, maps, rects, canvas, centre, far
 
     def canvas_values(self, placed: Any, first: tuple[np.ndarray, np.ndarray] | None,
                       whole: Sequence[bool]) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Only the window of the canvas that the first warp reads is composed (each tile's
         part of it decoded, :func:`detaug.decode_regions.tile_columns`)."""
-        image_hw, maps, rects, canvas, centre = placed
-        window = mosaic_window(canvas, centre, first)
+        image_hw, maps, rects, canvas, centre, far = placed
+        window = mosaic_window(canvas, centre, first, far)
         values = {}
-        for k in range(4):
+        for k in range(1 + self.partners):
             roi, matrix, size = tile_columns(image_hw[:, k], maps[:, k], rects[:, k], window, whole=whole[k])
             values.update({f"mosaic.tile{k}.roi": roi, f"mosaic.tile{k}.matrix": matrix, f"mosaic.tile{k}.size": size})
         return values, window[:, :2]
 
     def dali_canvas(self, graph: Any, slots: Sequence[int]) -> tuple[Any, Any]:
-        """Each tile's image, only the part its quadrant shows of the window, placed on that
-        quadrant (``fill`` elsewhere); the four quadrants, side by side, are the window."""
+        """Each tile's image, only the part its quadrant (3x3: its cell) shows of the window,
+        placed on that quadrant (``fill`` elsewhere); the quadrants (cells), side by side, are
+        the window."""
         from nvidia.dali import fn
 
         own = graph.decode(graph.data, "mosaic.tile0.roi")
         sources = [own] + [graph.partner(slot, own, f"mosaic.tile{k + 1}.roi") for k, slot in enumerate(slots)]
         quadrants = [graph.warp(src, f"mosaic.tile{k}.matrix", f"mosaic.tile{k}.size", self.fill)
                      for k, src in enumerate(sources)]
+        if self.grid == (3, 3):
+            rows = [fn.cat(*[quadrants[_CELLS9.index((r, c))] for c in range(3)], axis=1) for r in range(3)]
+            return fn.cat(*rows, axis=0), own
         return fn.cat(fn.cat(quadrants[0], quadrants[1], axis=1), fn.cat(quadrants[2], quadrants[3], axis=1), axis=0), own
 
     def plan_tiles(self, rand: SampleRandom, tile_hw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -245,6 +269,57 @@ class Mosaic(MixingTransform):
         rects = np.stack([x_lo, y_lo, x_hi, y_hi], axis=-1)
         canvas = np.tile([2 * h, 2 * w], (n, 1))
         return maps.reshape(n, 4, 3, 3), rects, canvas, np.stack([xc, yc], -1)
+
+    def plan_tiles9(self, rand: SampleRandom,
+                    tile_hw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Place the 9 tiles of every sample of a 3x3 mosaic (2 draws per sample: the centre cell).
+
+        The canvas is ``(2 h, 2 w)``; a grid of 3x3 cells of ``(h, w)`` lies on it with the centre
+        cell's top-left corner at ``(x0, y0)``, whole pixels drawn uniformly in
+        ``center - 0.5`` times ``(w, h)`` (the default: ``[0, w)``, YOLOv5's mosaic9 offset
+        ``uniform(0, s)``) and clipped to ``[1, w - 1]`` by ``[1, h - 1]`` (every cell shows at
+        least a pixel). Each image is scaled as in the 2x2 mosaic and put in its cell against the
+        centre (left column: right-aligned, right column: left-aligned, middle: centred, whole
+        pixels down; rows likewise): the sample's own image in the centre cell, the partners in
+        ultralytics' order: top, top-right, right, bottom-right, bottom, bottom-left, left,
+        top-left (:data:`_CELLS9`). A tile shows its cell cut by the canvas border.
+
+        Args:
+            rand: the samples' streams.
+            tile_hw: float64 ``[B, 9, 2]`` source ``(height, width)`` of each tile's image.
+
+        Returns:
+            ``(maps [B, 9, 3, 3], rects [B, 9, 4], canvas_hw [B, 2], near [B, 2], far [B, 2])``:
+            as :meth:`plan_tiles`, the rectangles being the cells on the canvas, and the centre
+            cell's top-left and bottom-right corners.
+        """
+        n = len(tile_hw)
+        h, w = float(self.size[0]), float(self.size[1])
+        u = rand.random(2)
+        lo, hi = self.center
+        x0 = np.clip(np.floor(w * (lo - 0.5 + (hi - lo) * u[:, 0])), 1, w - 1)
+        y0 = np.clip(np.floor(h * (lo - 0.5 + (hi - lo) * u[:, 1])), 1, h - 1)
+        src_h, src_w = tile_hw[..., 0], tile_hw[..., 1]
+        r = np.minimum(h / src_h, w / src_w)
+        tw = np.maximum(np.minimum(np.ceil(src_w * r - 1e-9), w), 1)
+        th = np.maximum(np.minimum(np.ceil(src_h * r - 1e-9), h), 1)
+        row = np.array([cell[0] for cell in _CELLS9], dtype=np.float64)  # [9]
+        col = np.array([cell[1] for cell in _CELLS9], dtype=np.float64)
+        cell_x = x0[:, None] + (col - 1) * w  # [B, 9] left edge of each tile's cell
+        cell_y = y0[:, None] + (row - 1) * h
+        left = cell_x + np.where(col == 0, w - tw, np.where(col == 2, 0.0, np.floor((w - tw) / 2)))
+        top = cell_y + np.where(row == 0, h - th, np.where(row == 2, 0.0, np.floor((h - th) / 2)))
+        maps = translation_matrix(left.ravel(), top.ravel()) @ scale_matrix((tw / src_w).ravel(), (th / src_h).ravel())
+        rects = np.stack([np.clip(cell_x, 0, 2 * w), np.clip(cell_y, 0, 2 * h),
+                          np.clip(cell_x + w, 0, 2 * w), np.clip(cell_y + h, 0, 2 * h)], axis=-1)
+        canvas = np.tile([2 * h, 2 * w], (n, 1))
+        return maps.reshape(n, 9, 3, 3), rects, canvas, np.stack([x0, y0], -1), np.stack([x0 + w, y0 + h], -1)
+
+
+#: (row, column) of each tile of a 3x3 mosaic: the sample's own image in the centre, then its
+#: partners in ultralytics' ``_mosaic9`` order (top, top-right, right, bottom-right, bottom,
+#: bottom-left, left, top-left)
+_CELLS9 = ((1, 1), (0, 1), (0, 2), (1, 2), (2, 2), (2, 1), (2, 0), (1, 0), (0, 0))
 
 
 @register
@@ -281,12 +356,7 @@ class MixUp(MixingTransform):
         return in_size
 
     def misplaced(self, index: int, before: Sequence[Transform], fixed: bool) -> str | None:
-        if any(getattr(u, "stage", None) == "blend" for u in before):
-            return "a recipe may blend only once (one MixUp)"
-        if not fixed:
-            return ("needs a fixed canvas size before it: put Mosaic, Resize((h, w)), LetterBox "
-                    "or another transform with a fixed output size earlier")
-        return None
+        return _blend_misplaced(before, fixed)
 
     def draw_needed(self, rand: SampleRandom) -> np.ndarray:
         return self.draw_apply(rand)[:, None]
@@ -345,6 +415,118 @@ class MixUp(MixingTransform):
         oy = np.minimum(0, h - ih) + np.floor(u[:, 3] * (np.abs(h - ih) + 1))
         ox, oy = np.minimum(ox, np.maximum(0, w - iw)), np.minimum(oy, np.maximum(0, h - ih))
         return translation_matrix(ox, oy) @ scale_matrix(iw / pw, ih / ph), ratio
+
+
+@register
+class CutMix(MixingTransform):
+    """Paste a rectangle of a partner image into the sample at the same place (CutMix, for boxes).
+
+    With probability ``p`` a partner image (see the module docstring) is resized to the current
+    canvas (stretched: a point at the same relative place of both), and a rectangle of it is
+    pasted over the sample, as torchvision's ``v2.CutMix`` cuts it: ``lam ~ Beta(alpha, alpha)``,
+    a centre ``(rx, ry)`` uniform in whole pixels, half-sides ``int(0.5 sqrt(1 - lam) W)`` by
+    ``int(0.5 sqrt(1 - lam) H)``, clipped by the canvas. Boxes (the detection rule; torchvision's
+    is classification-only): the sample's boxes lose the pasted rectangle (each becomes the
+    bounding box of what is left of it, dropped where nothing is, its visibility the share left,
+    so ``min_visibility`` applies: :meth:`detaug.plan.PlanState.occlude`), the partner's boxes are
+    clipped to the rectangle; the boxes and labels of both are kept, as ``MixUp`` keeps them. The
+    canvas size before ``CutMix`` must be fixed by the recipe; a recipe blends once (``MixUp`` or
+    ``CutMix``).
+    """
+
+    schema = (
+        Param("p", "probability", 0.5, "probability of pasting a partner's rectangle into a sample"),
+        Param("alpha", "number", 1.0, "the sample's kept share of the area, lam, is drawn from Beta(alpha, alpha) "
+              "(torchvision's CutMix)", low=1e-3, high=1e4),
+        Param("fill", "number", 114, "grey level (0-255) the partner's warp reads beyond its image's edge "
+              "(its outer half pixel)", low=0, high=255),
+        _POOL,
+    )
+    partners = 1
+    stage = "blend"
+    conditional = True  # the warp and the paste run on the samples it applies to only
+
+    def setup(self) -> None:
+        self._grid, self._cdf = _beta_table(self.alpha, self.alpha)
+
+    def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return in_size
+
+    def misplaced(self, index: int, before: Sequence[Transform], fixed: bool) -> str | None:
+        return _blend_misplaced(before, fixed)
+
+    def draw_needed(self, rand: SampleRandom) -> np.ndarray:
+        return (rand.random() < self.p)[:, None]
+
+    def plan_fields(self) -> list[PlanFieldSpec]:
+        return [("cutmix.roi", (4,), "float32", "decode region (x, y, w, h) of the partner"),
+                ("cutmix.matrix", (2, 3), "float32",
+                 "forward map of the partner from its region to the pasted rectangle"),
+                ("cutmix.size", (2,), "float32", "(h, w) of the pasted rectangle (1 x 1 where not applied)"),
+                ("cutmix.corner", (2,), "float32", "(y, x) of the pasted rectangle's top-left corner on the canvas"),
+                ("cutmix.canvas", (2,), "float32", "(h, w) of the canvas pasted on"),
+                ("cutmix.applied", (), "int32", "1 where a rectangle is pasted, 0 elsewhere")]
+
+    def plan_blend(self, state: PlanState, apply: np.ndarray, partner_hw: np.ndarray, layers: np.ndarray,
+                   whole: bool) -> dict[str, np.ndarray]:
+        canvas = state.canvas_hw
+        m, rect = self.plan_rectangle(state.rand, apply, canvas, partner_hw)
+        applied = (rect[:, 2:] > rect[:, :2]).all(axis=1)
+        state.occlude(rect, ~np.isin(state.box_layer, layers))  # the sample's boxes under the paste
+        state.place_layers(layers, m, rect, alive=applied)  # the partner's, clipped to it
+        roi = whole_image(partner_hw) if whole else aligned_roi(partner_hw, m, rect)
+        local = translation_matrix(-rect[:, 0], -rect[:, 1]) @ m @ translation_matrix(roi[:, 0], roi[:, 1])
+        size = np.where(applied[:, None], np.stack([rect[:, 3] - rect[:, 1], rect[:, 2] - rect[:, 0]], 1), 1.0)
+        return {"cutmix.roi": roi, "cutmix.matrix": local[:, :2, :], "cutmix.size": size,
+                "cutmix.corner": rect[:, [1, 0]], "cutmix.canvas": canvas, "cutmix.applied": applied.astype(np.int32)}
+
+    def dali_blend(self, graph: Any, images: Any, own: Any, slots: Sequence[int]) -> Any:
+        """The partner's rectangle warped to its size, padded with zeros to the canvas at its
+        place (``fn.slice``, ``out_of_bounds_policy="pad"``), added to the sample with that
+        rectangle erased (``fn.erase``); DALI's conditional runs it on the samples it applies to."""
+        from nvidia.dali import fn, types
+
+        mate = graph.partner(slots[0], own, "cutmix.roi")
+        applied = graph.value("cutmix.applied")
+        if applied > 0:
+            patch = graph.warp(mate, "cutmix.matrix", "cutmix.size", self.fill)
+            corner, size = graph.value("cutmix.corner"), graph.value("cutmix.size")
+            placed = fn.slice(patch, -corner, graph.value("cutmix.canvas"), axes=[0, 1], normalized_anchor=False,
+                              normalized_shape=False, out_of_bounds_policy="pad", fill_values=0)
+            erased = fn.erase(images, anchor=corner, shape=size, axes=[0, 1], fill_value=0, normalized_anchor=False,
+                              normalized_shape=False)
+            images = fn.cast(erased + placed, dtype=types.UINT8)
+        return images
+
+    def plan_rectangle(self, rand: SampleRandom, apply: np.ndarray, canvas_hw: np.ndarray,
+                       partner_hw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The partner's map and the pasted rectangle (3 draws per sample: ``lam``, ``rx``, ``ry``).
+
+        Returns ``(map [B, 3, 3], rect [B, 4])``: the partner's forward map to the canvas (a
+        stretch to its size) and the rectangle pasted (xyxy, whole canvas pixels; all zeros
+        where not applied or empty).
+        """
+        u = rand.random(3)
+        lam = np.interp(u[:, 0], self._cdf, self._grid)
+        h, w = canvas_hw[:, 0], canvas_hw[:, 1]
+        rx, ry = np.minimum(np.floor(u[:, 1] * w), w - 1), np.minimum(np.floor(u[:, 2] * h), h - 1)
+        r = 0.5 * np.sqrt(np.clip(1.0 - lam, 0.0, 1.0))
+        half_w, half_h = np.floor(r * w), np.floor(r * h)
+        rect = np.stack([np.maximum(rx - half_w, 0), np.maximum(ry - half_h, 0),
+                         np.minimum(rx + half_w, w), np.minimum(ry + half_h, h)], axis=1)
+        on = apply & (rect[:, 2:] > rect[:, :2]).all(axis=1)
+        rect = np.where(on[:, None], rect, 0.0)
+        return scale_matrix(w / partner_hw[:, 1], h / partner_hw[:, 0]), rect
+
+
+def _blend_misplaced(before: Sequence[Transform], fixed: bool) -> str | None:
+    """What keeps a blend stage (``MixUp``, ``CutMix``) from being planned after ``before``."""
+    if any(getattr(u, "stage", None) == "blend" for u in before):
+        return "a recipe may blend only once (one MixUp or CutMix)"
+    if not fixed:
+        return ("needs a fixed canvas size before it: put Mosaic, Resize((h, w)), LetterBox "
+                "or another transform with a fixed output size earlier")
+    return None
 
 
 def _beta_table(a: float, b: float, points: int = 4097) -> tuple[np.ndarray, np.ndarray]:

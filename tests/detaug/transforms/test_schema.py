@@ -41,7 +41,7 @@ def test_every_transform_round_trips_through_dict_yaml_and_json(name):
     assert TRANSFORMS[name](**{k: v for k, v in t.to_dict().items() if k != "name"}) == t
     if t.kind == "output":
         recipe = Compose([T.RandomHorizontalFlip(), t])
-    elif name == "MixUp":  # needs a fixed canvas before it
+    elif getattr(t, "stage", None) == "blend":  # MixUp, CutMix: need a fixed canvas before them
         recipe = Compose([T.Resize((64, 64)), t])
     else:
         recipe = Compose([t])
