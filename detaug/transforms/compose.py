@@ -122,7 +122,7 @@ class Compose:
         self._epochs: dict[int, Compose] = {}
         for epoch in self.schedule.points():  # every epoch's recipe plans into this one's pipeline
             at = self.at_epoch(epoch)
-            if (at.plan_layout.specs() != self.plan_layout.specs() or at.segment_fills != self.segment_fills
+            if (at.plan_layout != self.plan_layout or at.segment_fills != self.segment_fills
                     or [len(s) for s in at.segments] != [len(s) for s in self.segments]):
                 raise RecipeError(f"at epoch {epoch} the recipe would need another DALI pipeline (its plan "
                                   "or warp segments differ): schedule only values the planner draws from",

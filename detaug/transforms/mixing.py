@@ -102,10 +102,13 @@ class MixingTransform(Transform):
         """Its fields in the recipe's plan layout (:mod:`detaug.plan_layout`), in order."""
         return []
 
-    def plan_canvas(self, state: PlanState, image_hw: np.ndarray, layers: np.ndarray) -> Any:
+    def plan_canvas(self, state: PlanState, image_hw: np.ndarray, layers: np.ndarray,
+                    apply: np.ndarray | None = None) -> Any:
         """Canvas stage: place the sample's image and its partners (``image_hw`` float64
         ``[B, 1 + partners, 2]``, layers ``[B, 1 + partners]`` of ``state``) on a new canvas
-        (``state.start_canvas``, ``state.place_layers``); returns what :meth:`canvas_values` needs."""
+        (``state.start_canvas``, ``state.place_layers``); returns what :meth:`canvas_values` needs.
+        ``apply`` (bool ``[B]``, :meth:`draw_needed`; ``None``: all): the samples it composes;
+        the others' canvas shows their own image alone."""
         raise NotImplementedError
 
     def canvas_values(self, placed: Any, first: tuple[np.ndarray, np.ndarray] | None,
@@ -156,6 +159,16 @@ class Mosaic(MixingTransform):
 
     Only the part of the canvas that the next warp reads is composed, and of each tile only the
     part it shows there is decoded.
+
+    ``p`` (ultralytics' ``mosaic``): the probability of composing a mosaic. A sample without one
+    gets its own image alone, scaled as a tile and letterboxed to ``size`` (ultralytics'
+    ``LetterBox``: ``left = round((w - tw) / 2 - 0.1)``, ``top`` likewise), centred on the same
+    ``(2 h, 2 w)`` canvas, ``fill`` around it: the transforms that follow turn it into
+    ultralytics' non-mosaic sample (its affine about the centre of the letterboxed image). Its
+    partners are not decoded (``pool="dataset"``) and none of their boxes is kept. ``p = 1``
+    draws nothing and ``p = 0`` neither (a scheduled ``off_from_epoch`` keeps every other draw
+    of the sample); ``0 < p < 1`` draws once per sample, in the partner block. The pipeline is
+    the same for every ``p``.
     """
 
     schema = (
@@ -163,9 +176,18 @@ class Mosaic(MixingTransform):
         Param("center", "range", (0.5, 1.5), "range of the centre, as a multiple of (width, height)", low=0, high=2),
         _FILL,
         _POOL,
+        Param("p", "probability", 1.0, "probability of composing a mosaic; otherwise the sample's image alone, "
+              "letterboxed to size in the canvas centre (ultralytics' mosaic)"),
     )
     partners = 3
     stage = "canvas"
+
+    def draw_needed(self, rand: SampleRandom) -> np.ndarray:
+        if 0.0 < self.p < 1.0:
+            apply = rand.random() < self.p
+        else:  # no draw: a recipe written before p plans as it did
+            apply = np.full(rand.batch_size, self.p > 0.0)
+        return np.repeat(apply[:, None], self.partners, axis=1)
 
     def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
         return 2 * self.size[0], 2 * self.size[1]
@@ -185,10 +207,13 @@ class Mosaic(MixingTransform):
                       (f"mosaic.tile{k}.size", (2,), "float32", f"(h, w) of tile {k}'s part of the window")]
         return specs
 
-    def plan_canvas(self, state: PlanState, image_hw: np.ndarray, layers: np.ndarray) -> Any:
-        maps, rects, canvas, centre = self.plan_tiles(state.rand, image_hw)
+    def plan_canvas(self, state: PlanState, image_hw: np.ndarray, layers: np.ndarray,
+                    apply: np.ndarray | None = None) -> Any:
+        maps, rects, canvas, centre = self.plan_tiles(state.rand, image_hw, apply)
+        alive = None if apply is None else np.concatenate([np.ones((len(apply), 1), bool),
+                                                           np.repeat(apply[:, None], 3, axis=1)], axis=1).ravel()
         state.start_canvas(canvas)
-        state.place_layers(layers.ravel(), maps.reshape(-1, 3, 3), rects.reshape(-1, 4))
+        state.place_layers(layers.ravel(), maps.reshape(-1, 3, 3), rects.reshape(-1, 4), alive=alive)
         return image_hw, maps, rects, canvas, centre
 
     def canvas_values(self, placed: Any, first: tuple[np.ndarray, np.ndarray] | None,
@@ -214,12 +239,17 @@ class Mosaic(MixingTransform):
                      for k, src in enumerate(sources)]
         return fn.cat(fn.cat(quadrants[0], quadrants[1], axis=1), fn.cat(quadrants[2], quadrants[3], axis=1), axis=0), own
 
-    def plan_tiles(self, rand: SampleRandom, tile_hw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def plan_tiles(self, rand: SampleRandom, tile_hw: np.ndarray,
+                   apply: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Place the 4 tiles of every sample (2 draws per sample: the centre).
 
         Args:
             rand: the samples' streams.
             tile_hw: float64 ``[B, 4, 2]`` source ``(height, width)`` of each tile's image.
+            apply: bool ``[B]``: the samples composed as a mosaic (``None``: all). The others
+                get their own image letterboxed in the canvas centre (tile 0's quadrant: all
+                but the last row and column of the canvas), and tiles 1-3 put beyond the
+                canvas, in the one-pixel strips left to their quadrants (``fill`` only).
 
         Returns:
             ``(maps [B, 4, 3, 3], rects [B, 4, 4], canvas_hw [B, 2], centre [B, 2])``: each
@@ -242,6 +272,16 @@ class Mosaic(MixingTransform):
         zero = np.zeros(n)
         x_lo, x_hi = np.stack([zero, xc, zero, xc], 1), np.stack([xc, np.full(n, 2 * w), xc, np.full(n, 2 * w)], 1)
         y_lo, y_hi = np.stack([zero, zero, yc, yc], 1), np.stack([yc, yc, np.full(n, 2 * h), np.full(n, 2 * h)], 1)
+        if apply is not None and not apply.all():
+            off = ~apply
+            xc, yc = np.where(off, 2 * w - 1, xc), np.where(off, 2 * h - 1, yc)
+            letter_x = w / 2 + np.round((w - tw[:, 0]) / 2 - 0.1)  # ultralytics' LetterBox, centred
+            letter_y = h / 2 + np.round((h - th[:, 0]) / 2 - 0.1)
+            left = np.where(off[:, None], np.stack([letter_x, np.full(n, 2 * w), np.zeros(n), np.full(n, 2 * w)], 1), left)
+            top = np.where(off[:, None], np.stack([letter_y, np.zeros(n), np.full(n, 2 * h), np.full(n, 2 * h)], 1), top)
+            maps = translation_matrix(left.ravel(), top.ravel()) @ scale_matrix((tw / src_w).ravel(), (th / src_h).ravel())
+            x_lo, x_hi = np.stack([zero, xc, zero, xc], 1), np.stack([xc, np.full(n, 2 * w), xc, np.full(n, 2 * w)], 1)
+            y_lo, y_hi = np.stack([zero, zero, yc, yc], 1), np.stack([yc, yc, np.full(n, 2 * h), np.full(n, 2 * h)], 1)
         rects = np.stack([x_lo, y_lo, x_hi, y_hi], axis=-1)
         canvas = np.tile([2 * h, 2 * w], (n, 1))
         return maps.reshape(n, 4, 3, 3), rects, canvas, np.stack([xc, yc], -1)
