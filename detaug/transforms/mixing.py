@@ -248,8 +248,8 @@ class Mosaic(MixingTransform):
             tile_hw: float64 ``[B, 4, 2]`` source ``(height, width)`` of each tile's image.
             apply: bool ``[B]``: the samples composed as a mosaic (``None``: all). The others
                 get their own image letterboxed in the canvas centre (tile 0's quadrant: all
-                but the last row and column of the canvas), and tiles 1-3 put beyond the
-                canvas, in the one-pixel strips left to their quadrants (``fill`` only).
+                but the last row and column of the canvas), and tiles 1-3 put a canvas size
+                beyond it: the one-pixel strips left to their quadrants show ``fill`` only.
 
         Returns:
             ``(maps [B, 4, 3, 3], rects [B, 4, 4], canvas_hw [B, 2], centre [B, 2])``: each
@@ -277,8 +277,9 @@ class Mosaic(MixingTransform):
             xc, yc = np.where(off, 2 * w - 1, xc), np.where(off, 2 * h - 1, yc)
             letter_x = w / 2 + np.round((w - tw[:, 0]) / 2 - 0.1)  # ultralytics' LetterBox, centred
             letter_y = h / 2 + np.round((h - th[:, 0]) / 2 - 0.1)
-            left = np.where(off[:, None], np.stack([letter_x, np.full(n, 2 * w), np.zeros(n), np.full(n, 2 * w)], 1), left)
-            top = np.where(off[:, None], np.stack([letter_y, np.zeros(n), np.full(n, 2 * h), np.full(n, 2 * h)], 1), top)
+            far_x, far_y = np.full(n, 4 * w), np.full(n, 4 * h)  # two tile widths beyond: no bilinear tap reaches
+            left = np.where(off[:, None], np.stack([letter_x, far_x, np.zeros(n), far_x], 1), left)
+            top = np.where(off[:, None], np.stack([letter_y, np.zeros(n), far_y, far_y], 1), top)
             maps = translation_matrix(left.ravel(), top.ravel()) @ scale_matrix((tw / src_w).ravel(), (th / src_h).ravel())
             x_lo, x_hi = np.stack([zero, xc, zero, xc], 1), np.stack([xc, np.full(n, 2 * w), xc, np.full(n, 2 * w)], 1)
             y_lo, y_hi = np.stack([zero, zero, yc, yc], 1), np.stack([yc, yc, np.full(n, 2 * h), np.full(n, 2 * h)], 1)

@@ -106,13 +106,14 @@ def own_colour_only(image: np.ndarray, colour: tuple) -> bool:
     return True
 
 
-def test_mosaic_off_for_the_last_epochs():
+@pytest.mark.parametrize("pool", ["dataset", "batch"])
+def test_mosaic_off_for_the_last_epochs(pool):
     """``off_from_epoch``: before it samples are mosaics (several images' objects, labels and
     colours); from it on every sample is its own image alone, letterboxed on the canvas (its one
     object and colour, ``fill`` around), in the same pipeline."""
     samples, objects = one_object_images()
     source = SampleListSource(samples)
-    recipe = Compose([T.Mosaic((64, 64), fill=0), T.RandomAffine(scale=(2.0, 2.0), fill=0), T.Resize((64, 64))],
+    recipe = Compose([T.Mosaic((64, 64), fill=0, pool=pool), T.RandomAffine(scale=(2.0, 2.0), fill=0), T.Resize((64, 64))],
                      schedule={"Mosaic": {"off_from_epoch": 3}})  # fill 0: the images' background is grey 114
     mixed = 0
     for epoch in (0, 2):
@@ -274,7 +275,9 @@ def test_a_schedule_cannot_change_the_pipeline():
 torch = pytest.importorskip("torch")
 
 
-def test_a_resumed_loader_yields_the_same_batches_of_the_scheduled_epochs():
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_resumed_loader_yields_the_same_batches_of_the_scheduled_epochs(num_workers):
+    """Planned in this process or in planning workers (the recipe and its schedule pickled)."""
     from detaug.torch import DetectionLoader
 
     samples, _ = one_object_images()
@@ -292,17 +295,32 @@ def test_a_resumed_loader_yields_the_same_batches_of_the_scheduled_epochs():
 
     whole = DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=3, num_workers=0)
     want = [b for _ in range(3) for b in batches(whole)]  # epochs 0, 1, 2: 2 batches each
-    loader = DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=3, num_workers=0)
+    loader = DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=3, num_workers=num_workers)
     got = batches(loader) + batches(loader, 1)  # epoch 0 and the first batch of epoch 1
-    resumed = DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=3, num_workers=0)
+    resumed = DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=3, num_workers=num_workers)
     resumed.load_state_dict(loader.state_dict())
     got += batches(resumed) + batches(resumed)
     assert len(got) == len(want) == 6
     for (ids, images, boxes), (ids2, images2, boxes2) in zip(got, want):
         assert ids == ids2 and torch.equal(images, images2)
         assert all(torch.equal(x, y) for x, y in zip(boxes, boxes2))
-    jumped = DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=3, num_workers=0)
+    jumped = DetectionLoader(source, recipe, 4, device="cpu", shuffle=True, seed=3, num_workers=num_workers)
     jumped.set_epoch(2)
     for (ids, images, _), (ids2, images2, _) in zip(batches(jumped), want[4:]):
         assert ids == ids2 and torch.equal(images, images2)
     assert all(len(b) == 1 for _, _, boxes in want[4:] for b in boxes)  # epoch 2: no mosaic, one object each
+
+
+def test_an_eager_call_takes_the_recipe_of_its_epoch():
+    """``recipe(..., epoch=e)``: before the switch the sample is a mosaic of itself (a one-sample
+    dataset: its own partner, its box up to four times); from it on its image alone, letterboxed."""
+    image = np.full((40, 80, 3), 114, np.uint8)
+    image[10:30, 20:60] = (200, 40, 40)
+    recipe = Compose([T.Mosaic((64, 64), fill=0)], schedule={"Mosaic": {"off_from_epoch": 5}})
+    early = recipe(image=image, boxes=[[20, 10, 60, 30]], labels=[1], seed=0, epoch=4, image_id=1)
+    late = recipe(image=image, boxes=[[20, 10, 60, 30]], labels=[1], seed=0, epoch=5, image_id=1)
+    assert len(early["boxes"]) >= 2
+    # 80x40 scaled to 64x32, letterboxed at top 16, then centred on the 128x128 canvas (+32)
+    assert np.allclose(late["boxes"], [[32 + 16, 32 + 16 + 8, 32 + 48, 32 + 16 + 24]])
+    shown = np.nonzero(np.asarray(late["image"]).max(axis=-1) > 0)
+    assert (shown[0].min(), shown[0].max(), shown[1].min(), shown[1].max()) == (48, 79, 32, 95)
