@@ -324,3 +324,13 @@ def test_an_eager_call_takes_the_recipe_of_its_epoch():
     assert np.allclose(late["boxes"], [[32 + 16, 32 + 16 + 8, 32 + 48, 32 + 16 + 24]])
     shown = np.nonzero(np.asarray(late["image"]).max(axis=-1) > 0)
     assert (shown[0].min(), shown[0].max(), shown[1].min(), shown[1].max()) == (48, 79, 32, 95)
+
+
+def test_yolo_recipe_closes_mosaic_and_mixup():
+    recipe = T.yolo_recipe(64, close_mosaic_at=90)
+    assert recipe.to_dict()["schedule"] == {"Mosaic": {"off_from_epoch": 90}, "MixUp": {"off_from_epoch": 90}}
+    assert [t.p for t in recipe.at_epoch(89).transforms if t.kind == "mixing"] == [1.0, 0.1]
+    assert [t.p for t in recipe.at_epoch(90).transforms if t.kind == "mixing"] == [0.0, 0.0]
+    assert "schedule" not in T.yolo_recipe(64).to_dict()
+    with pytest.raises(RecipeError, match="off_from_epoch: expected an epoch"):
+        T.yolo_recipe(64, close_mosaic_at=-1)
