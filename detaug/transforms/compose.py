@@ -385,8 +385,8 @@ class Compose:
             return cls(transforms, **{p.name: recipe.get(p.name, p.default) for p in RECIPE_SCHEMA},
                        keypoint_flip_pairs=recipe.get("keypoint_flip_pairs", ()), schedule=recipe.get("schedule"))
         except RecipeError as err:
-            path = tuple(err.field.split(".")) if err.field else ()
-            where = path if err.field else ("transforms", err.index) if err.index is not None else ()
+            where = (tuple(err.field.split(".")) if err.field  # schedule.<transform>.<field>: the schedule's line
+                     else ("transforms", err.index) if err.index is not None else ())
             raise err.located(line=_line(lines, where), file=file) from None
 
     def to_json(self) -> str:
