@@ -17,9 +17,30 @@ from detaug.seeds import sample_keys
 from detaug.sources import SampleListSource
 from detaug.synthetic import BACKGROUND, PALETTE
 from detaug.transforms import Compose
-from tests.detaug.transforms.test_mixing import FILL, one_object_images, run
+from detaug.pipeline import build_pipeline, feed
+from tests.detaug.transforms.test_mixing import DEVICE, FILL, one_object_images, run
 
 RAMP = {"epochs": [0, 10], "values": [0, 20]}  # RandomAffine degrees: (-0, 0) .. (-20, 20)
+
+
+def run_epochs(source, recipe: Compose, batch_size: int, epochs, *, seed: int = 0):
+    """``{epoch: [(planned batch, [HWC uint8 images])]}``: every batch of ``epochs``, planned in
+    this process and run by ONE real DALI pipeline built once (no rebuild when the epoch changes)."""
+    spec = EpochSpec(n=len(source), batch_size=batch_size, seed=seed)
+    planner = BatchPlanner(source, recipe, spec)
+    pipe = build_pipeline(source, recipe, batch_size=batch_size, device=DEVICE, num_threads=2, layout="HWC",
+                          prefetch_queue_depth=1)
+    pipe.build()
+    out = {}
+    for epoch in epochs:
+        out[epoch] = []
+        for step in range(len(spec)):
+            planned = planner.plan(epoch, step)
+            feed(pipe, planned.data, planned.params, planned.partners)
+            images = pipe.outputs()[0]
+            images = images.as_cpu() if hasattr(images, "as_cpu") else images
+            out[epoch].append((planned, [np.array(images[i]) for i in range(len(planned.positions))]))
+    return out
 
 
 def ramp_recipe(**schedule) -> Compose:
@@ -116,13 +137,14 @@ def test_mosaic_off_for_the_last_epochs(pool):
     recipe = Compose([T.Mosaic((64, 64), fill=0, pool=pool), T.RandomAffine(scale=(2.0, 2.0), fill=0), T.Resize((64, 64))],
                      schedule={"Mosaic": {"off_from_epoch": 3}})  # fill 0: the images' background is grey 114
     mixed = 0
+    results = run_epochs(source, recipe, 6, (0, 2, 3, 4))
     for epoch in (0, 2):
-        for planned, images in run(source, recipe, 6, epoch=epoch):
+        for planned, images in results[epoch]:
             mixed += sum(len(set(labels.tolist()) - {planned.positions[i] + 1}) > 0
                          for i, labels in enumerate(planned.labels))
     assert mixed >= 20  # of 36 samples: mosaics
     for epoch in (3, 4):
-        for planned, images in run(source, recipe, 6, epoch=epoch):
+        for planned, images in results[epoch]:
             for i, image in enumerate(images):
                 own = int(planned.positions[i])
                 assert planned.labels[i].tolist() == [own + 1]  # the sample's own object, no partner's
@@ -334,3 +356,19 @@ def test_yolo_recipe_closes_mosaic_and_mixup():
     assert "schedule" not in T.yolo_recipe(64).to_dict()
     with pytest.raises(RecipeError, match="off_from_epoch: expected an epoch"):
         T.yolo_recipe(64, close_mosaic_at=-1)
+
+
+def test_pixels_follow_a_scheduled_photometric_value():
+    """A real DALI pipeline: ``ColorJitter``'s brightness factor stepped from 1 to 0.5 at epoch 3
+    halves the pixels from that epoch on, in the same pipeline."""
+    samples, _ = one_object_images(decoded=True)
+    source = SampleListSource(samples[:4])
+    recipe = Compose([T.Resize((32, 32)), T.ColorJitter(brightness=(1, 1))],
+                     schedule={"ColorJitter": {"brightness": {"epochs": [0, 3], "values": [[1, 1], [0.5, 0.5]],
+                                                              "mode": "step"}}})
+    plain = run(source, Compose([T.Resize((32, 32))]), 4, steps=[0])[0][1]
+    results = run_epochs(source, recipe, 4, (0, 2, 3, 7))
+    for epoch, factor in ((0, 1.0), (2, 1.0), (3, 0.5), (7, 0.5)):
+        (_, images), = results[epoch]
+        for got, want in zip(images, plain):
+            assert np.abs(got.astype(float) - factor * want).max() <= 1.0
