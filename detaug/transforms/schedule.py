@@ -47,7 +47,7 @@ from detaug.errors import RecipeError
 from detaug.transforms.base import Transform, _plain
 from detaug.transforms.schema import Param, closest
 
-__all__ = ["FieldSchedule", "MODES", "PIPELINE_FIELDS", "RecipeSchedule", "SCHEDULABLE_KINDS"]
+__all__ = ["FieldSchedule", "MODES", "OFF_FROM_EPOCH", "PIPELINE_FIELDS", "RecipeSchedule", "SCHEDULABLE_KINDS"]
 
 #: How values between two points are taken.
 MODES = ("linear", "step")
