@@ -104,7 +104,8 @@ def plan_batch(
     if composer is not None:
         canvas_images = [0] + [1 + k for k in recipe.slots_of(composer)]
         layers = np.arange(n)[:, None] * k_img + np.array(canvas_images)[None, :]
-        placed = composer.plan_canvas(state, hw_all[:, canvas_images], layers)
+        composed = needed[:, list(recipe.slots_of(composer))].any(axis=1)  # Mosaic's p
+        placed = composer.plan_canvas(state, hw_all[:, canvas_images], layers, composed)
         if recipe.segments:  # the canvas is drawn, then warped: no box of what it does not draw
             state.drop_undrawn()
 

@@ -57,7 +57,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("transform schema", "parameters and their checks", ("detaug.transforms.schema", "detaug.transforms.params")),
     Layer("transform base", "the base classes and the registry", ("detaug.transforms.base",)),
     Layer("transform families", "one module per family of transforms", ("detaug.transforms.*",), independent=True),
-    Layer("recipe", "Compose", ("detaug.transforms.compose",)),
+    Layer("recipe", "Compose and its epoch schedule", ("detaug.transforms.compose", "detaug.transforms.schedule")),
     Layer("presets", "named recipes", ("detaug.transforms.presets",)),
     Layer("transforms package", "detaug.transforms and its docs table", ("detaug.transforms", "detaug.transforms.table")),
     Layer("frameworks", "the PyTorch and Keras loaders", ("detaug.torch", "detaug.keras", "detaug.keras.*",

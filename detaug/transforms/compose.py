@@ -21,6 +21,7 @@ from detaug.plan_layout import PlanFieldSpec, PlanLayout
 from detaug.seeds import SampleRandom, as_keys
 from detaug.transforms.base import TRANSFORMS, OutputTransform, Transform
 from detaug.transforms.composition import entry_lines, field_path
+from detaug.transforms.schedule import RecipeSchedule
 from detaug.transforms.schema import Param, ParamError, closest
 
 #: The recipe's own fields (besides ``transforms``).
@@ -46,6 +47,10 @@ class Compose:
             sample is mirrored (a horizontal or a vertical flip, an odd number of them: the left
             eye becomes the right one), as COCO keypoints' ``flip_pairs``; each index in at most
             one pair. Empty: points keep their index. See :mod:`detaug.keypoints`.
+        schedule: values that change with the epoch, ``{transform: {field: {"epochs": [...],
+            "values": [...], "mode": "linear"|"step"}}}`` or ``{transform: {"off_from_epoch": N}}``
+            (:mod:`detaug.transforms.schedule`, docs/schedules.md); each batch is planned with
+            :meth:`at_epoch` of its epoch.
 
     Processing order, per batch (see :mod:`detaug.plan` for the box steps):
 
@@ -71,7 +76,8 @@ class Compose:
     """
 
     def __init__(self, transforms: Sequence[Transform], min_size: float = 1.0, min_visibility: float = 0.0,
-                 keypoint_flip_pairs: Sequence[Sequence[int]] = ()) -> None:
+                 keypoint_flip_pairs: Sequence[Sequence[int]] = (),
+                 schedule: Mapping[Any, Any] | None = None) -> None:
         self.transforms = list(transforms)
         #: ``((i, j), ...)``: keypoints that trade places where a sample is mirrored
         self.keypoint_flip_pairs = check_flip_pairs(keypoint_flip_pairs)
@@ -111,6 +117,41 @@ class Compose:
         self.segment_projective = [any(getattr(t, "projective", False) for t in seg) for seg in self.segments]
         #: the fields of each sample's plan, by name (:mod:`detaug.plan_layout`)
         self.plan_layout = self._plan_layout()
+        #: the epoch schedule (:mod:`detaug.transforms.schedule`; false when there is none)
+        self.schedule = RecipeSchedule(schedule, self.transforms)
+        self._epochs: dict[int, Compose] = {}
+        for epoch in self.schedule.points():  # every epoch's recipe plans into this one's pipeline
+            at = self.at_epoch(epoch)
+            if (at.plan_layout != self.plan_layout or at.segment_fills != self.segment_fills
+                    or [len(s) for s in at.segments] != [len(s) for s in self.segments]):
+                raise RecipeError(f"at epoch {epoch} the recipe would need another DALI pipeline (its plan "
+                                  "or warp segments differ): schedule only values the planner draws from",
+                                  field="schedule")
+
+    def at_epoch(self, epoch: int) -> "Compose":
+        """The recipe of ``epoch``: the same transforms with the schedule's values of that
+        epoch, and no schedule (``self`` when the recipe has none). Cached per epoch."""
+        if not self.schedule:
+            return self
+        epoch = int(epoch)
+        recipe = self._epochs.get(epoch)
+        if recipe is None:
+            if len(self._epochs) >= 8:
+                self._epochs.clear()
+            recipe = self._epochs[epoch] = Compose(
+                self.schedule.transforms_at(self.transforms, epoch), min_size=self.min_size,
+                min_visibility=self.min_visibility, keypoint_flip_pairs=self.keypoint_flip_pairs)
+        return recipe
+
+    def for_keys(self, keys: np.ndarray | list[np.ndarray]) -> "Compose":
+        """The recipe that plans a batch of ``keys`` (int64 ``[B, 3]``): :meth:`at_epoch` of
+        their epoch (a scheduled recipe plans batches of one epoch), ``self`` without a schedule."""
+        if not self.schedule:
+            return self
+        epochs = np.unique(as_keys(keys)[:, 1])
+        if len(epochs) > 1:
+            raise ValueError(f"a recipe with a schedule plans batches of one epoch, got epochs {epochs.tolist()}")
+        return self.at_epoch(int(epochs[0]) if len(epochs) else 0)
 
     @staticmethod
     def _check_mixing(transforms: list[Transform]) -> int:
@@ -232,7 +273,7 @@ class Compose:
         if dataset_size < 1:
             raise ValueError(f"a recipe with mixing transforms needs a dataset with images, got {dataset_size}")
         keys = as_keys(keys)
-        positions, needed = partner_block(self, SampleRandom(keys), int(dataset_size))
+        positions, needed = partner_block(self.for_keys(keys), SampleRandom(keys), int(dataset_size))
         return positions, needed
 
     def plan_batch(
@@ -271,7 +312,7 @@ class Compose:
             :class:`~detaug.plan.PointGeometry` of its kept boxes, in the same order (what moves
             their points: keypoints, :mod:`detaug.keypoints`).
         """
-        return plan_batch(self, shapes, boxes, labels, keys, partners, geometry=geometry)
+        return plan_batch(self.for_keys(keys), shapes, boxes, labels, keys, partners, geometry=geometry)
 
     def output_size(self) -> tuple[int, int] | None:
         """``(height, width)`` of every output image when the recipe fixes it, else ``None``."""
@@ -293,6 +334,8 @@ class Compose:
         }
         if self.keypoint_flip_pairs:  # only when set: recipes without keypoints read as before
             out["keypoint_flip_pairs"] = [list(pair) for pair in self.keypoint_flip_pairs]
+        if self.schedule:  # likewise
+            out["schedule"] = self.schedule.to_dict()
         return out
 
     @classmethod
@@ -314,7 +357,7 @@ class Compose:
             recipe = {"transforms": recipe}
         if not isinstance(recipe, Mapping):
             raise fail(f"a recipe is a mapping with a 'transforms' list, got {type(recipe).__name__}", where=())
-        known = ["transforms"] + [p.name for p in RECIPE_SCHEMA] + ["keypoint_flip_pairs"]
+        known = ["transforms"] + [p.name for p in RECIPE_SCHEMA] + ["keypoint_flip_pairs", "schedule"]
         for key in recipe:
             if key not in known:
                 raise fail(f"unknown recipe key{closest(key, known)}; known: {', '.join(known)}", where=(key,), field=str(key))
@@ -340,9 +383,10 @@ class Compose:
                 raise err.located(index=i, line=_line(lines, where), file=file) from None
         try:
             return cls(transforms, **{p.name: recipe.get(p.name, p.default) for p in RECIPE_SCHEMA},
-                       keypoint_flip_pairs=recipe.get("keypoint_flip_pairs", ()))
+                       keypoint_flip_pairs=recipe.get("keypoint_flip_pairs", ()), schedule=recipe.get("schedule"))
         except RecipeError as err:
-            where = (err.field,) if err.field else ("transforms", err.index) if err.index is not None else ()
+            where = (tuple(err.field.split(".")) if err.field  # schedule.<transform>.<field>: the schedule's line
+                     else ("transforms", err.index) if err.index is not None else ())
             raise err.located(line=_line(lines, where), file=file) from None
 
     def to_json(self) -> str:
@@ -403,7 +447,9 @@ class Compose:
     def __repr__(self) -> str:
         inner = ",\n".join(f"    {t!r}" for t in self.transforms)
         pairs = f", keypoint_flip_pairs={[list(p) for p in self.keypoint_flip_pairs]}" if self.keypoint_flip_pairs else ""
-        return f"Compose([\n{inner}\n], min_size={self.min_size}, min_visibility={self.min_visibility}{pairs})"
+        schedule = f", schedule={self.schedule.to_dict()!r}" if self.schedule else ""
+        return (f"Compose([\n{inner}\n], min_size={self.min_size}, min_visibility={self.min_visibility}{pairs}"
+                f"{schedule})")
 
 
 Transform.recipe_class = Compose  # a transform called alone runs as Compose([transform])

@@ -104,10 +104,13 @@ class MixingTransform(Transform):
         """Its fields in the recipe's plan layout (:mod:`detaug.plan_layout`), in order."""
         return []
 
-    def plan_canvas(self, state: PlanState, image_hw: np.ndarray, layers: np.ndarray) -> Any:
+    def plan_canvas(self, state: PlanState, image_hw: np.ndarray, layers: np.ndarray,
+                    apply: np.ndarray | None = None) -> Any:
         """Canvas stage: place the sample's image and its partners (``image_hw`` float64
         ``[B, 1 + partners, 2]``, layers ``[B, 1 + partners]`` of ``state``) on a new canvas
-        (``state.start_canvas``, ``state.place_layers``); returns what :meth:`canvas_values` needs."""
+        (``state.start_canvas``, ``state.place_layers``); returns what :meth:`canvas_values` needs.
+        ``apply`` (bool ``[B]``, :meth:`draw_needed`; ``None``: all): the samples it composes;
+        the others' canvas shows their own image alone."""
         raise NotImplementedError
 
     def canvas_values(self, placed: Any, first: tuple[np.ndarray, np.ndarray] | None,
@@ -163,6 +166,16 @@ class Mosaic(MixingTransform):
 
     Only the part of the canvas that the next warp reads is composed, and of each tile only the
     part it shows there is decoded.
+
+    ``p`` (ultralytics' ``mosaic``): the probability of composing a mosaic. A sample without one
+    gets its own image alone, scaled as a tile and letterboxed to ``size`` (ultralytics'
+    ``LetterBox``: ``left = round((w - tw) / 2 - 0.1)``, ``top`` likewise), centred on the same
+    ``(2 h, 2 w)`` canvas, ``fill`` around it: the transforms that follow turn it into
+    ultralytics' non-mosaic sample (its affine about the centre of the letterboxed image). Its
+    partners are not decoded (``pool="dataset"``) and none of their boxes is kept. ``p = 1``
+    draws nothing and ``p = 0`` neither (a scheduled ``off_from_epoch`` keeps every other draw
+    of the sample); ``0 < p < 1`` draws once per sample, in the partner block. The pipeline is
+    the same for every ``p``.
     """
 
     schema = (
@@ -172,6 +185,8 @@ class Mosaic(MixingTransform):
         _POOL,
         Param("grid", "size", (2, 2), "tiles (rows, columns): (2, 2) YOLO's mosaic, (3, 3) its 9-image mosaic "
               "(YOLOv5's mosaic9, ultralytics' Mosaic(n=9)); see docs/mixing.md", pair="rows, columns"),
+        Param("p", "probability", 1.0, "probability of composing a mosaic; otherwise the sample's image alone, "
+              "letterboxed to size in the canvas centre (ultralytics' mosaic; the 2x2 mosaic only)"),
     )
     partners = 3
     stage = "canvas"
@@ -181,7 +196,16 @@ class Mosaic(MixingTransform):
             raise self.error("grid", f"must be (2, 2) or (3, 3), got {list(self.grid)}")
         if self.grid == (3, 3) and min(self.size) < 2:
             raise self.error("size", "a 3x3 mosaic needs a size of at least 2 pixels each way")
+        if self.grid == (3, 3) and self.p < 1.0:
+            raise self.error("p", f"a 3x3 mosaic is always composed (p=1), got {self.p}: p < 1 is for grid=(2, 2)")
         self.partners = self.grid[0] * self.grid[1] - 1  # type: ignore[misc]  # per instance: 3 or 8
+
+    def draw_needed(self, rand: SampleRandom) -> np.ndarray:
+        if 0.0 < self.p < 1.0:
+            apply = rand.random() < self.p
+        else:  # no draw: a recipe written before p plans as it did
+            apply = np.full(rand.batch_size, self.p > 0.0)
+        return np.repeat(apply[:, None], self.partners, axis=1)
 
     def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
         return 2 * self.size[0], 2 * self.size[1]
@@ -201,14 +225,18 @@ class Mosaic(MixingTransform):
                       (f"mosaic.tile{k}.size", (2,), "float32", f"(h, w) of tile {k}'s part of the window")]
         return specs
 
-    def plan_canvas(self, state: PlanState, image_hw: np.ndarray, layers: np.ndarray) -> Any:
-        if self.grid == (3, 3):
+    def plan_canvas(self, state: PlanState, image_hw: np.ndarray, layers: np.ndarray,
+                    apply: np.ndarray | None = None) -> Any:
+        if self.grid == (3, 3):  # always composed (setup)
             maps, rects, canvas, centre, far = self.plan_tiles9(state.rand, image_hw)
+            alive = None
         else:
-            maps, rects, canvas, centre = self.plan_tiles(state.rand, image_hw)
+            maps, rects, canvas, centre = self.plan_tiles(state.rand, image_hw, apply)
             far = None
+            alive = None if apply is None else np.concatenate([np.ones((len(apply), 1), bool),
+                                                               np.repeat(apply[:, None], 3, axis=1)], axis=1).ravel()
         state.start_canvas(canvas)
-        state.place_layers(layers.ravel(), maps.reshape(-1, 3, 3), rects.reshape(-1, 4))
+        state.place_layers(layers.ravel(), maps.reshape(-1, 3, 3), rects.reshape(-1, 4), alive=alive)
         return image_hw, maps, rects, canvas, centre, far
 
     def canvas_values(self, placed: Any, first: tuple[np.ndarray, np.ndarray] | None,
@@ -238,12 +266,17 @@ class Mosaic(MixingTransform):
             return fn.cat(*rows, axis=0), own
         return fn.cat(fn.cat(quadrants[0], quadrants[1], axis=1), fn.cat(quadrants[2], quadrants[3], axis=1), axis=0), own
 
-    def plan_tiles(self, rand: SampleRandom, tile_hw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def plan_tiles(self, rand: SampleRandom, tile_hw: np.ndarray,
+                   apply: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Place the 4 tiles of every sample (2 draws per sample: the centre).
 
         Args:
             rand: the samples' streams.
             tile_hw: float64 ``[B, 4, 2]`` source ``(height, width)`` of each tile's image.
+            apply: bool ``[B]``: the samples composed as a mosaic (``None``: all). The others
+                get their own image letterboxed in the canvas centre (tile 0's quadrant: all
+                but the last row and column of the canvas), and tiles 1-3 put a canvas size
+                beyond it: the one-pixel strips left to their quadrants show ``fill`` only.
 
         Returns:
             ``(maps [B, 4, 3, 3], rects [B, 4, 4], canvas_hw [B, 2], centre [B, 2])``: each
@@ -266,6 +299,17 @@ class Mosaic(MixingTransform):
         zero = np.zeros(n)
         x_lo, x_hi = np.stack([zero, xc, zero, xc], 1), np.stack([xc, np.full(n, 2 * w), xc, np.full(n, 2 * w)], 1)
         y_lo, y_hi = np.stack([zero, zero, yc, yc], 1), np.stack([yc, yc, np.full(n, 2 * h), np.full(n, 2 * h)], 1)
+        if apply is not None and not apply.all():
+            off = ~apply
+            xc, yc = np.where(off, 2 * w - 1, xc), np.where(off, 2 * h - 1, yc)
+            letter_x = w / 2 + np.round((w - tw[:, 0]) / 2 - 0.1)  # ultralytics' LetterBox, centred
+            letter_y = h / 2 + np.round((h - th[:, 0]) / 2 - 0.1)
+            far_x, far_y = np.full(n, 4 * w), np.full(n, 4 * h)  # two tile widths beyond: no bilinear tap reaches
+            left = np.where(off[:, None], np.stack([letter_x, far_x, np.zeros(n), far_x], 1), left)
+            top = np.where(off[:, None], np.stack([letter_y, np.zeros(n), far_y, far_y], 1), top)
+            maps = translation_matrix(left.ravel(), top.ravel()) @ scale_matrix((tw / src_w).ravel(), (th / src_h).ravel())
+            x_lo, x_hi = np.stack([zero, xc, zero, xc], 1), np.stack([xc, np.full(n, 2 * w), xc, np.full(n, 2 * w)], 1)
+            y_lo, y_hi = np.stack([zero, zero, yc, yc], 1), np.stack([yc, yc, np.full(n, 2 * h), np.full(n, 2 * h)], 1)
         rects = np.stack([x_lo, y_lo, x_hi, y_hi], axis=-1)
         canvas = np.tile([2 * h, 2 * w], (n, 1))
         return maps.reshape(n, 4, 3, 3), rects, canvas, np.stack([xc, yc], -1)

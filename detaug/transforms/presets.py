@@ -54,7 +54,7 @@ def default_detection_recipe(size: int | tuple[int, int] = 512, fill: float = 11
 
 
 def yolo_recipe(size: int | tuple[int, int] = 640, mixup: float = 0.1, perspective: float = 0.1,
-                pool: str = "dataset") -> Compose:
+                pool: str = "dataset", close_mosaic_at: int | None = None) -> Compose:
     """The YOLO training recipe (ultralytics' defaults) as a :class:`~detaug.transforms.Compose`.
 
     ``Mosaic(size)`` (ultralytics ``mosaic=1.0``), ``RandomPerspective(perspective, p=0.5)`` on
@@ -66,7 +66,9 @@ def yolo_recipe(size: int | tuple[int, int] = 640, mixup: float = 0.1, perspecti
     0.1-0.15) and the HSV jitter ``hsv_h=0.015, hsv_s=0.7, hsv_v=0.4`` as ``ColorJitter`` (hue
     as a fraction of the circle, saturation and value as gain ranges ``1 -/+ v``). ``pool``:
     where ``Mosaic``'s and ``MixUp``'s partners come from (:mod:`detaug.transforms.mixing`; ``"batch"``
-    decodes one image per sample instead of 4.1).
+    decodes one image per sample instead of 4.1). ``close_mosaic_at``: the epoch from which
+    ``Mosaic`` and ``MixUp`` are off (ultralytics' ``close_mosaic=N`` of an ``E``-epoch run is
+    ``close_mosaic_at=E - N``; a schedule, docs/schedules.md); ``None``: never.
     """
     hw = (size, size) if isinstance(size, int) else tuple(size)
     transforms: list[Transform] = [
@@ -79,7 +81,11 @@ def yolo_recipe(size: int | tuple[int, int] = 640, mixup: float = 0.1, perspecti
     if mixup > 0:
         transforms.append(MixUp(p=mixup, alpha=32.0, fill=114, pool=pool))
     transforms.append(ColorJitter(brightness=0.4, saturation=0.7, hue=0.015))
-    return Compose(transforms, min_size=2.0, min_visibility=0.1)
+    schedule = None
+    if close_mosaic_at is not None:
+        off = {"off_from_epoch": close_mosaic_at}
+        schedule = {"Mosaic": off, **({"MixUp": off} if mixup > 0 else {})}
+    return Compose(transforms, min_size=2.0, min_visibility=0.1, schedule=schedule)
 
 
 def _hflip() -> Compose:
