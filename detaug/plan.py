@@ -112,6 +112,9 @@ class PointGeometry:
         canvas_hw: float64 ``[M, 2]`` the output canvas ``(height, width)`` of each box's sample.
         anchor: float64 ``[M, 2]`` the centre of each source box (where :attr:`mirrored` reads
             the orientation of a projective map).
+        out_hw: the sample's output canvas ``(height, width)`` where the geometry is one
+            sample's (``plan_batch(..., geometry=True)``), also without boxes (masks,
+            :mod:`detaug.masks`); else ``None``.
     """
 
     maps: np.ndarray
@@ -119,6 +122,7 @@ class PointGeometry:
     planes: np.ndarray
     canvas_hw: np.ndarray
     anchor: np.ndarray
+    out_hw: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.maps)

@@ -62,6 +62,7 @@ from detaug.formats.samples import (
 )
 from detaug.formats.yolo import read_yolo_folder
 from detaug.keypoints import KEYPOINTS, check_keypoints
+from detaug.masks import MASKS, check_masks
 from detaug.rotated import ROTATED_BOXES, check_rotated_boxes
 
 __all__ = [
@@ -617,9 +618,11 @@ def _label_array(labels: Any) -> tuple[np.ndarray | None, str, str]:
     return np.array([int(x) for x in flat] if raw.dtype.kind in "fO" else flat, dtype=np.int64), "", ""
 
 
-def _field_arrays(fields: Any, count: int | None) -> tuple[dict[str, np.ndarray] | None, str]:
+def _field_arrays(fields: Any, count: int | None, hw: tuple[int, int] | None = None
+                  ) -> tuple[dict[str, np.ndarray] | None, str]:
     """A sample's per-box fields as arrays ``[count, ...]`` (bools as int64), or ``(None, why)``;
-    ``count`` ``None``: the boxes are malformed (rows not checked)."""
+    ``count`` ``None``: the boxes are malformed (rows not checked); ``hw``: the image's size
+    where it is known (``masks`` must be of it, :mod:`detaug.masks`)."""
     if fields is None:
         return {}, ""
     if not isinstance(fields, Mapping):
@@ -647,6 +650,10 @@ def _field_arrays(fields: Any, count: int | None) -> tuple[dict[str, np.ndarray]
             arr, why = check_rotated_boxes(arr, count)
             if arr is None:
                 return None, why
+        if name == MASKS:  # uint8 [N, H, W], the image's size: moved with the boxes (detaug.masks)
+            arr, why = check_masks(arr, count, hw)
+            if arr is None:
+                return None, why
         arrays[name] = arr.astype(np.int64) if arr.dtype.kind == "b" else arr
     return arrays, ""
 
@@ -670,14 +677,14 @@ def _check_fields(checked: list[Sample], fields: list[dict[str, np.ndarray]], fi
                                detail=f"no field {name!r} (sample {first} has one): every sample with boxes "
                                       "carries the same fields")
                     break
-            elif f[name].shape[1:] != shape:
+            elif f[name].shape[1:] != shape and name != MASKS:  # masks: each image's size
                 report.add(v.MALFORMED_ANNOTATION, files[k], image_id=s.image_id,
                            detail=f"field {name!r} of shape {f[name].shape}: its rows are not of shape {shape} "
                                   f"as sample {first}'s")
                 break
         else:
             dtype = np.result_type(*(f[name] for f in fields if name in f))
-            specs[name] = FieldSpec(np.dtype(dtype), tuple(int(d) for d in shape))
+            specs[name] = FieldSpec(np.dtype(dtype), () if name == MASKS else tuple(int(d) for d in shape))
     if report.errors:
         return specs
     for f in fields:
@@ -749,7 +756,7 @@ def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: di
                 report.add(v.UNKNOWN_CATEGORY, file, image_id=image_id, detail=f"labels {unknown[:5]}")
         if boxes is not None and labels is not None and len(boxes) != len(labels):
             report.add(v.MALFORMED_BOX, file, image_id=image_id, detail=f"{len(boxes)} boxes but {len(labels)} labels")
-        fields, why = _field_arrays(s.fields, None if boxes is None else len(boxes))
+        fields, why = _field_arrays(s.fields, None if boxes is None else len(boxes), clip_hw)
         if fields is None:
             report.add(v.MALFORMED_ANNOTATION, file, image_id=image_id, detail=why)
         if report.total > errors:

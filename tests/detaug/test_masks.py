@@ -1,0 +1,245 @@
+"""Instance masks (issue 41): per-object ``uint8 [N, H, W]`` masks moved by the same planned geometry
+as their image and boxes, checked on the pixels.
+
+Synthetic scenes: a black image with three objects, an ellipse, a triangle and a rotated
+ellipse, each painted in its own primary colour (object 0 red, 1 green, 2 blue: orthogonal, so a
+pixel's share of a colour is its projection on it) exactly where its mask is 1. After a recipe
+runs (real DALI CPU pipelines), the pixels of each colour (share >= 1/2 of the colour's weight
+in the output) must match the union of the output masks of that colour's objects (IoU >= 0.98
+median over the objects, every one >= 0.9), each mask row aligned with its kept box (inside it).
+DALI runs on the CPU; ``DETAUG_TEST_DEVICE=gpu`` runs the same checks on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import detaug.transforms as T
+from detaug import DatasetError
+from detaug.errors import ImageError
+from detaug.masks import CocoMasks, check_masks, masks_to_boxes, warp_mask
+from detaug.planning import BatchPlanner, EpochSpec, batch_columns
+from detaug.sources import Sample, SampleListSource
+
+DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")  # DETAUG_TEST_DEVICE=gpu: the same checks on a GPU
+COLOURS = np.array([[255, 0, 0], [0, 255, 0], [0, 0, 255]], np.float64)
+HW = (144, 192)
+
+
+def shape_mask(kind: str, hw: tuple[int, int], centre: tuple[float, float], size: tuple[float, float],
+               angle: float = 0.0) -> np.ndarray:
+    """uint8 ``[H, W]``: an ellipse (semi-axes ``size``, rotated by ``angle`` degrees) or a
+    triangle (in the box of half-sizes ``size``) around ``centre``, at pixel centres."""
+    ys, xs = np.mgrid[0:hw[0], 0:hw[1]] + 0.5
+    x, y = xs - centre[0], ys - centre[1]
+    c, s = np.cos(np.radians(angle)), np.sin(np.radians(angle))
+    u, v = c * x + s * y, -s * x + c * y
+    if kind == "ellipse":
+        inside = (u / size[0]) ** 2 + (v / size[1]) ** 2 <= 1
+    else:  # apex up, base down: |u| <= a (v + b) / (2 b)
+        a, b = size
+        inside = (v <= b) & (np.abs(u) <= a * (v + b) / (2 * b))
+    return inside.astype(np.uint8)
+
+
+def scene(seed: int, hw: tuple[int, int] = HW) -> Sample:
+    """Three objects side by side (labels ``10 seed + 0 .. 2``, colour = label % 10), painted on
+    black where their masks are; boxes are the masks' bounds."""
+    rng = np.random.default_rng(seed)
+    h, w = hw
+    third = w / 3
+    masks = np.stack([
+        shape_mask("ellipse", hw, (third * 0.5 + rng.uniform(-4, 4), h * 0.45), (third * 0.36, h * 0.3)),
+        shape_mask("triangle", hw, (third * 1.5, h * 0.5 + rng.uniform(-5, 5)), (third * 0.4, h * 0.32)),
+        shape_mask("ellipse", hw, (third * 2.5, h * 0.55), (third * 0.42, h * 0.18), angle=rng.uniform(20, 70)),
+    ])
+    image = np.zeros((h, w, 3), np.uint8)
+    for k, m in enumerate(masks):
+        image[m == 1] = COLOURS[k]
+    boxes = masks_to_boxes(masks)
+    return Sample(image, boxes, 10 * seed + np.arange(3), image_id=seed + 1, fields={"masks": masks})
+
+
+def colour_region(image: np.ndarray, k: int, weight: float = 1.0) -> np.ndarray:
+    """bool ``[H, W]``: the pixels whose share of colour ``k`` is at least ``weight / 2``."""
+    colour = COLOURS[k]
+    share = image.astype(np.float64) @ colour / (colour @ colour)
+    return share >= weight / 2
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    union = np.logical_or(a, b).sum()
+    return float(np.logical_and(a, b).sum() / union) if union else 1.0
+
+
+def check_masks_on_pixels(out: dict, weight: float = 1.0) -> list[float]:
+    """Each colour's pixels against the union of its objects' output masks; masks aligned with
+    their boxes. Returns the IoUs of the colours that have a kept object."""
+    image, boxes, labels, masks = np.asarray(out["image"]), out["boxes"], out["labels"], out["masks"]
+    h, w = image.shape[:2]
+    assert masks.dtype == np.uint8 and masks.shape == (len(boxes), h, w)
+    assert set(np.unique(masks).tolist()) <= {0, 1}
+    for box, m in zip(boxes, masks):  # each row inside its own box (a pixel of rounding)
+        if m.any():
+            mb = masks_to_boxes(m[None])[0]
+            assert (mb[:2] >= box[:2] - 1.01).all() and (mb[2:] <= box[2:] + 1.01).all(), (mb, box)
+    ious = []
+    for k in range(3):
+        rows = np.asarray(labels) % 10 == k
+        if not rows.any():
+            continue
+        union = masks[rows].any(axis=0)
+        if union.sum() < 30:  # a sliver left by a crop: its border is all there is
+            continue
+        ious.append(iou(union, colour_region(image, k, weight)))
+    return ious
+
+
+def run_eager(recipe: T.Compose, sample: Sample, seed: int) -> dict:
+    return recipe(image=sample.image, boxes=sample.boxes, labels=sample.labels, masks=sample.fields["masks"],
+                  seed=seed, image_id=sample.image_id, device=DEVICE)
+
+
+GEOMETRIC = {
+    "hflip": T.Compose([T.RandomHorizontalFlip(p=1.0)]),
+    "vflip": T.Compose([T.RandomVerticalFlip(p=1.0)]),
+    "affine": T.Compose([T.RandomAffine(degrees=30, translate=(0.1, 0.1), scale=(0.8, 1.3), shear=8)]),
+    "rotation": T.Compose([T.RandomRotation(degrees=(-60, 60))]),
+    "rotation_expand": T.Compose([T.RandomRotation(degrees=(100, 170), expand=True)]),
+    "perspective": T.Compose([T.RandomPerspective(distortion_scale=0.4, p=1.0)]),
+    "iou_crop_resize": T.Compose([T.RandomIoUCrop(), T.Resize((120, 160))]),
+    "resized_crop": T.Compose([T.RandomResizedCrop((144, 192), scale=(0.3, 1.0))]),
+    "crop_pad": T.Compose([T.RandomCrop((110, 150), padding=6)]),
+    "center_crop": T.Compose([T.CenterCrop((100, 130))]),
+    "zoom_out_resize": T.Compose([T.RandomZoomOut(fill=0, side_range=(1.0, 2.0), p=1.0), T.Resize((160, 208))]),
+    "crop_then_zoom_out": T.Compose([T.RandomCrop((100, 130)), T.RandomZoomOut(fill=0, side_range=(1.2, 1.8), p=1.0)]),
+    "rotate_then_zoom_out": T.Compose([T.RandomRotation(degrees=(25, 50)),
+                                       T.RandomZoomOut(fill=0, side_range=(1.3, 1.6), p=1.0)]),
+    "letterbox": T.Compose([T.Pad(4), T.LetterBox((192, 192), fill=0)]),
+    "shortest_size": T.Compose([T.RandomShortestSize([120, 160, 200], max_size=300)]),
+    "flip_affine_perspective": T.Compose([T.RandomHorizontalFlip(), T.RandomVerticalFlip(),
+                                          T.RandomAffine(degrees=15, scale=(0.9, 1.1)),
+                                          T.RandomPerspective(distortion_scale=0.3, p=0.5)]),
+    "mosaic": T.Compose([T.Mosaic(size=(192, 256), fill=0), T.RandomAffine(degrees=10, scale=(0.8, 1.2))]),
+}
+
+
+@pytest.mark.parametrize("name", list(GEOMETRIC))
+def test_every_geometric_transform_moves_each_mask_onto_its_painted_shape(name):
+    recipe = GEOMETRIC[name]
+    ious = []
+    for seed in range(3):
+        ious += check_masks_on_pixels(run_eager(recipe, scene(seed), seed))
+    assert len(ious) >= 4
+    assert np.median(ious) >= 0.98, f"{name}: median IoU {np.median(ious):.4f} ({np.round(ious, 3).tolist()})"
+    assert min(ious) >= 0.9, f"{name}: worst IoU {min(ious):.4f}"
+
+
+def test_mixup_moves_the_partners_masks_with_its_own_map():
+    """``MixUp`` (the eager call's image is its own partner, smaller at an offset): each colour's
+    pixels (at a quarter of its weight: both layers are blended at about one half) are the union
+    of the masks of that colour's objects, the sample's and the partner's."""
+    recipe = T.Compose([T.Resize(HW), T.MixUp(p=1.0, scale=(0.5, 0.7), fill=0), T.RandomAffine(degrees=15)])
+    ious = []
+    for seed in range(3):
+        sample = scene(seed)
+        out = run_eager(recipe, sample, seed)
+        assert len(out["labels"]) > len(sample.labels)  # the partner's objects too
+        ious += check_masks_on_pixels(out, weight=0.5)
+    assert np.median(ious) >= 0.98, np.round(ious, 3).tolist()
+
+
+def test_a_removed_box_drops_its_mask_row_and_rows_follow_their_boxes():
+    sample = scene(4)
+    recipe = T.Compose([T.CenterCrop((144, 50))], min_visibility=0.5)  # only the middle object stays
+    out = run_eager(recipe, sample, 0)
+    assert out["labels"].tolist() == [41]
+    assert out["masks"].shape == (1, 144, 50)
+    np.testing.assert_array_equal(out["masks"][0], sample.fields["masks"][1][:, 71:121])
+
+
+def test_a_sample_without_boxes_gives_an_empty_mask_stack_of_the_output_size():
+    image = np.zeros((40, 60, 3), np.uint8)
+    out = T.Compose([T.Resize((30, 20))])(image=image, boxes=np.zeros((0, 4)), masks=np.zeros((0, 40, 60), np.uint8),
+                                           device=DEVICE)
+    assert out["masks"].shape == (0, 30, 20) and out["masks"].dtype == np.uint8
+
+
+def test_boxes_from_masks_are_the_moved_masks_bounds():
+    recipe = T.Compose([T.RandomRotation(degrees=(30, 40))])
+    recipe.boxes_from_masks = True
+    out = run_eager(recipe, scene(5), 0)
+    np.testing.assert_array_equal(out["boxes"], masks_to_boxes(out["masks"]))
+    loose = run_eager(T.Compose([T.RandomRotation(degrees=(30, 40))]), scene(5), 0)
+    area = lambda b: (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])  # noqa: E731
+    assert (area(out["boxes"]) < area(loose["boxes"])).all()  # tighter than the rotated box's bounds
+
+
+def test_loader_batches_carry_masks_aligned_with_the_boxes_of_every_tile():
+    samples = [scene(s) for s in range(4)]
+    source = SampleListSource(samples)
+    recipe = T.Compose([T.Mosaic(size=(192, 256), fill=0), T.RandomHorizontalFlip()])
+    planner = BatchPlanner(source, recipe, EpochSpec(n=4, batch_size=2, seed=3))
+    planned = planner.plan(0, 0)
+    counts, boxes, labels, fields = batch_columns(planned)
+    assert fields["masks"].shape == (sum(counts), 384, 512)  # the mosaic canvas: twice size
+    for b, m in zip(boxes, fields["masks"]):
+        if m.any():
+            mb = masks_to_boxes(m[None])[0]
+            assert (mb[:2] >= b[:2] - 1.01).all() and (mb[2:] <= b[2:] + 1.01).all()
+
+
+# -- validation ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("masks, words", [
+    (np.zeros((2, 144, 192), np.uint8), "2 rows, expected one per box (3)"),
+    (np.zeros((3, 100, 192), np.uint8), "not the image's size (144, 192)"),
+    (np.full((3, 144, 192), 255, np.uint8), "mask values [255] are not 0 or 1"),
+    (np.zeros((3, 144), np.uint8), "not [N, H, W]"),
+])
+def test_bad_masks_are_named_errors(masks, words):
+    s = scene(0)
+    with pytest.raises(DatasetError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        SampleListSource([Sample(s.image, s.boxes, s.labels, image_id=1, fields={"masks": masks})])
+
+
+def test_masks_of_an_encoded_image_of_another_size_skip_it_by_name(tmp_path):
+    from PIL import Image
+
+    s = scene(0)
+    path = tmp_path / "a.png"
+    Image.fromarray(s.image[:100]).save(path)
+    source = SampleListSource([Sample(str(path), s.boxes[:1] * 0 + [0, 0, 10, 10], s.labels[:1], image_id=7,
+                                      fields={"masks": s.fields["masks"][:1]})])
+    planner = BatchPlanner(source, T.Compose([T.RandomHorizontalFlip()]), EpochSpec(n=1, batch_size=1), on_error="raise")
+    with pytest.raises(ImageError, match=r"a\.png.*masks: masks of size \(h, w\) \(144, 192\) are not the image's size"):
+        planner.plan(0, 0)
+
+
+def test_check_masks_takes_bools_and_gives_uint8():
+    arr, why = check_masks(np.ones((1, 2, 3), bool), 1, (2, 3))
+    assert why == "" and arr.dtype == np.uint8 and arr.sum() == 6
+
+
+def test_coco_masks_decode_polygons_and_rle_like_pycocotools():
+    from pycocotools import mask as coco_mask
+
+    poly = [[10.0, 10.0, 50.0, 12.0, 30.0, 40.0]]
+    rle = coco_mask.encode(np.asfortranarray(shape_mask("ellipse", (60, 80), (40, 30), (20, 10))))
+    compressed = {"size": rle["size"], "counts": rle["counts"].decode("ascii")}
+    masks, why = CocoMasks([poly, compressed]).decode((60, 80))
+    assert why == ""
+    np.testing.assert_array_equal(masks[0], coco_mask.decode(coco_mask.merge(coco_mask.frPyObjects(poly, 60, 80))))
+    np.testing.assert_array_equal(masks[1], shape_mask("ellipse", (60, 80), (40, 30), (20, 10)))
+    assert "RLE of size [60, 80]" in CocoMasks([compressed]).decode((61, 80))[1]
+    assert "not a flat list" in CocoMasks([[[1, 2, 3]]]).decode((60, 80))[1]
+
+
+def test_warp_mask_by_identity_and_by_a_flip():
+    m = shape_mask("triangle", (30, 40), (20, 15), (10, 8))
+    np.testing.assert_array_equal(warp_mask(m, np.eye(3), (30, 40)), m)
+    flip = np.array([[-1, 0, 40], [0, 1, 0], [0, 0, 1]], np.float64)
+    np.testing.assert_array_equal(warp_mask(m, flip, (30, 40)), m[:, ::-1])
