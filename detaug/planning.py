@@ -443,7 +443,7 @@ class BatchPlanner:
                 picked[ROTATED_BOXES] = move_rotated_boxes(picked[ROTATED_BOXES], geometry)
             if geometry is not None and MASKS in picked:
                 picked[MASKS] = move_masks(picked[MASKS], geometry, geometry.out_hw)
-                if getattr(self.transforms, "boxes_from_masks", False):
+                if getattr(self.transforms, "boxes_from_masks", False):  # a recipe subclass may lack it
                     b = _boxes_from_masks(b, picked[MASKS])
                     out_boxes[len(out_labels) - 1] = b
             if AREA in self.fields:

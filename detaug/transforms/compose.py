@@ -46,6 +46,8 @@ class Compose:
             sample is mirrored (a horizontal or a vertical flip, an odd number of them: the left
             eye becomes the right one), as COCO keypoints' ``flip_pairs``; each index in at most
             one pair. Empty: points keep their index. See :mod:`detaug.keypoints`.
+        boxes_from_masks: each kept box becomes the bounds of its moved mask where the source
+            has ``masks`` (tighter than the transformed box; :mod:`detaug.masks`).
 
     Processing order, per batch (see :mod:`detaug.plan` for the box steps):
 
@@ -71,8 +73,9 @@ class Compose:
     """
 
     def __init__(self, transforms: Sequence[Transform], min_size: float = 1.0, min_visibility: float = 0.0,
-                 keypoint_flip_pairs: Sequence[Sequence[int]] = ()) -> None:
+                 keypoint_flip_pairs: Sequence[Sequence[int]] = (), boxes_from_masks: bool = False) -> None:
         self.transforms = list(transforms)
+        self.boxes_from_masks = bool(boxes_from_masks)  # boxes from their moved masks (detaug.masks)
         #: ``((i, j), ...)``: keypoints that trade places where a sample is mirrored
         self.keypoint_flip_pairs = check_flip_pairs(keypoint_flip_pairs)
         for i, t in enumerate(self.transforms):
@@ -293,6 +296,8 @@ class Compose:
         }
         if self.keypoint_flip_pairs:  # only when set: recipes without keypoints read as before
             out["keypoint_flip_pairs"] = [list(pair) for pair in self.keypoint_flip_pairs]
+        if self.boxes_from_masks:  # only when set, likewise
+            out["boxes_from_masks"] = True
         return out
 
     @classmethod
@@ -314,7 +319,7 @@ class Compose:
             recipe = {"transforms": recipe}
         if not isinstance(recipe, Mapping):
             raise fail(f"a recipe is a mapping with a 'transforms' list, got {type(recipe).__name__}", where=())
-        known = ["transforms"] + [p.name for p in RECIPE_SCHEMA] + ["keypoint_flip_pairs"]
+        known = ["transforms"] + [p.name for p in RECIPE_SCHEMA] + ["keypoint_flip_pairs", "boxes_from_masks"]
         for key in recipe:
             if key not in known:
                 raise fail(f"unknown recipe key{closest(key, known)}; known: {', '.join(known)}", where=(key,), field=str(key))
@@ -340,7 +345,8 @@ class Compose:
                 raise err.located(index=i, line=_line(lines, where), file=file) from None
         try:
             return cls(transforms, **{p.name: recipe.get(p.name, p.default) for p in RECIPE_SCHEMA},
-                       keypoint_flip_pairs=recipe.get("keypoint_flip_pairs", ()))
+                       keypoint_flip_pairs=recipe.get("keypoint_flip_pairs", ()),
+                       boxes_from_masks=bool(recipe.get("boxes_from_masks", False)))
         except RecipeError as err:
             where = (err.field,) if err.field else ("transforms", err.index) if err.index is not None else ()
             raise err.located(line=_line(lines, where), file=file) from None
@@ -403,6 +409,7 @@ class Compose:
     def __repr__(self) -> str:
         inner = ",\n".join(f"    {t!r}" for t in self.transforms)
         pairs = f", keypoint_flip_pairs={[list(p) for p in self.keypoint_flip_pairs]}" if self.keypoint_flip_pairs else ""
+        pairs += ", boxes_from_masks=True" if self.boxes_from_masks else ""
         return f"Compose([\n{inner}\n], min_size={self.min_size}, min_visibility={self.min_visibility}{pairs})"
 
 

@@ -169,8 +169,8 @@ def test_a_sample_without_boxes_gives_an_empty_mask_stack_of_the_output_size():
 
 
 def test_boxes_from_masks_are_the_moved_masks_bounds():
-    recipe = T.Compose([T.RandomRotation(degrees=(30, 40))])
-    recipe.boxes_from_masks = True
+    recipe = T.Compose([T.RandomRotation(degrees=(30, 40))], boxes_from_masks=True)
+    assert T.Compose.from_dict(recipe.to_dict()) == recipe and recipe.to_dict()["boxes_from_masks"] is True
     out = run_eager(recipe, scene(5), 0)
     np.testing.assert_array_equal(out["boxes"], masks_to_boxes(out["masks"]))
     loose = run_eager(T.Compose([T.RandomRotation(degrees=(30, 40))]), scene(5), 0)
@@ -243,3 +243,126 @@ def test_warp_mask_by_identity_and_by_a_flip():
     np.testing.assert_array_equal(warp_mask(m, np.eye(3), (30, 40)), m)
     flip = np.array([[-1, 0, 40], [0, 1, 0], [0, 0, 1]], np.float64)
     np.testing.assert_array_equal(warp_mask(m, flip, (30, 40)), m[:, ::-1])
+
+
+# -- COCO, the loaders' targets ----------------------------------------------------------------------
+
+def coco_scene(tmp_path, seeds=(0, 1, 2)) -> tuple[str, str, list[Sample]]:
+    """The scenes as PNG files and a COCO file: the ellipses as compressed RLE, the triangle as a
+    polygon of its exact vertices (its mask: what pycocotools rasterises, painted as is)."""
+    import json
+
+    from PIL import Image
+    from pycocotools import mask as coco_mask
+
+    images, annotations, samples = [], [], []
+    for seed in seeds:
+        s = scene(seed)
+        h, w = HW
+        third = w / 3
+        cx, cy = third * 1.5, h * 0.5 + np.random.default_rng(seed).uniform(-4, 4)
+        a, b = third * 0.4, h * 0.32
+        poly = [cx, cy - b, cx + a, cy + b, cx - a, cy + b]
+        masks = s.fields["masks"].copy()
+        masks[1] = coco_mask.decode(coco_mask.merge(coco_mask.frPyObjects([poly], h, w)))
+        image = np.zeros((h, w, 3), np.uint8)
+        for k, m in enumerate(masks):
+            image[m == 1] = COLOURS[k]
+        Image.fromarray(image).save(tmp_path / f"{seed}.png")
+        images.append({"id": seed + 1, "file_name": f"{seed}.png", "height": h, "width": w})
+        for k, m in enumerate(masks):
+            x0, y0, x1, y1 = masks_to_boxes(m[None])[0].tolist()
+            if k == 1:
+                seg = [poly]
+            else:
+                rle = coco_mask.encode(np.asfortranarray(m))
+                seg = {"size": [h, w], "counts": rle["counts"].decode("ascii")}
+            annotations.append({"id": 10 * seed + k + 1, "image_id": seed + 1, "category_id": 10 * seed + k,
+                                "bbox": [x0, y0, x1 - x0, y1 - y0], "iscrowd": 0, "segmentation": seg})
+        samples.append(Sample(image, masks_to_boxes(masks), s.labels, image_id=seed + 1, fields={"masks": masks}))
+    categories = [{"id": 10 * s + k, "name": f"c{10 * s + k}"} for s in seeds for k in range(3)]
+    path = tmp_path / "coco.json"
+    path.write_text(json.dumps({"images": images, "annotations": annotations, "categories": categories}))
+    return str(path), str(tmp_path), samples
+
+
+def test_coco_polygons_and_rle_become_masks_that_move_with_their_shapes(tmp_path):
+    from detaug.sources import CocoSource
+
+    path, root, samples = coco_scene(tmp_path)
+    assert "masks" not in CocoSource(path, root).field_specs  # detection users get no masks unless they ask
+    source = CocoSource(path, root, masks=True)
+    assert source.field_specs["masks"].dtype == np.uint8
+    recipe = T.Compose([T.RandomAffine(degrees=25, scale=(0.8, 1.2)), T.Resize((120, 160))])
+    planner = BatchPlanner(source, recipe, EpochSpec(n=3, batch_size=3, seed=2))
+    planned = planner.plan(0, 0)
+    eager = [recipe(image=s.image, boxes=s.boxes, labels=s.labels, masks=s.fields["masks"], seed=2, image_id=s.image_id,
+                    device=DEVICE) for s in samples]
+    for k, fields in enumerate(planned.fields):  # the same masks as the eager call on the decoded pixels
+        i = int(planned.image_ids[k]) - 1
+        np.testing.assert_array_equal(fields["masks"], eager[i]["masks"])
+        assert np.median(check_masks_on_pixels(eager[i])) >= 0.98
+
+
+def test_coco_masks_are_named_errors_and_refused_by_the_cache(tmp_path):
+    import json
+
+    from detaug.sources import CocoSource
+
+    path, root, _ = coco_scene(tmp_path, seeds=(0,))
+    doc = json.loads(open(path).read())
+    doc["annotations"][1]["segmentation"] = [[1, 2, 3]]
+    del doc["annotations"][2]["segmentation"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(DatasetError, match=r"(?s)annotation_id 2.*not a flat list.*annotation_id 3.*no segmentation"):
+        CocoSource(bad, root, masks=True)
+    CocoSource(bad, root)  # without masks the segmentations are not read
+    with pytest.raises(DatasetError, match="cache does not hold segmentation masks"):
+        CocoSource(path, root, masks=True, cache=tmp_path / "cache")
+
+
+def test_torch_targets_carry_masks_on_the_images_device():
+    import torch
+
+    from detaug.torch import DetectionLoader
+
+    source = SampleListSource([scene(s) for s in range(4)])
+    recipe = T.Compose([T.RandomHorizontalFlip(), T.RandomAffine(degrees=20), T.Resize((96, 128))])
+    loader = DetectionLoader(source, recipe, 2, device=DEVICE, seed=1, num_threads=1)
+    ious = []
+    for images, targets in loader:
+        for image, t in zip(images, targets):
+            assert t["masks"].dtype == torch.uint8 and t["masks"].device == image.device
+            assert t["masks"].shape == (len(t["boxes"]), 96, 128)
+            ious += check_masks_on_pixels({"image": image.permute(1, 2, 0).cpu().numpy(), "boxes": t["boxes"].cpu().numpy(),
+                                           "labels": t["labels"].cpu().numpy(), "masks": t["masks"].cpu().numpy()})
+    loader.close()
+    assert len(ious) >= 8 and np.median(ious) >= 0.98
+
+
+def test_masks_of_a_batch_of_several_sizes_are_a_named_error():
+    source = SampleListSource([scene(0), scene(1, hw=(120, 150))])
+    planner = BatchPlanner(source, T.Compose([T.RandomHorizontalFlip()]), EpochSpec(n=2, batch_size=2))
+    with pytest.raises(ValueError, match=r"masks of one batch must be of one size.*Resize"):
+        batch_columns(planner.plan(0, 0))
+
+
+def test_keras_targets_pad_masks_with_minus_one():
+    from detaug.keras.targets import keras_field_spec, pad_targets
+    from detaug.labels import LabelMap
+    from detaug.planning import field_outputs
+
+    source = SampleListSource([scene(s) for s in range(4)])
+    recipe = T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))])
+    planner = BatchPlanner(source, recipe, EpochSpec(n=4, batch_size=2, seed=1), fields=["masks"])
+    planned = planner.plan(0, 0)
+    specs = field_outputs(source, planner.fields)
+    assert keras_field_spec("masks", specs["masks"], recipe.output_size()) == (np.dtype(np.int8), (48, 64))
+    labels = np.concatenate([s.labels for s in source.samples])
+    targets = pad_targets(batch_columns(planned), 5, "xyxy", (48, 64), LabelMap({}, labels), specs)
+    assert targets["masks"].shape == (2, 5, 48, 64) and targets["masks"].dtype == np.int8
+    for k in range(2):
+        n = len(planned.labels[k])
+        np.testing.assert_array_equal(targets["masks"][k, :n], planned.fields[k]["masks"])
+        assert (targets["masks"][k, n:] == -1).all()
