@@ -366,3 +366,58 @@ def test_keras_targets_pad_masks_with_minus_one():
         n = len(planned.labels[k])
         np.testing.assert_array_equal(targets["masks"][k, :n], planned.fields[k]["masks"])
         assert (targets["masks"][k, n:] == -1).all()
+
+
+def test_shards_refuse_masks_by_name(tmp_path):
+    from PIL import Image
+
+    from detaug.shards import write_shards
+
+    s = scene(0)
+    Image.fromarray(s.image).save(tmp_path / "a.png")
+    source = SampleListSource([Sample(str(tmp_path / "a.png"), s.boxes, s.labels, image_id=1, fields=s.fields)])
+    with pytest.raises(DatasetError, match="shards do not hold masks yet"):
+        write_shards(source, tmp_path / "shards")
+
+
+def test_batches_planned_together_move_masks_as_alone():
+    """``plan_many`` (one ``plan_batch`` call for several batches, as the planning workers do)
+    gives every batch's masks exactly as ``plan`` does."""
+    source = SampleListSource([scene(s) for s in range(6)])
+    recipe = T.Compose([T.Mosaic(size=(64, 96), fill=0), T.RandomHorizontalFlip(), T.RandomAffine(degrees=20)])
+    planner = BatchPlanner(source, recipe, EpochSpec(n=6, batch_size=2, shuffle=True, seed=3))
+    together = planner.plan_many(1, [0, 1, 2])
+    for step, got in enumerate(together):
+        alone = planner.plan(1, step)
+        for a, b in zip(got.fields, alone.fields):
+            np.testing.assert_array_equal(a["masks"], b["masks"])
+    assert sum(int(f["masks"].any(axis=(1, 2)).sum()) for g in together for f in g.fields) > 6
+
+
+@pytest.mark.parametrize("orientation", [6, 2, 5])
+def test_masks_of_an_exif_rotated_image_follow_its_pixels(tmp_path, orientation):
+    """Masks given on the stored pixels (no declared size: the stored frame) are moved to the
+    displayed frame the decoder delivers, as their boxes."""
+    import io
+
+    from PIL import Image
+
+    from detaug.torch import DetectionLoader
+
+    sample = scene(8)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buffer = io.BytesIO()
+    Image.fromarray(sample.image).save(buffer, "PNG", exif=exif.tobytes())
+    path = tmp_path / "rotated.png"
+    path.write_bytes(buffer.getvalue())
+    displayed = HW[::-1] if orientation in (5, 6, 7, 8) else HW
+    stored = Sample(str(path), sample.boxes, sample.labels, image_id=3, fields=sample.fields)
+    loader = DetectionLoader(SampleListSource([stored]), T.Compose([T.Resize(displayed)]), 1, device=DEVICE, num_threads=1)
+    images, targets = next(iter(loader))
+    loader.close()
+    t = targets[0]
+    assert t["masks"].shape == (3, *displayed)
+    ious = check_masks_on_pixels({"image": images[0].permute(1, 2, 0).cpu().numpy(), "boxes": t["boxes"].cpu().numpy(),
+                                  "labels": t["labels"].cpu().numpy(), "masks": t["masks"].cpu().numpy()})
+    assert len(ious) == 3 and min(ious) == 1.0  # whole-pixel moves: exact
