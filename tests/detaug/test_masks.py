@@ -421,3 +421,48 @@ def test_masks_of_an_exif_rotated_image_follow_its_pixels(tmp_path, orientation)
     ious = check_masks_on_pixels({"image": images[0].permute(1, 2, 0).cpu().numpy(), "boxes": t["boxes"].cpu().numpy(),
                                   "labels": t["labels"].cpu().numpy(), "masks": t["masks"].cpu().numpy()})
     assert len(ious) == 3 and min(ious) == 1.0  # whole-pixel moves: exact
+
+
+@pytest.mark.parametrize("form", ["padded", "concat"])
+def test_torch_batched_target_forms_carry_masks(form):
+    import torch
+
+    from detaug.torch import DetectionLoader
+
+    source = SampleListSource([scene(s) for s in range(4)])
+    recipe = T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))])
+    loader = DetectionLoader(source, recipe, 2, device=DEVICE, seed=1, num_threads=1, targets=form, shuffle=False)
+    images, targets = next(iter(loader))
+    loader.close()
+    planned = loader.planner.plan(0, 0)  # the loader's first batch, planned again
+    counts = targets["num_boxes"].tolist()
+    if form == "padded":  # int8 [B, M, H, W], rows past an image's boxes -1
+        assert targets["masks"].dtype == torch.int8 and targets["masks"].shape == (2, max(counts), 48, 64)
+        for k, n in enumerate(counts):
+            assert set(targets["masks"][k, :n].unique().tolist()) <= {0, 1}
+            assert (targets["masks"][k, n:] == -1).all()
+    else:  # uint8 [N, H, W] in image order
+        assert targets["masks"].dtype == torch.uint8 and targets["masks"].shape == (sum(counts), 48, 64)
+    expected = np.concatenate([f["masks"] for f in planned.fields])
+    got = targets["masks"].cpu().numpy()
+    got = np.concatenate([got[k, :n] for k, n in enumerate(counts)]) if form == "padded" else got
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_keras_sequence_pads_masks_with_minus_one():
+    pytest.importorskip("keras", reason="Keras 3 is not installed")
+    from detaug.keras import DetectionSequence
+
+    source = SampleListSource([scene(s) for s in range(4)])
+    seq = DetectionSequence(source, T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))]), 2, max_boxes=5,
+                            seed=1, device=DEVICE, num_threads=1, images_on_device=False, plan_workers=0,
+                            fields=["masks"])
+    assert seq.field_specs["masks"] == (np.dtype(np.int8), (48, 64))
+    _, targets = seq[0]
+    assert targets["masks"].shape == (2, 5, 48, 64) and targets["masks"].dtype == np.int8
+    n = (targets["labels"] >= 0).sum(axis=1)
+    planned = seq.planner.plan(0, 0)
+    for k in range(2):
+        np.testing.assert_array_equal(targets["masks"][k, :n[k]], planned.fields[k]["masks"])
+        assert (targets["masks"][k, n[k]:] == -1).all()
+    seq.close()
