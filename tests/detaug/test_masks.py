@@ -466,3 +466,21 @@ def test_keras_sequence_pads_masks_with_minus_one():
         np.testing.assert_array_equal(targets["masks"][k, :n[k]], planned.fields[k]["masks"])
         assert (targets["masks"][k, n[k]:] == -1).all()
     seq.close()
+
+
+def test_planning_workers_give_the_masks_of_the_main_process(tmp_path):
+    import torch
+
+    from detaug.sources import CocoSource
+    from detaug.torch import DetectionLoader
+
+    path, root, _ = coco_scene(tmp_path)
+    source = CocoSource(path, root, masks=True)
+    recipe = T.Compose([T.RandomRotation(degrees=20), T.Resize((72, 96))])
+    got = []
+    for workers in (0, 1):
+        loader = DetectionLoader(source, recipe, 3, device=DEVICE, seed=5, num_threads=1, num_workers=workers)
+        _, targets = next(iter(loader))
+        loader.close()
+        got.append(torch.cat([t["masks"].cpu() for t in targets]))
+    assert got[0].shape[0] >= 6 and torch.equal(got[0], got[1])
