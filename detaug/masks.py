@@ -58,8 +58,9 @@ def check_masks(values: Any, count: int | None, hw: tuple[int, int] | None = Non
         return None, f"masks have {arr.shape[0]} rows, expected one per box ({count})"
     if hw is not None and tuple(arr.shape[1:]) != tuple(hw):
         return None, f"masks of size (h, w) {tuple(arr.shape[1:])} are not the image's size {tuple(hw)}"
-    if arr.dtype.kind != "b" and arr.size and not np.isin(arr, (0, 1)).all():
-        bad = np.unique(arr[~np.isin(arr, (0, 1))])[:3]
+    if arr.dtype.kind != "b" and arr.size and (arr.max() > 1 or arr.min() < 0 or
+                                               (arr.dtype.kind == "f" and (arr != np.round(arr)).any())):
+        bad = np.unique(arr[(arr != 0) & (arr != 1)])[:3]
         return None, f"mask values {bad.tolist()} are not 0 or 1"
     return arr.astype(np.uint8), ""
 
@@ -171,11 +172,11 @@ def warp_mask(mask: np.ndarray, matrix: np.ndarray, hw: tuple[int, int], rect: n
     in source coordinates) or lies behind the horizon are 0 (see the module docstring)."""
     height, width = int(hw[0]), int(hw[1])
     out = np.zeros((height, width), dtype=np.uint8)
-    ys, xs = np.nonzero(mask)
-    if not len(ys):
+    cols, rows = np.flatnonzero(mask.any(axis=0)), np.flatnonzero(mask.any(axis=1))
+    if not len(cols):
         return out
     m = np.asarray(matrix, dtype=np.float64)
-    x0, x1, y0, y1 = xs.min(), xs.max() + 1.0, ys.min(), ys.max() + 1.0
+    x0, x1, y0, y1 = cols[0], cols[-1] + 1.0, rows[0], rows[-1] + 1.0
     corners = np.array([[x0, y0, 1], [x1, y0, 1], [x0, y1, 1], [x1, y1, 1]], dtype=np.float64) @ m.T
     u0, v0, u1, v1 = 0, 0, width, height
     if (corners[:, 2] > 0).all():  # in front of any horizon: the region its bounds map to
