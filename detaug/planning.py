@@ -321,6 +321,9 @@ class BatchPlanner:
                 flip_permutation(transforms.keypoint_flip_pairs, field_specs(source)[KEYPOINTS].shape[0])
             except ValueError as err:
                 raise RecipeError(str(err), field="keypoint_flip_pairs") from None
+        if getattr(transforms, "boxes_from_masks", False) and MASKS not in self.fields:
+            raise RecipeError("boxes_from_masks=True, but no masks are carried (the source has none, or fields= "
+                              "leaves them out): boxes cannot come from masks", field="boxes_from_masks")
         self._order: tuple[int, np.ndarray] | None = None
         self._places: tuple[int, np.ndarray | None] | None = None
 

@@ -484,3 +484,14 @@ def test_planning_workers_give_the_masks_of_the_main_process(tmp_path):
         loader.close()
         got.append(torch.cat([t["masks"].cpu() for t in targets]))
     assert got[0].shape[0] >= 6 and torch.equal(got[0], got[1])
+
+
+def test_boxes_from_masks_without_masks_is_a_named_recipe_error():
+    from detaug.errors import RecipeError
+
+    s = scene(0)
+    recipe = T.Compose([T.RandomHorizontalFlip()], boxes_from_masks=True)
+    with pytest.raises(RecipeError, match="boxes_from_masks=True, but no masks are carried"):
+        recipe(image=s.image, boxes=s.boxes, labels=s.labels, device=DEVICE)
+    with pytest.raises(RecipeError, match="fields= leaves them out"):
+        BatchPlanner(SampleListSource([s]), recipe, EpochSpec(n=1, batch_size=1), fields=["area"])
