@@ -343,10 +343,13 @@ class Compose:
                 path = field_path(err.field)
                 where = here + path if path and path[0] in spec else here
                 raise err.located(index=i, line=_line(lines, where), file=file) from None
+        if not isinstance(recipe.get("boxes_from_masks", False), bool):
+            raise fail(f"boxes_from_masks must be true or false, got {recipe['boxes_from_masks']!r:.40}",
+                       where=("boxes_from_masks",), field="boxes_from_masks")
         try:
             return cls(transforms, **{p.name: recipe.get(p.name, p.default) for p in RECIPE_SCHEMA},
                        keypoint_flip_pairs=recipe.get("keypoint_flip_pairs", ()),
-                       boxes_from_masks=bool(recipe.get("boxes_from_masks", False)))
+                       boxes_from_masks=recipe.get("boxes_from_masks", False))
         except RecipeError as err:
             where = (err.field,) if err.field else ("transforms", err.index) if err.index is not None else ()
             raise err.located(line=_line(lines, where), file=file) from None

@@ -493,5 +493,7 @@ def test_boxes_from_masks_without_masks_is_a_named_recipe_error():
     recipe = T.Compose([T.RandomHorizontalFlip()], boxes_from_masks=True)
     with pytest.raises(RecipeError, match="boxes_from_masks=True, but no masks are carried"):
         recipe(image=s.image, boxes=s.boxes, labels=s.labels, device=DEVICE)
+    with pytest.raises(RecipeError, match="boxes_from_masks must be true or false, got 'yes'"):
+        T.Compose.from_dict({"transforms": [], "boxes_from_masks": "yes"})
     with pytest.raises(RecipeError, match="fields= leaves them out"):
         BatchPlanner(SampleListSource([s]), recipe, EpochSpec(n=1, batch_size=1), fields=["area"])
