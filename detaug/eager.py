@@ -12,8 +12,9 @@ source of the call: the image is its own partner. Per-box fields (``iscrowd``, `
 their boxes through every transform and filter; ``area``, when given, is recomputed in output
 pixels; ``keypoints`` (``[N, K, 3]`` ``(x, y, v)`` pixels, :mod:`detaug.keypoints`) are moved
 with their boxes, as the loaders move them, and so are ``rotated_boxes`` (:mod:`detaug.rotated`) and
-``masks`` (uint8 ``[N, H, W]``, :mod:`detaug.masks`). Boxes come back in the ``box_format`` they were given in, and every array in the type it
-was given as: torch tensors (on their device) for tensors, NumPy arrays for anything else.
+``masks`` (uint8 ``[N, H, W]``, :mod:`detaug.masks`). Boxes come back in the ``box_format`` they
+were given in, and every array in the type it was given as: torch tensors (on their device) for
+tensors, NumPy arrays for anything else.
 """
 
 from __future__ import annotations

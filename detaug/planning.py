@@ -68,7 +68,7 @@ from detaug.errors import DatasetError, ImageError, RecipeError
 from detaug.formats.images import annotation_frame, exif_matrix, orient_boxes, probe_image
 from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
 from detaug.keypoints import KEYPOINTS, flip_permutation, move_keypoints, orient_keypoints
-from detaug.masks import MASKS, mask_rows, move_masks
+from detaug.masks import MASKS, mask_rows, masks_to_boxes, move_masks
 from detaug.plan import Partners
 from detaug.plan_layout import PlanLayout
 from detaug.rotated import ROTATED_BOXES, move_rotated_boxes, orient_rotated_boxes
@@ -314,7 +314,7 @@ class BatchPlanner:
             raise ValueError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
         self.source, self.transforms, self.spec, self.on_error = source, transforms, spec, on_error
         self.fields = select_fields(source, fields)
-        # plan_batch gives the kept boxes' geometry (keypoints, rotated boxes: detaug.rotated)
+        # plan_batch gives the kept boxes' geometry (keypoints, rotated boxes: detaug.rotated; masks: detaug.masks)
         self._points = KEYPOINTS in self.fields or ROTATED_BOXES in self.fields or MASKS in self.fields
         if self._points and transforms.keypoint_flip_pairs:
             try:
@@ -740,8 +740,6 @@ def _row_labels(tables: list[_Rows], partner_tables: list[list[_Rows]]) -> tuple
 def _boxes_from_masks(boxes: np.ndarray, masks: np.ndarray) -> np.ndarray:
     """float32 ``[M, 4]``: each box replaced by its moved mask's bounds
     (:func:`detaug.masks.masks_to_boxes`), kept where its mask is empty."""
-    from detaug.masks import masks_to_boxes
-
     tight = masks_to_boxes(masks)
     empty = ~np.asarray(masks).reshape(len(masks), -1).any(axis=1)
     return np.where(empty[:, None], boxes, tight).astype(np.float32)

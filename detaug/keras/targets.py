@@ -4,8 +4,8 @@ Keras 3 and KerasHub detectors take a batch's targets as fixed-size arrays: ``ma
 per sample, rows past a sample's boxes filled with ``-1`` (``keras.layers.MaxNumBoundingBoxes``
 pads the same way). Per-box fields (``iscrowd``, ``area``, a track id, ...) are padded the same
 way: ``[B, max_boxes, ...]``, float fields as float32 (``-1.0`` padding), the others as int32
-like the labels (:func:`keras_field_dtype`); ``masks`` as int8 ``[B, max_boxes, H, W]`` (0/1, ``-1`` rows). No Keras import here: the formats are computed with
-NumPy.
+like the labels (:func:`keras_field_dtype`); ``masks`` as int8 ``[B, max_boxes, H, W]`` (0/1,
+``-1`` rows). No Keras import here: the formats are computed with NumPy.
 """
 
 from __future__ import annotations
