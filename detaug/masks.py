@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MASKS", "CocoMasks", "check_masks", "mask_rows", "masks_to_boxes", "move_masks", "orient_masks",
-           "warp_mask"]
+__all__ = ["MASKS", "CocoMasks", "check_masks", "join_masks", "mask_rows", "masks_to_boxes", "move_masks",
+           "orient_masks", "warp_mask"]
 
 #: The per-box field name of instance masks (sources, targets, eager calls).
 MASKS = "masks"
@@ -220,6 +220,23 @@ def move_masks(rows: Sequence[np.ndarray], geometry: Any, out_hw: tuple[int, int
     out = np.zeros((len(rows), int(out_hw[0]), int(out_hw[1])), dtype=np.uint8)
     for k, mask in enumerate(rows):
         out[k] = warp_mask(mask, geometry.maps[k], out_hw, geometry.rect[k], geometry.planes[k])
+    return out
+
+
+def join_masks(per_sample: Sequence[np.ndarray]) -> np.ndarray:
+    """uint8 ``[N, H, W]``: the samples' masks (``[M_i, h_i, w_i]``) in order, each padded with
+    zeros at the bottom and right to the batch's largest ``(H, W)`` where the sizes differ (as
+    torchvision's detection models pad a batch of images); the PyTorch loader's per-image targets
+    are cut back to their image's size."""
+    arrays = [np.asarray(m, dtype=np.uint8) for m in per_sample]
+    if len({a.shape[1:] for a in arrays}) <= 1:
+        return np.concatenate(arrays)
+    h, w = max(a.shape[1] for a in arrays), max(a.shape[2] for a in arrays)
+    out = np.zeros((sum(len(a) for a in arrays), h, w), dtype=np.uint8)
+    start = 0
+    for a in arrays:
+        out[start:start + len(a), :a.shape[1], :a.shape[2]] = a
+        start += len(a)
     return out
 
 

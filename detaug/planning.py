@@ -68,7 +68,7 @@ from detaug.errors import DatasetError, ImageError, RecipeError
 from detaug.formats.images import annotation_frame, exif_matrix, orient_boxes, probe_image
 from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
 from detaug.keypoints import KEYPOINTS, flip_permutation, move_keypoints, orient_keypoints
-from detaug.masks import MASKS, mask_rows, masks_to_boxes, move_masks
+from detaug.masks import MASKS, join_masks, mask_rows, masks_to_boxes, move_masks
 from detaug.plan import Partners
 from detaug.plan_layout import PlanLayout
 from detaug.rotated import ROTATED_BOXES, move_rotated_boxes, orient_rotated_boxes
@@ -281,11 +281,8 @@ def batch_columns(planned: PlannedBatch) -> tuple[list[int], np.ndarray, np.ndar
         counts = [len(lab) for lab in planned.labels]
         boxes = np.concatenate([np.asarray(b, dtype=np.float32).reshape(-1, 4) for b in planned.boxes])
         labels = np.concatenate(planned.labels)
-        if MASKS in names and len({np.shape(f[MASKS])[1:] for f in planned.fields}) > 1:
-            sizes = sorted({tuple(np.shape(f[MASKS])[1:]) for f in planned.fields})
-            raise ValueError(f"masks of one batch must be of one size, got (h, w) {sizes}: end the recipe with "
-                             "a transform of fixed output size (Resize((h, w)), ...) to batch masks")
-        fields = {name: np.concatenate([np.asarray(f[name]) for f in planned.fields]) for name in names}
+        fields = {name: join_masks([f[name] for f in planned.fields]) if name == MASKS else  # sizes may differ
+                  np.concatenate([np.asarray(f[name]) for f in planned.fields]) for name in names}
     return list(counts), boxes.astype(np.float32, copy=False).reshape(-1, 4), labels.reshape(-1), fields
 
 

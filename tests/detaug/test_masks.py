@@ -341,11 +341,30 @@ def test_torch_targets_carry_masks_on_the_images_device():
     assert len(ious) >= 8 and np.median(ious) >= 0.98
 
 
-def test_masks_of_a_batch_of_several_sizes_are_a_named_error():
-    source = SampleListSource([scene(0), scene(1, hw=(120, 150))])
-    planner = BatchPlanner(source, T.Compose([T.RandomHorizontalFlip()]), EpochSpec(n=2, batch_size=2))
-    with pytest.raises(ValueError, match=r"masks of one batch must be of one size.*Resize"):
-        batch_columns(planner.plan(0, 0))
+def test_masks_of_a_batch_of_several_sizes_are_padded_and_each_target_gets_its_images():
+    """Without a fixed output size the batch's masks are joined padded at the bottom and right
+    (as torchvision pads a batch of images); the PyTorch loader's per-image targets are cut back
+    to their image's size."""
+    import torch
+
+    from detaug.torch import DetectionLoader
+
+    samples = [scene(0), scene(1, hw=(120, 150))]
+    source = SampleListSource(samples)
+    recipe = T.Compose([T.RandomHorizontalFlip(p=1.0)])
+    planner = BatchPlanner(source, recipe, EpochSpec(n=2, batch_size=2))
+    planned = planner.plan(0, 0)
+    _, _, _, fields = batch_columns(planned)
+    assert fields["masks"].shape == (6, *HW)
+    np.testing.assert_array_equal(fields["masks"][:3], planned.fields[0]["masks"])
+    np.testing.assert_array_equal(fields["masks"][3:, :120, :150], planned.fields[1]["masks"])
+    assert not fields["masks"][3:, 120:].any() and not fields["masks"][3:, :, 150:].any()
+    loader = DetectionLoader(source, recipe, 2, device=DEVICE, num_threads=1)
+    images, targets = next(iter(loader))
+    loader.close()
+    for image, t, s in zip(images, targets, samples):
+        assert t["masks"].shape == (3, *image.shape[-2:]) and t["masks"].dtype == torch.uint8
+        np.testing.assert_array_equal(t["masks"].cpu().numpy(), s.fields["masks"][:, :, ::-1])
 
 
 def test_keras_targets_pad_masks_with_minus_one():
