@@ -177,6 +177,8 @@ def plan_batch(
         where = state.point_geometry(kept_rows)
         bounds = np.concatenate([[0], np.cumsum(kept_counts)])
         geometries = [where.take(slice(int(a), int(b))) for a, b in zip(bounds[:-1], bounds[1:])]
+        for g, hw_out in zip(geometries, state.canvas_hw.astype(np.int64).tolist()):
+            g.out_hw = (hw_out[0], hw_out[1])  # the output size also without boxes (masks)
         return list(params), boxes_out, labels_out, geometries
     return list(params), boxes_out, labels_out
 

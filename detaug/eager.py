@@ -11,8 +11,10 @@ A recipe that mixes images (``Mosaic``, ``MixUp``) draws its partners from the o
 source of the call: the image is its own partner. Per-box fields (``iscrowd``, ``difficult``, a track id, ...: any array of length ``N``) follow
 their boxes through every transform and filter; ``area``, when given, is recomputed in output
 pixels; ``keypoints`` (``[N, K, 3]`` ``(x, y, v)`` pixels, :mod:`detaug.keypoints`) are moved
-with their boxes, as the loaders move them, and so are ``rotated_boxes`` (:mod:`detaug.rotated`). Boxes come back in the ``box_format`` they were given in, and every array in the type it
-was given as: torch tensors (on their device) for tensors, NumPy arrays for anything else.
+with their boxes, as the loaders move them, and so are ``rotated_boxes`` (:mod:`detaug.rotated`) and
+``masks`` (uint8 ``[N, H, W]``, :mod:`detaug.masks`). Boxes come back in the ``box_format`` they
+were given in, and every array in the type it was given as: torch tensors (on their device) for
+tensors, NumPy arrays for anything else.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 from detaug.boxes import box_area
 from detaug.formats.box_formats import check_box_format, from_xyxy, to_xyxy
 from detaug.keypoints import KEYPOINTS
+from detaug.masks import MASKS
 from detaug.rotated import ROTATED_BOXES
 
 __all__ = ["apply"]
@@ -114,7 +117,9 @@ def apply(
             (:mod:`detaug.keypoints`; the recipe's ``keypoint_flip_pairs`` apply);
             ``rotated_boxes``: ``[N, 5]`` cxcywhr (angle in degrees) or ``[N, 8]`` corners in
             pixels, returned as the minimum-area rectangle of their visible part, in the
-            format given (:mod:`detaug.rotated`).
+            format given (:mod:`detaug.rotated`); ``masks``: uint8 (or bool) ``[N, H, W]`` 0/1,
+            the image's size, returned uint8 ``[M, H', W']`` on the output image
+            (:mod:`detaug.masks`).
 
     Returns:
         ``{"image", "boxes", "labels", **fields}``: the image as given (NumPy ``[H, W, 3]``,
@@ -153,7 +158,7 @@ def apply(
     xyxy = to_xyxy(box_in, box_format, hw).astype(np.float32)
     # Labels become row indices for planning: the kept rows then index labels and every field.
     rows = np.arange(n, dtype=np.int64)
-    moved = {name: extra[name] for name in (KEYPOINTS, ROTATED_BOXES) if name in extra}  # planned, checked as in a source
+    moved = {name: extra[name] for name in (KEYPOINTS, ROTATED_BOXES, MASKS) if name in extra}  # planned, checked as in a source
     source = SampleListSource([Sample(data, xyxy, rows, image_id=int(image_id), fields=moved)], orientation=orientation)
     planner = BatchPlanner(source, recipe, EpochSpec(n=1, batch_size=1, seed=int(seed)), on_error="raise")
     planned = planner.plan(int(epoch), 0)

@@ -124,6 +124,8 @@ def build_targets(
         slots = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
 
         def padded(values: np.ndarray) -> np.ndarray:
+            if values.dtype == np.uint8:  # masks (0/1, detaug.masks): int8, to hold the -1 rows
+                values = values.astype(np.int8)
             out = np.full((len(counts), rows_per_image, *values.shape[1:]), PAD_VALUE, dtype=values.dtype)
             out[rows, slots] = values
             return out

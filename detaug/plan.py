@@ -117,6 +117,9 @@ class PointGeometry:
         painted: float64 ``[M, 4, 3]`` or ``None``: the half-planes (layer source coordinates)
             of a rectangle pasted over each box (``CutMix``, :meth:`PlanState.occlude`); a point
             inside all four is hidden. A row ``(0, 0, -1)`` paints nothing.
+        out_hw: the sample's output canvas ``(height, width)`` where the geometry is one
+            sample's (``plan_batch(..., geometry=True)``), also without boxes (masks,
+            :mod:`detaug.masks`); else ``None``.
     """
 
     maps: np.ndarray
@@ -125,6 +128,7 @@ class PointGeometry:
     canvas_hw: np.ndarray
     anchor: np.ndarray
     painted: np.ndarray | None = None
+    out_hw: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.maps)

@@ -30,7 +30,9 @@ for the seed contract). :meth:`BatchPlanner.plan` computes it:
    every source); ``keypoints`` are moved by their box's own map, marked ``v = 0`` where they
    leave the image and swapped by the recipe's ``keypoint_flip_pairs`` where the sample is
    mirrored (:func:`detaug.keypoints.move_keypoints`); ``rotated_boxes`` become the
-   minimum-area rectangle of their visible part (:func:`detaug.rotated.move_rotated_boxes`).
+   minimum-area rectangle of their visible part (:func:`detaug.rotated.move_rotated_boxes`);
+   ``masks`` are resampled by their box's map, nearest (:func:`detaug.masks.move_masks`), uint8
+   ``[M, H, W]`` on the output canvas.
    Labels never change a draw: the plan
    is the same with any fields;
 7. output coordinates below float32's resolution at their box's far edge (``|x1| <
@@ -66,6 +68,7 @@ from detaug.errors import DatasetError, ImageError, RecipeError
 from detaug.formats.images import annotation_frame, exif_matrix, orient_boxes, probe_image
 from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
 from detaug.keypoints import KEYPOINTS, flip_permutation, move_keypoints, orient_keypoints
+from detaug.masks import MASKS, join_masks, mask_rows, masks_to_boxes, move_masks
 from detaug.plan import Partners
 from detaug.plan_layout import PlanLayout
 from detaug.rotated import ROTATED_BOXES, move_rotated_boxes, orient_rotated_boxes
@@ -278,7 +281,8 @@ def batch_columns(planned: PlannedBatch) -> tuple[list[int], np.ndarray, np.ndar
         counts = [len(lab) for lab in planned.labels]
         boxes = np.concatenate([np.asarray(b, dtype=np.float32).reshape(-1, 4) for b in planned.boxes])
         labels = np.concatenate(planned.labels)
-        fields = {name: np.concatenate([np.asarray(f[name]) for f in planned.fields]) for name in names}
+        fields = {name: join_masks([f[name] for f in planned.fields]) if name == MASKS else  # sizes may differ
+                  np.concatenate([np.asarray(f[name]) for f in planned.fields]) for name in names}
     return list(counts), boxes.astype(np.float32, copy=False).reshape(-1, 4), labels.reshape(-1), fields
 
 
@@ -307,13 +311,16 @@ class BatchPlanner:
             raise ValueError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, got {on_error!r}")
         self.source, self.transforms, self.spec, self.on_error = source, transforms, spec, on_error
         self.fields = select_fields(source, fields)
-        # plan_batch gives the kept boxes' geometry (keypoints, rotated boxes: detaug.rotated)
-        self._points = KEYPOINTS in self.fields or ROTATED_BOXES in self.fields
+        # plan_batch gives the kept boxes' geometry (keypoints, rotated boxes: detaug.rotated; masks: detaug.masks)
+        self._points = KEYPOINTS in self.fields or ROTATED_BOXES in self.fields or MASKS in self.fields
         if self._points and transforms.keypoint_flip_pairs:
             try:
                 flip_permutation(transforms.keypoint_flip_pairs, field_specs(source)[KEYPOINTS].shape[0])
             except ValueError as err:
                 raise RecipeError(str(err), field="keypoint_flip_pairs") from None
+        if getattr(transforms, "boxes_from_masks", False) and MASKS not in self.fields:
+            raise RecipeError("boxes_from_masks=True, but no masks are carried (the source has none, or fields= "
+                              "leaves them out): boxes cannot come from masks", field="boxes_from_masks")
         self._order: tuple[int, np.ndarray] | None = None
         self._places: tuple[int, np.ndarray | None] | None = None
 
@@ -434,6 +441,11 @@ class BatchPlanner:
                 picked[KEYPOINTS] = move_keypoints(picked[KEYPOINTS], geometry, self.transforms.keypoint_flip_pairs)
             if geometry is not None and ROTATED_BOXES in picked:
                 picked[ROTATED_BOXES] = move_rotated_boxes(picked[ROTATED_BOXES], geometry)
+            if geometry is not None and MASKS in picked:
+                picked[MASKS] = move_masks(picked[MASKS], geometry, geometry.out_hw)
+                if getattr(self.transforms, "boxes_from_masks", False):  # a recipe subclass may lack it
+                    b = _boxes_from_masks(b, picked[MASKS])
+                    out_boxes[len(out_labels) - 1] = b
             if AREA in self.fields:
                 picked[AREA] = box_area(b)
             out_fields.append({name: picked[name] for name in self.fields if name in picked})
@@ -479,6 +491,11 @@ class BatchPlanner:
             table.fields[KEYPOINTS] = orient_keypoints(table.fields[KEYPOINTS], exif, self.transforms.keypoint_flip_pairs)
         if exif is not None and ROTATED_BOXES in table.fields:
             table.fields[ROTATED_BOXES] = orient_rotated_boxes(table.fields[ROTATED_BOXES], exif)
+        if MASKS in table.fields:  # decoded (COCO polygons, RLE), checked against the image's size, oriented
+            rows, why = mask_rows(table.fields[MASKS], hw, exif)
+            if rows is None:
+                raise ImageError(self.source.file_of(p), int(image_id), f"masks: {why}")
+            table.fields[MASKS] = rows
         if getattr(sample, "size", None) is None and len(b):
             repaired: list[dict[str, Any]] = []
             b, keep = _clip_to_image(b, hw, self.source.file_of(p), image_id, repaired)
@@ -491,7 +508,8 @@ class BatchPlanner:
         given = getattr(sample, "fields", None)
         if not given:
             return {}
-        return {name: np.asarray(given[name]) for name in self.fields if name != AREA and name in given}
+        return {name: given[name] if name == MASKS else np.asarray(given[name])
+                for name in self.fields if name != AREA and name in given}
 
     def _partners(self, keys: np.ndarray, batch: tuple[list, ...], bad: Mapping[int, str], findings: _Findings,
                   ) -> tuple[Partners, list[list[_Rows]], list[list[np.ndarray] | None], np.ndarray]:
@@ -714,6 +732,14 @@ def _row_labels(tables: list[_Rows], partner_tables: list[list[_Rows]]) -> tuple
                 for part in parts])
         lookup.append(_Rows(np.concatenate([part.labels for part in parts]), fields))
     return rows, lookup
+
+
+def _boxes_from_masks(boxes: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """float32 ``[M, 4]``: each box replaced by its moved mask's bounds
+    (:func:`detaug.masks.masks_to_boxes`), kept where its mask is empty."""
+    tight = masks_to_boxes(masks)
+    empty = ~np.asarray(masks).reshape(len(masks), -1).any(axis=1)
+    return np.where(empty[:, None], boxes, tight).astype(np.float32)
 
 
 def _without_noise(boxes: np.ndarray) -> np.ndarray:

@@ -62,6 +62,7 @@ from detaug.formats.samples import (
 )
 from detaug.formats.yolo import read_yolo_folder
 from detaug.keypoints import KEYPOINTS, check_keypoints
+from detaug.masks import MASKS, CocoMasks, check_masks
 from detaug.rotated import ROTATED_BOXES, check_rotated_boxes
 
 __all__ = [
@@ -223,12 +224,18 @@ class CocoSource(SampleListSource):
             ``images_dir`` with ``..`` (default: a :class:`~detaug.errors.DatasetError` naming
             the file, the image id and the path). Symbolic links inside ``images_dir`` are
             followed either way (docs/security.md).
+        masks: also read each annotation's ``segmentation`` (polygons or RLE): the per-box
+            field ``masks``, uint8 ``[N, H, W]``, decoded with pycocotools when an image is read
+            and moved with its box (:mod:`detaug.masks`, docs/masks.md); an annotation without
+            one, or a malformed one, is a "malformed annotation" naming it. Not with ``cache``
+            (a :class:`~detaug.errors.DatasetError` says so).
 
     Attributes:
         categories: names by category id. report: the checks' findings.
         field_specs: :data:`COCO_FIELDS`: each sample's ``fields`` hold ``iscrowd`` (int64
             ``[N]``, the annotations' flag) and ``area`` (float32 ``[N]``, the box's area in
-            pixels; the loaders recompute it on the output boxes).
+            pixels; the loaders recompute it on the output boxes); ``keypoints`` for a keypoints
+            file, ``masks`` with ``masks=True``.
     """
 
     def __init__(
@@ -245,6 +252,7 @@ class CocoSource(SampleListSource):
         orientation: str = "auto",
         cache: bool | str | os.PathLike = False,
         allow_paths_outside: bool = False,
+        masks: bool = False,
     ) -> None:
         orientation = check_orientation(orientation)
         self.allow_paths_outside = allow_paths_outside
@@ -263,6 +271,10 @@ class CocoSource(SampleListSource):
         self.include_iscrowd = include_iscrowd
         self.shard_id = shard_id
         self.num_shards = num_shards
+        if cache and masks:
+            raise DatasetError(f"{annotations_file if self.annotations_file else '<COCO dict>'}: masks=True: the "
+                               "annotation cache does not hold segmentation masks yet; read them with "
+                               "CocoSource(..., masks=True, cache=False)")
         if cache and self.annotations_file is not None:
             from detaug.formats.columnar import coco_view, load_coco_columns
 
@@ -271,11 +283,13 @@ class CocoSource(SampleListSource):
             view, report = coco_view(columns, self.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
             super().__init__(CheckedSamples(view, columns.categories, report, COCO_FIELDS), orientation=orientation)
             return
-        dataset = load_coco(annotations_file, allow_paths_outside=allow_paths_outside)  # checked as it is parsed
+        dataset = load_coco(annotations_file, allow_paths_outside=allow_paths_outside, masks=masks)  # checked as parsed
         samples = coco_to_samples(dataset, self.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
         specs = dict(COCO_FIELDS)
         if KEYPOINTS in samples[0].fields:  # a COCO keypoints file: every sample has float32 [N, K, 3]
             specs[KEYPOINTS] = FieldSpec(np.dtype(np.float32), tuple(samples[0].fields[KEYPOINTS].shape[1:]))
+        if masks:  # uint8 [N, H, W], each image's size (detaug.masks)
+            specs[MASKS] = FieldSpec(np.dtype(np.uint8), ())
         super().__init__(CheckedSamples(samples, dataset.categories, dataset.report, specs), orientation=orientation)
 
 
@@ -440,19 +454,23 @@ def coco_to_samples(
     *,
     include_iscrowd: bool = True,
     skip_empty: bool = False,
+    masks: bool = False,
 ) -> list[Sample]:
     """Samples of a COCO dataset (a :class:`~detaug.formats.coco.CocoDataset`, or a dict checked
     with :func:`~detaug.formats.coco.load_coco`), in its image order: path ``image_root /
     file_name``, xyxy boxes, the declared size, and the per-box fields of :data:`COCO_FIELDS`
     (``iscrowd`` int64, ``area`` float32: the box's). Crowd boxes left out
     (``include_iscrowd=False``) and images left out (``skip_empty``) are counted as notes in the
-    dataset's report.
+    dataset's report. With ``masks`` (or a dataset loaded with ``load_coco(..., masks=True)``)
+    each sample's ``fields`` also hold ``masks``: the boxes' segmentations
+    (:class:`detaug.masks.CocoMasks`, decoded uint8 ``[N, H, W]`` when the image is read).
 
     Raises:
         DatasetError: the dataset's errors, or no image left.
     """
-    dataset = coco if isinstance(coco, CocoDataset) else load_coco(coco)
+    dataset = coco if isinstance(coco, CocoDataset) else load_coco(coco, masks=masks)
     report, root = dataset.report, Path(image_root)
+    dataset_masks = masks or any(image.masks is not None for image in dataset.images)
     samples = []
     for image in dataset.images:
         boxes, labels, crowd = image.boxes, image.labels, np.asarray(image.iscrowd, dtype=bool)
@@ -462,15 +480,18 @@ def coco_to_samples(
                 aid = int(image.annotation_ids[j])
                 report.add(v.CROWD_LEFT_OUT, file, image_id=image.id, annotation=None if aid == NO_ANNOTATION_ID else aid)
             points = None if image.keypoints is None else image.keypoints[~crowd]
+            masks = None if image.masks is None else image.masks[~crowd]
             boxes, labels, crowd = boxes[~crowd], labels[~crowd], crowd[~crowd]
         else:
-            points = image.keypoints
+            points, masks = image.keypoints, image.masks
         if skip_empty and not len(boxes):
             report.add(v.EMPTY_IMAGE_LEFT_OUT, file, image_id=image.id)
             continue
         fields = {"iscrowd": crowd.astype(np.int64), "area": box_area(boxes, np.float32)}
         if points is not None:  # a keypoints file (detaug.keypoints: pixel indices + 0.5)
             fields[KEYPOINTS] = points
+        if dataset_masks:  # read with masks=True: polygons / RLE, decoded when the image is read (detaug.masks)
+            fields[MASKS] = masks if masks is not None else CocoMasks([])
         samples.append(Sample(str(root / image.file_name), boxes, labels, image.id, image.size, fields))
     report.images = len(samples)
     report.boxes = sum(len(s.boxes) for s in samples)
@@ -617,9 +638,11 @@ def _label_array(labels: Any) -> tuple[np.ndarray | None, str, str]:
     return np.array([int(x) for x in flat] if raw.dtype.kind in "fO" else flat, dtype=np.int64), "", ""
 
 
-def _field_arrays(fields: Any, count: int | None) -> tuple[dict[str, np.ndarray] | None, str]:
+def _field_arrays(fields: Any, count: int | None, hw: tuple[int, int] | None = None
+                  ) -> tuple[dict[str, np.ndarray] | None, str]:
     """A sample's per-box fields as arrays ``[count, ...]`` (bools as int64), or ``(None, why)``;
-    ``count`` ``None``: the boxes are malformed (rows not checked)."""
+    ``count`` ``None``: the boxes are malformed (rows not checked); ``hw``: the image's size
+    where it is known (``masks`` must be of it, :mod:`detaug.masks`)."""
     if fields is None:
         return {}, ""
     if not isinstance(fields, Mapping):
@@ -647,6 +670,10 @@ def _field_arrays(fields: Any, count: int | None) -> tuple[dict[str, np.ndarray]
             arr, why = check_rotated_boxes(arr, count)
             if arr is None:
                 return None, why
+        if name == MASKS:  # uint8 [N, H, W], the image's size: moved with the boxes (detaug.masks)
+            arr, why = check_masks(arr, count, hw)
+            if arr is None:
+                return None, why
         arrays[name] = arr.astype(np.int64) if arr.dtype.kind == "b" else arr
     return arrays, ""
 
@@ -670,14 +697,14 @@ def _check_fields(checked: list[Sample], fields: list[dict[str, np.ndarray]], fi
                                detail=f"no field {name!r} (sample {first} has one): every sample with boxes "
                                       "carries the same fields")
                     break
-            elif f[name].shape[1:] != shape:
+            elif f[name].shape[1:] != shape and name != MASKS:  # masks: each image's size
                 report.add(v.MALFORMED_ANNOTATION, files[k], image_id=s.image_id,
                            detail=f"field {name!r} of shape {f[name].shape}: its rows are not of shape {shape} "
                                   f"as sample {first}'s")
                 break
         else:
             dtype = np.result_type(*(f[name] for f in fields if name in f))
-            specs[name] = FieldSpec(np.dtype(dtype), tuple(int(d) for d in shape))
+            specs[name] = FieldSpec(np.dtype(dtype), () if name == MASKS else tuple(int(d) for d in shape))
     if report.errors:
         return specs
     for f in fields:
@@ -749,7 +776,7 @@ def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: di
                 report.add(v.UNKNOWN_CATEGORY, file, image_id=image_id, detail=f"labels {unknown[:5]}")
         if boxes is not None and labels is not None and len(boxes) != len(labels):
             report.add(v.MALFORMED_BOX, file, image_id=image_id, detail=f"{len(boxes)} boxes but {len(labels)} labels")
-        fields, why = _field_arrays(s.fields, None if boxes is None else len(boxes))
+        fields, why = _field_arrays(s.fields, None if boxes is None else len(boxes), clip_hw)
         if fields is None:
             report.add(v.MALFORMED_ANNOTATION, file, image_id=image_id, detail=why)
         if report.total > errors:

@@ -18,6 +18,7 @@ from detaug.errors import DataWarning, ImageError
 from detaug.feeder import BackgroundFeed
 from detaug.handover import TARGET_FORMS, build_targets, dali_images_to_torch
 from detaug.labels import LabelMap
+from detaug.masks import MASKS
 from detaug.plan_ahead import PlanPool, batches_ahead, group_size
 from detaug.pipeline import build_pipeline, feed, feed_first_run, outputs_outlive_runs, pick_device, resolve_device
 from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, batch_columns, source_groups, undecodable
@@ -506,6 +507,9 @@ class DetectionLoader:
         form = "dict" if self.targets == "tv_tensors" else self.targets
         targets = build_targets(counts, boxes, self.label_mapping.map(labels), fields if self.fields else {},
                                 planned.image_ids, self.device, form, self.max_boxes)
+        if form == "dict" and self.fields and MASKS in fields:  # padded to the batch's largest size where
+            for target, image in zip(targets, batch):  # sizes differ (detaug.masks.join_masks): the image's
+                target[MASKS] = target[MASKS][:, :image.shape[-2], :image.shape[-1]]
         if self.targets == "tv_tensors":
             batch, targets = _as_tv_tensors(batch, targets)
         return batch, targets

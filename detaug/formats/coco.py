@@ -55,6 +55,8 @@ class CocoImage:
     annotation_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     #: float32 ``[N, K, 3]`` keypoints of a keypoints file (:func:`detaug.keypoints.coco_keypoints`), else ``None``
     keypoints: np.ndarray | None = None
+    #: the boxes' ``segmentation`` values, not decoded (:class:`detaug.masks.CocoMasks`), read with ``masks=True``
+    masks: Any = None
 
 
 @dataclass
@@ -95,7 +97,7 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def load_coco(path_or_dict: str | os.PathLike | Mapping[str, Any], *, name: str | None = None,
-              allow_paths_outside: bool = False) -> CocoDataset:
+              allow_paths_outside: bool = False, masks: bool = False) -> CocoDataset:
     """Read and check a COCO detection JSON file, or a dict of one.
 
     Args:
@@ -104,6 +106,9 @@ def load_coco(path_or_dict: str | os.PathLike | Mapping[str, Any], *, name: str 
         allow_paths_outside: accept a ``file_name`` that is absolute or leaves the images
             folder with ``..`` (default: an error, "path outside the dataset folder";
             :func:`~detaug.formats.validation.path_problem`, docs/security.md).
+        masks: also read each annotation's ``segmentation`` (polygons or RLE, checked for their
+            form; ``CocoImage.masks``, decoded when an image is read: :mod:`detaug.masks`); an
+            annotation without one is a "malformed annotation".
 
     Returns:
         The dataset, repairs applied and counted in its ``report`` (a :class:`DataWarning` says
@@ -120,7 +125,7 @@ def load_coco(path_or_dict: str | os.PathLike | Mapping[str, Any], *, name: str 
         doc, source = read_json(path_or_dict), name or str(path_or_dict)
     else:
         raise TypeError(f"load_coco takes a path or a dict, got {type(path_or_dict).__name__}")
-    return _Parser(source, allow_paths_outside=allow_paths_outside).parse(doc)
+    return _Parser(source, allow_paths_outside=allow_paths_outside, masks=masks).parse(doc)
 
 
 def _short(value: Any) -> str:
@@ -129,8 +134,9 @@ def _short(value: Any) -> str:
 
 
 class _Parser:
-    def __init__(self, source: str, *, allow_paths_outside: bool = False) -> None:
+    def __init__(self, source: str, *, allow_paths_outside: bool = False, masks: bool = False) -> None:
         self.source = source
+        self.masks = masks
         self.allow_paths_outside = allow_paths_outside
         self.report = v.Report(source)
 
@@ -318,6 +324,8 @@ class _Parser:
             cols.ids.append(aid)
             cols.positions.append(k)
             cols.keypoints.append(ann.get("keypoints"))
+            if self.masks:
+                cols.segmentations.append(ann.get("segmentation"))
         return cols
 
     def file_of(self, image: CocoImage) -> str:
@@ -354,12 +362,31 @@ class _Parser:
         ids = ids[keep][rank]
         bounds = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=len(order)))]).tolist()
         points = self.keypoints(cols, np.flatnonzero(keep)[rank], where)
+        segmentations = self.segmentations(cols, np.flatnonzero(keep)[rank], images) if self.masks else None
         for i, image in enumerate(images.values()):
             a, b = bounds[i], bounds[i + 1]
             if b > a:
                 image.boxes, image.labels, image.iscrowd, image.annotation_ids = boxes[a:b], labels[a:b], crowd[a:b], ids[a:b]
             if points is not None:
                 image.keypoints = points[a:b]
+            if segmentations is not None:
+                image.masks = segmentations[a:b]
+
+    def segmentations(self, cols: _Columns, rows: np.ndarray, images: dict[int, CocoImage]) -> Any:
+        """The ``segmentation`` of the kept annotations ``rows``, not decoded
+        (:class:`detaug.masks.CocoMasks`); a missing or malformed one recorded as a "malformed
+        annotation" naming the file and annotation (:func:`detaug.masks.segmentation_problem`)."""
+        from detaug.masks import CocoMasks, segmentation_problem
+
+        for j in np.asarray(rows, dtype=np.int64).tolist():
+            seg = cols.segmentations[j]
+            why = "no segmentation (masks=True)" if seg is None else segmentation_problem(seg)
+            if why:
+                iid, aid = cols.image_ids[j], cols.ids[j]
+                annotation = aid if aid != NO_ANNOTATION_ID else f"annotations[{cols.positions[j]}]"
+                self.report.add(v.MALFORMED_ANNOTATION, self.file_of(images[iid]), image_id=iid, annotation=annotation,
+                                detail=why)
+        return CocoMasks([cols.segmentations[j] for j in np.asarray(rows, dtype=np.int64).tolist()])
 
     def keypoints(self, cols: _Columns, rows: np.ndarray, where: Any) -> np.ndarray | None:
         """float32 ``[M, K, 3]`` keypoints of the kept annotations ``rows`` (``None``: none has
@@ -389,3 +416,4 @@ class _Columns:
     ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     keypoints: list[Any] = field(default_factory=list)  # each annotation's "keypoints" (None: absent)
+    segmentations: list[Any] = field(default_factory=list)  # each annotation's "segmentation" (masks=True only)

@@ -69,7 +69,7 @@ from detaug.keras.targets import (
     OVERFLOW_POLICIES,
     BoxOverflowWarning,
     check_box_format,
-    keras_field_dtype,
+    keras_field_spec,
     overflowing,
     pad_targets,
 )
@@ -320,7 +320,8 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self.planner = BatchPlanner(source, transforms, self.spec, on_error, fields=fields)
         self.fields = self.planner.fields
         self._field_outputs = field_outputs(source, self.fields)
-        self.field_specs = {name: (keras_field_dtype(spec.dtype), spec.shape) for name, spec in self._field_outputs.items()}
+        self.field_specs = {name: keras_field_spec(name, spec, transforms.output_size())
+                            for name, spec in self._field_outputs.items()}
         self.on_error = on_error
         if len(self) == 0:  # as the PyTorch loader: every shard has the same (empty) length
             warnings.warn(

@@ -4,8 +4,8 @@ Keras 3 and KerasHub detectors take a batch's targets as fixed-size arrays: ``ma
 per sample, rows past a sample's boxes filled with ``-1`` (``keras.layers.MaxNumBoundingBoxes``
 pads the same way). Per-box fields (``iscrowd``, ``area``, a track id, ...) are padded the same
 way: ``[B, max_boxes, ...]``, float fields as float32 (``-1.0`` padding), the others as int32
-like the labels (:func:`keras_field_dtype`). No Keras import here: the formats are computed with
-NumPy.
+like the labels (:func:`keras_field_dtype`); ``masks`` as int8 ``[B, max_boxes, H, W]`` (0/1,
+``-1`` rows). No Keras import here: the formats are computed with NumPy.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from detaug.formats.box_formats import convert_format
+from detaug.masks import MASKS
 
 __all__ = [
     "KERAS_BOX_FORMATS",
@@ -23,6 +24,7 @@ __all__ = [
     "BoxOverflowWarning",
     "check_box_format",
     "keras_field_dtype",
+    "keras_field_spec",
     "overflowing",
     "pad_targets",
     "to_keras_boxes",
@@ -80,6 +82,15 @@ def keras_field_dtype(dtype: Any) -> np.dtype:
     return np.dtype(np.float32) if np.dtype(dtype).kind == "f" else np.dtype(np.int32)
 
 
+def keras_field_spec(name: str, spec: Any, output_size: tuple[int, int] | None) -> tuple[np.dtype, tuple]:
+    """``(dtype, trailing shape)`` of a per-box field in Keras targets (``spec``: its
+    :class:`~detaug.formats.samples.FieldSpec`): :func:`keras_field_dtype` and the spec's shape;
+    ``masks``: int8 ``(H, W)``, the recipe's ``output_size`` (``None`` each where it varies)."""
+    if name == MASKS:
+        return np.dtype(np.int8), tuple(output_size) if output_size is not None else (None, None)
+    return keras_field_dtype(spec.dtype), tuple(spec.shape)
+
+
 def overflowing(boxes: list[np.ndarray], max_boxes: int) -> list[int]:
     """Indices of the samples with more than ``max_boxes`` boxes (``boxes``: per sample ``[N_k, 4]``)."""
     counts = np.fromiter(map(len, boxes), dtype=np.int64, count=len(boxes))
@@ -113,7 +124,8 @@ def pad_targets(
     Returns:
         ``{"boxes": float32 [B, max_boxes, 4], "labels": int32 [B, max_boxes], **fields}``, each
         field ``[B, max_boxes, *shape]`` of :func:`keras_field_dtype`; rows past a sample's boxes
-        :data:`PAD_VALUE`.
+        :data:`PAD_VALUE`. ``masks`` (:mod:`detaug.masks`): int8 ``[B, max_boxes, H, W]``
+        (``canvas_size``), 0/1, padded rows all :data:`PAD_VALUE`.
 
     Raises:
         ValueError: an integer field with a value that does not fit int32 (named).
@@ -123,7 +135,8 @@ def pad_targets(
     specs = specs or {}
     out_boxes = np.full((count, max_boxes, 4), PAD_VALUE, dtype=np.float32)
     out_labels = np.full((count, max_boxes), PAD_VALUE, dtype=np.int32)
-    out_fields = {name: np.full((count, max_boxes, *spec.shape), PAD_VALUE, dtype=keras_field_dtype(spec.dtype))
+    out_fields = {name: np.full((count, max_boxes, *canvas_size), PAD_VALUE, dtype=np.int8) if name == MASKS else
+                  np.full((count, max_boxes, *spec.shape), PAD_VALUE, dtype=keras_field_dtype(spec.dtype))
                   for name, spec in specs.items()}
     counts = np.asarray(counts, dtype=np.int64)
     rows = np.repeat(np.arange(count), counts)

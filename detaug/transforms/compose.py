@@ -51,6 +51,8 @@ class Compose:
             "values": [...], "mode": "linear"|"step"}}}`` or ``{transform: {"off_from_epoch": N}}``
             (:mod:`detaug.transforms.schedule`, docs/schedules.md); each batch is planned with
             :meth:`at_epoch` of its epoch.
+        boxes_from_masks: each kept box becomes the bounds of its moved mask where the source
+            has ``masks`` (tighter than the transformed box; :mod:`detaug.masks`).
 
     Processing order, per batch (see :mod:`detaug.plan` for the box steps):
 
@@ -77,8 +79,9 @@ class Compose:
 
     def __init__(self, transforms: Sequence[Transform], min_size: float = 1.0, min_visibility: float = 0.0,
                  keypoint_flip_pairs: Sequence[Sequence[int]] = (),
-                 schedule: Mapping[Any, Any] | None = None) -> None:
+                 schedule: Mapping[Any, Any] | None = None, boxes_from_masks: bool = False) -> None:
         self.transforms = list(transforms)
+        self.boxes_from_masks = bool(boxes_from_masks)  # boxes from their moved masks (detaug.masks)
         #: ``((i, j), ...)``: keypoints that trade places where a sample is mirrored
         self.keypoint_flip_pairs = check_flip_pairs(keypoint_flip_pairs)
         for i, t in enumerate(self.transforms):
@@ -140,7 +143,8 @@ class Compose:
                 self._epochs.clear()
             recipe = self._epochs[epoch] = Compose(
                 self.schedule.transforms_at(self.transforms, epoch), min_size=self.min_size,
-                min_visibility=self.min_visibility, keypoint_flip_pairs=self.keypoint_flip_pairs)
+                min_visibility=self.min_visibility, keypoint_flip_pairs=self.keypoint_flip_pairs,
+                boxes_from_masks=self.boxes_from_masks)
         return recipe
 
     def for_keys(self, keys: np.ndarray | list[np.ndarray]) -> "Compose":
@@ -336,6 +340,8 @@ class Compose:
             out["keypoint_flip_pairs"] = [list(pair) for pair in self.keypoint_flip_pairs]
         if self.schedule:  # likewise
             out["schedule"] = self.schedule.to_dict()
+        if self.boxes_from_masks:  # only when set, likewise
+            out["boxes_from_masks"] = True
         return out
 
     @classmethod
@@ -357,7 +363,8 @@ class Compose:
             recipe = {"transforms": recipe}
         if not isinstance(recipe, Mapping):
             raise fail(f"a recipe is a mapping with a 'transforms' list, got {type(recipe).__name__}", where=())
-        known = ["transforms"] + [p.name for p in RECIPE_SCHEMA] + ["keypoint_flip_pairs", "schedule"]
+        known = ["transforms"] + [p.name for p in RECIPE_SCHEMA] + ["keypoint_flip_pairs", "schedule",
+                                                                    "boxes_from_masks"]
         for key in recipe:
             if key not in known:
                 raise fail(f"unknown recipe key{closest(key, known)}; known: {', '.join(known)}", where=(key,), field=str(key))
@@ -381,9 +388,13 @@ class Compose:
                 path = field_path(err.field)
                 where = here + path if path and path[0] in spec else here
                 raise err.located(index=i, line=_line(lines, where), file=file) from None
+        if not isinstance(recipe.get("boxes_from_masks", False), bool):
+            raise fail(f"boxes_from_masks must be true or false, got {recipe['boxes_from_masks']!r:.40}",
+                       where=("boxes_from_masks",), field="boxes_from_masks")
         try:
             return cls(transforms, **{p.name: recipe.get(p.name, p.default) for p in RECIPE_SCHEMA},
-                       keypoint_flip_pairs=recipe.get("keypoint_flip_pairs", ()), schedule=recipe.get("schedule"))
+                       keypoint_flip_pairs=recipe.get("keypoint_flip_pairs", ()), schedule=recipe.get("schedule"),
+                       boxes_from_masks=recipe.get("boxes_from_masks", False))
         except RecipeError as err:
             where = (tuple(err.field.split(".")) if err.field  # schedule.<transform>.<field>: the schedule's line
                      else ("transforms", err.index) if err.index is not None else ())
@@ -448,6 +459,7 @@ class Compose:
         inner = ",\n".join(f"    {t!r}" for t in self.transforms)
         pairs = f", keypoint_flip_pairs={[list(p) for p in self.keypoint_flip_pairs]}" if self.keypoint_flip_pairs else ""
         schedule = f", schedule={self.schedule.to_dict()!r}" if self.schedule else ""
+        pairs += ", boxes_from_masks=True" if self.boxes_from_masks else ""
         return (f"Compose([\n{inner}\n], min_size={self.min_size}, min_visibility={self.min_visibility}{pairs}"
                 f"{schedule})")
 
