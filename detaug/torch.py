@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
 import weakref
-from collections import deque
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
+from detaug import loader_core as core
 from detaug.decoding import default_planning_workers, threads_beside
-from detaug.errors import DataWarning, ImageError
+from detaug.errors import DataWarning
 from detaug.feeder import BackgroundFeed
 from detaug.handover import TARGET_FORMS, build_targets, dali_images_to_torch
 from detaug.labels import LabelMap
 from detaug.masks import MASKS
-from detaug.plan_ahead import PlanPool, batches_ahead, group_size
-from detaug.pipeline import build_pipeline, feed, feed_first_run, outputs_outlive_runs, pick_device, resolve_device
-from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, batch_columns, source_groups, undecodable
+from detaug.plan_ahead import PlanPool
+from detaug.pipeline import outputs_outlive_runs, pick_device, resolve_device
+from detaug.planning import BatchPlanner, EpochSpec, PlannedBatch, batch_columns, source_groups
 from detaug.epochs import check_shard
 from detaug.transforms import Compose
 
@@ -230,7 +228,7 @@ class DetectionLoader:
                                    num_threads=num_threads, seed=self.seed, prefetch_queue_depth=prefetch_queue_depth)
         self._depth = max(1, int(prefetch_queue_depth))
         self._batch_bytes: int | None = None  # the most image bytes a worker's plan carried (None: none seen)
-        self.pipeline = self._build()
+        self.pipeline = core.build(self)
         self._broken = False  # the pipeline failed while batches nobody wanted were dropped
         if len(self) == 0:
             warnings.warn(
@@ -245,11 +243,11 @@ class DetectionLoader:
         self._epoch, self._step = 0, 0  # where the next batch comes from
         self._abandoned = False  # an iteration stopped early: the next one starts the next epoch
         self._current: Iterator[Any] | None = None
-        self._carry: _Carry | None = None  # batches of the next epoch in flight when an epoch ended
+        self._carry: core.Carry | None = None  # batches of the next epoch in flight when an epoch ended
         self._kept_feed: BackgroundFeed | None = None  # the background feed, kept running into the next epoch
         self._feed_at: tuple[int, int] | None = None  # where the kept feed's next batch is
         self._live_feeds: list[BackgroundFeed] = []  # stopped when the loader is collected
-        weakref.finalize(self, _stop_feeds, self._live_feeds)
+        weakref.finalize(self, core.stop_feeds, self._live_feeds)
 
     @property
     def class_names(self) -> list[str | None]:
@@ -316,20 +314,20 @@ class DetectionLoader:
         return self._current
 
     def _consume(self, epoch: int, start: int) -> Iterator[tuple[Any, Any]]:
-        """The caller's side: batches made by :meth:`_produce` (in a background thread unless
+        """The caller's side: batches made by :func:`detaug.loader_core.produce` (in a background thread unless
         ``ready_batches=0``), recorded and counted here, in the caller's thread, as they are
         taken. The thread runs on into the next epoch; when this epoch completes it is kept for
-        the next iteration (:meth:`_take_feed`), so no epoch starts with an empty queue."""
+        the next iteration (:func:`detaug.loader_core.take_feed`), so no epoch starts with an empty queue."""
         steps = len(self)
         if not self.ready_batches:
             yield from self._consume_inline(epoch, start)
             return
-        feed = self._take_feed((epoch, start))
+        feed = core.take_feed(self, (epoch, start))
         if feed is None and self._pool is not None:
             self._pool.start()  # here, in the caller's thread (SIGTERM's clean-up is installed from the main one)
         if feed is None and start < steps:
             proxy = weakref.proxy(self)
-            feed = BackgroundFeed(lambda: _produce_on(proxy, epoch, start), self.ready_batches, self.device)
+            feed = BackgroundFeed(lambda: core.produce_on(proxy, epoch, start), self.ready_batches, self.device)
             self._live_feeds.append(feed)
         completed = False
         try:
@@ -354,11 +352,11 @@ class DetectionLoader:
                 if completed:
                     self._kept_feed, self._feed_at = feed, (epoch + 1, 0)  # already making the next epoch
                 else:
-                    _stop_feed(feed, self._live_feeds)  # closes _produce in its thread, which drops the batches in flight
+                    core.stop_feed(feed, self._live_feeds)  # closes core.produce in its thread, which drops the batches in flight
 
     def _consume_inline(self, epoch: int, start: int) -> Iterator[tuple[Any, Any]]:
         """:meth:`_consume` without a thread: each batch made inside ``next()``."""
-        made = _produce(self, epoch, start)
+        made = core.produce(self, epoch, start)
         try:
             for step, planned, images, targets in made:
                 self._record(planned)
@@ -372,110 +370,6 @@ class DetectionLoader:
         finally:
             made.close()
 
-    def _take_feed(self, at: tuple[int, int]) -> BackgroundFeed | None:
-        """The background feed kept from the last epoch if this iteration starts where it
-        runs (``at``: ``(epoch, step)``), else none (a kept one is stopped)."""
-        feed, self._kept_feed = self._kept_feed, None
-        if feed is not None and self._feed_at == at:
-            return feed
-        if feed is not None:
-            _stop_feed(feed, self._live_feeds)
-        return None
-
-    def _take_carry(self, at: tuple[int, int]) -> _Carry | None:
-        """The batches carried over from the last epoch if the iteration starts where they do
-        (``at``: ``(epoch, step)``), else none (those are dropped)."""
-        if self._carry is not None and self._carry.at == at:
-            carry, self._carry = self._carry, None
-            return carry
-        self._discard_carry()
-        return None
-
-    def _discard_carry(self) -> None:
-        carry, self._carry = self._carry, None
-        if carry is not None:
-            self._discard(carry.pending, carry.inflight)
-
-    def _discard(self, pending: deque[tuple[int, int, Any]], inflight: deque[PlannedBatch | None]) -> None:
-        """Cancel plans nobody will take and drop the outputs of batches in flight."""
-        for *_, future in pending:
-            if future is not None:
-                future.cancel()
-        self._drain(len(inflight))
-
-    def _result(self, epoch: int, step: int, future: Any) -> PlannedBatch:
-        """A planned batch: the worker's, or planned here (no pool, or the pool broke)."""
-        planned = None
-        if future is not None:
-            try:
-                planned = future.result()
-            except RuntimeError as err:  # BrokenProcessPool: a worker died
-                if isinstance(err, ImageError) or self._pool is None:
-                    raise
-                if not self._pool.disabled:  # the other plans of the pool fail alike
-                    self._pool.give_up(f"the planning workers stopped ({err})")
-        if planned is not None:  # a worker's: its image bytes size the look-ahead (batches_ahead)
-            self._batch_bytes = max(self._batch_bytes or 0, sum(int(a.nbytes) for a in planned.image_arrays()))
-        if planned is None:
-            planned = self.planner.plan(epoch, step, bad=self._bad)
-        if planned.data is None or planned.partners is None:
-            self.planner.fill_data(planned)
-        return planned
-
-    def _feed(self, batches: list[PlannedBatch], inflight: deque[PlannedBatch | None]) -> None:
-        """Feed planned batches to the pipeline and schedule their runs. A fresh pipeline's
-        first run runs ``prefetch_queue_depth`` batches (DALI's prefetch): when fewer are left in
-        the epoch, the last is fed again as a filler (``None`` in ``inflight``) whose output is
-        dropped."""
-        if not batches:
-            return
-        if self._fresh:
-            fillers = feed_first_run(self.pipeline, batches, self._depth)
-            self._fresh = False
-            inflight.extend(batches)
-            inflight.extend([None] * fillers)
-            return
-        for planned in batches:
-            feed(self.pipeline, planned.data, planned.params, planned.partners)
-            inflight.append(planned)
-
-    def _outputs(self, inflight: deque[PlannedBatch | None]) -> tuple[Any, PlannedBatch]:
-        """The images of the oldest batch in flight. When DALI fails on an image whose header
-        was fine, the culprits are found (decoded one by one on the CPU) and skipped: the
-        batch is planned again without them, and the batches in flight are fed again to a
-        fresh pipeline (DALI's is unusable after an error)."""
-        while True:
-            try:
-                images = self.pipeline.outputs()[0]
-                return images, inflight.popleft()
-            except (RuntimeError, IndexError) as err:  # IndexError: DALI's "critical error"
-                failure = DecodeFailure(inflight[0], err)
-                culprits = undecodable(failure.planned)
-                if not culprits or self.on_error == "raise":
-                    inflight.clear()
-                    self._rebuild(inflight)
-                    raise failure.error(self.source, culprits) from err
-                self._bad.update(culprits)  # (position, reason) pairs
-                inflight[0] = self._result(failure.planned.epoch, failure.planned.step, None)
-                self._rebuild(inflight)
-
-    def _rebuild(self, inflight: deque[PlannedBatch | None]) -> None:
-        """A fresh pipeline, fed again with the batches in flight."""
-        self.pipeline = self._build()
-        batches = [b for b in inflight if b is not None]
-        inflight.clear()
-        self._feed(batches, inflight)
-
-    def _drain(self, count: int) -> None:
-        """Take and drop the outputs of ``count`` batches in flight (an iteration that stopped
-        early); a pipeline that fails meanwhile is replaced."""
-        for _ in range(count):
-            try:
-                self.pipeline.outputs()
-            except Exception:  # noqa: BLE001 - outputs nobody wants; the next epoch builds anew
-                self._broken = True
-                return
-
     def _close_current(self) -> None:
         if self._current is not None:
             current, self._current = self._current, None
@@ -488,12 +382,6 @@ class DetectionLoader:
         self.repaired.extend(planned.repaired)
         for message in planned.new_findings(self._warned):
             warnings.warn(message, DataWarning, stacklevel=4)
-
-    def _build(self) -> Any:
-        pipe = build_pipeline(self.source, self.transforms, **self._pipeline_args)
-        pipe.build()
-        self._fresh = True  # its first schedule_run runs prefetch_queue_depth batches
-        return pipe
 
     def _to_torch(self, images: Any, planned: PlannedBatch) -> tuple[torch.Tensor | list[torch.Tensor], Any]:
         # host images of a pipeline whose outputs outlive their run: no copy (GPU images are
@@ -518,9 +406,9 @@ class DetectionLoader:
         """Stop the planning workers and release the pipeline (and its GPU memory); a later
         iteration starts them again. Also done when the loader is collected."""
         self._close_current()
-        self._take_feed((-1, -1))  # stops a feed kept for the next epoch
+        core.take_feed(self, (-1, -1))  # stops a feed kept for the next epoch
         if self.pipeline is not None and not self._broken:
-            self._discard_carry()
+            core.discard_carry(self)
         self._carry = None
         if self._pool is not None:
             self._pool.close()
@@ -531,107 +419,8 @@ class DetectionLoader:
                 f"batch_size={self.batch_size}, {len(self)} batches, epoch={self._epoch}, step={self._step})")
 
 
-def _produce(self: DetectionLoader, epoch: int, start: int) -> Iterator[tuple[int, PlannedBatch, Any, Any]]:
-    """``(step, planned, images, targets)`` of the batches from ``(epoch, start)`` to the
-    end of the epoch: plans submitted ahead, fed to DALI ahead, outputs converted. At the
-    end of the epoch the next epoch's first batches stay in flight (:class:`_Carry`).
-
-    A function, not a method: in the background feed's thread ``self`` is a weak proxy of the
-    loader, so that a loader nobody holds is collected (and its feed stopped) even while the
-    feed waits to hand over the next epoch's batches."""
-    steps = len(self)
-    # Workers plan groups of consecutive batches (one plan_batch call each: less CPU a
-    # sample); each worker gets one group to plan and one queued, within a byte budget.
-    group = group_size(self.batch_size) if self._pool is not None else 1
-    carry = self._take_carry((epoch, start))
-    if self._broken:  # the pipeline failed while batches nobody wanted were dropped
-        if carry is not None:
-            self._discard(carry.pending, deque())  # its batches in flight went with the pipeline
-        carry, self.pipeline, self._broken = None, self._build(), False
-    # pending: (epoch, step, future or None) submitted to the workers; inflight: fed to the
-    # pipeline, outputs not taken (None: a filler); next_key: the next batch to submit. At the
-    # end of an epoch they run on into the next one (the pipeline does not run dry between
-    # epochs), kept for the next iteration if it starts there (_Carry).
-    pending: deque[tuple[int, int, Any]] = carry.pending if carry else deque()
-    inflight: deque[PlannedBatch | None] = carry.inflight if carry else deque()
-    next_key: tuple[int, int] | None = carry.next_key if carry else ((epoch, start) if steps else None)
-
-    def top_up() -> None:
-        """Submit plans up to ``ahead`` and feed the pipeline up to its depth."""
-        nonlocal next_key
-        ahead = batches_ahead(self._depth, self.num_workers, group, self._batch_bytes)
-        while next_key is not None and len(pending) + len(inflight) < ahead:
-            e, s = next_key
-            group_steps = list(range(s, min(s + group, steps)))  # within the epoch
-            futures = self._pool.submit_many(e, group_steps, dict(self._bad)) if self._pool is not None else None
-            pending.extend((e, k, futures[i] if futures else None) for i, k in enumerate(group_steps))
-            next_key = self.spec.after(e, group_steps[-1])
-        batches = []
-        try:
-            while pending and len(inflight) + len(batches) < self._depth:
-                batches.append(self._result(*pending[0]))  # left pending if it raises
-                pending.popleft()
-        finally:
-            self._feed(batches, inflight)
-
-    completed = False
-    try:
-        for step in range(start, steps):
-            top_up()
-            images, planned = self._outputs(inflight)
-            # The next batch goes in before this one is converted, so that the pipeline
-            # always holds ``prefetch_queue_depth`` batches (DALI keeps these outputs until
-            # the next ``outputs()``).
-            try:
-                top_up()
-            except ImageError:  # raised again by the next top_up, once this batch is yielded
-                pass
-            yield (step, planned, *self._to_torch(images, planned))
-        self._carry = _Carry((epoch + 1, 0), pending, inflight, next_key)
-        completed = True
-    finally:
-        if not completed:
-            with contextlib.suppress(ReferenceError):  # the loader was collected: nothing to drop
-                self._discard(pending, inflight)
-
-
-def _produce_on(self: DetectionLoader, epoch: int, start: int) -> Iterator[tuple[int, int, PlannedBatch, Any, Any]]:
-    """``(epoch, step, planned, images, targets)`` from ``(epoch, start)`` on, epoch after
-    epoch: the background feed's generator (``self`` a weak proxy); it ends only when stopped."""
-    if not len(self):
-        return
-    while True:
-        for item in _produce(self, epoch, start):
-            yield (epoch, *item)
-        epoch, start = epoch + 1, 0
-
-
-@dataclass
-class _Carry:
-    """What runs on past the end of an epoch: the next batches, submitted to the planning
-    workers (``pending``) and fed to the pipeline (``inflight``), and the next to submit
-    (``next_key``); the next iteration takes them over if it starts at ``at`` ``(epoch, step)``."""
-
-    at: tuple[int, int]
-    pending: deque[tuple[int, int, Any]]
-    inflight: deque[PlannedBatch | None]
-    next_key: tuple[int, int] | None
-
-
 #: ``targets=`` of :class:`DetectionLoader`.
 TARGET_KINDS = (TARGET_FORMS[0], "tv_tensors", *TARGET_FORMS[1:])
-
-
-def _stop_feed(feed: BackgroundFeed, live: list[BackgroundFeed]) -> None:
-    feed.stop()
-    with contextlib.suppress(ValueError):
-        live.remove(feed)
-
-
-def _stop_feeds(live: list[BackgroundFeed]) -> None:
-    """The finalizer of a collected loader: stop its background feeds."""
-    for feed in list(live):
-        _stop_feed(feed, live)
 
 
 def _tensors_of(images: Any, targets: Any) -> list[torch.Tensor]:

@@ -51,9 +51,10 @@ LAYERS: tuple[Layer, ...] = (
     Layer("converters", "voc2coco", ("converters", "converters.*")),
     Layer("sources", "datasets: COCO, VOC, sample lists, shards; choosing one from arguments",
           ("detaug.sources", "detaug.shards", "detaug.source_args")),
-    Layer("engine", "the batch planner, planning ahead in workers, the DALI pipeline, eager calls; they read a "
-          "recipe through its methods", ("detaug.batch_plan", "detaug.planning", "detaug.plan_ahead", "detaug.pipeline",
-                                         "detaug.eager")),
+    Layer("engine", "the batch planner, planning ahead in workers, the DALI pipeline, the loader core, eager calls; "
+          "they read a recipe through its methods",
+          ("detaug.batch_plan", "detaug.planning", "detaug.plan_ahead", "detaug.pipeline", "detaug.loader_core",
+           "detaug.eager")),
     Layer("transform schema", "parameters and their checks", ("detaug.transforms.schema", "detaug.transforms.params")),
     Layer("transform base", "the base classes and the registry", ("detaug.transforms.base",)),
     Layer("transform families", "one module per family of transforms", ("detaug.transforms.*",), independent=True),

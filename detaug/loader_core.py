@@ -1,0 +1,287 @@
+"""The loader core: plans fed to DALI ahead, its outputs collected, batches carried between epochs.
+
+:class:`~detaug.torch.DetectionLoader` is the PyTorch face (arguments, target forms, state,
+the iteration protocol); the functions here are the machinery under it, free of any framework
+but for one call: ``loader._to_torch(images, planned)``, the hand-over of a batch's DALI
+outputs. Each takes the loader (its :class:`LoaderState`) as its first argument.
+
+In the background feed's thread (:mod:`detaug.feeder`) the loader is a weak proxy
+(``weakref.proxy``), so that a loader nobody holds is collected, and its feed stopped, even
+while the feed waits to hand over the next epoch's batches: nothing here keeps a strong
+reference to it beyond a call.
+
+The batches of one iteration go through three stages: ``pending``, ``(epoch, step, future or
+None)`` submitted to the planning workers (:class:`~detaug.plan_ahead.PlanPool`); ``inflight``,
+planned batches fed to the pipeline whose outputs are not taken yet (``None``: a filler of a
+fresh pipeline's first run); and ``next_key``, the next batch to submit. At the end of an
+epoch they run on into the next one (the pipeline does not run dry between epochs), kept as a
+:class:`Carry` for the next iteration if it starts there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
+
+from detaug.errors import ImageError
+from detaug.pipeline import build_pipeline, feed, feed_first_run
+from detaug.plan_ahead import PlanPool, batches_ahead, group_size
+from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, undecodable
+
+if TYPE_CHECKING:
+    from detaug.feeder import BackgroundFeed
+
+__all__ = ["Carry", "LoaderState", "build", "discard", "discard_carry", "drain", "feed_batches", "outputs",
+           "produce", "produce_on", "rebuild", "result", "stop_feed", "stop_feeds", "take_carry", "take_feed"]
+
+
+class LoaderState(Protocol):
+    """What the core reads and writes on a loader (:class:`~detaug.torch.DetectionLoader`)."""
+
+    source: Any
+    transforms: Any
+    planner: BatchPlanner
+    spec: EpochSpec
+    batch_size: int
+    num_workers: int
+    on_error: str
+    pipeline: Any  # the DALI pipeline (None once closed)
+    _pipeline_args: dict[str, Any]  # build_pipeline's keyword arguments
+    _fresh: bool  # the pipeline's first schedule_run is still to come (it runs prefetch_queue_depth batches)
+    _depth: int  # prefetch_queue_depth, at least 1
+    _pool: PlanPool | None
+    _bad: dict[int, str]  # positions whose image failed in DALI -> reason
+    _batch_bytes: int | None  # the most image bytes a worker's plan carried (None: none seen)
+    _broken: bool  # the pipeline failed while batches nobody wanted were dropped
+    _carry: Carry | None  # batches of the next epoch in flight when an epoch ended
+    _kept_feed: BackgroundFeed | None  # the background feed, kept running into the next epoch
+    _feed_at: tuple[int, int] | None  # where the kept feed's next batch is
+    _live_feeds: list[BackgroundFeed]  # stopped when the loader is collected
+
+    def __len__(self) -> int: ...
+
+    def _to_torch(self, images: Any, planned: PlannedBatch) -> tuple[Any, Any]: ...
+
+
+@dataclass
+class Carry:
+    """What runs on past the end of an epoch: the next batches, submitted to the planning
+    workers (``pending``) and fed to the pipeline (``inflight``), and the next to submit
+    (``next_key``); the next iteration takes them over if it starts at ``at`` ``(epoch, step)``."""
+
+    at: tuple[int, int]
+    pending: deque[tuple[int, int, Any]]
+    inflight: deque[PlannedBatch | None]
+    next_key: tuple[int, int] | None
+
+
+def build(loader: LoaderState) -> Any:
+    """A built pipeline for the loader's source and recipe (its first run still to come)."""
+    pipe = build_pipeline(loader.source, loader.transforms, **loader._pipeline_args)
+    pipe.build()
+    loader._fresh = True  # its first schedule_run runs prefetch_queue_depth batches
+    return pipe
+
+
+def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[tuple[int, PlannedBatch, Any, Any]]:
+    """``(step, planned, images, targets)`` of the batches from ``(epoch, start)`` to the
+    end of the epoch: plans submitted ahead, fed to DALI ahead, outputs converted. At the
+    end of the epoch the next epoch's first batches stay in flight (:class:`Carry`).
+
+    A function, not a method: in the background feed's thread ``loader`` is a weak proxy of the
+    loader, so that a loader nobody holds is collected (and its feed stopped) even while the
+    feed waits to hand over the next epoch's batches."""
+    steps = len(loader)
+    # Workers plan groups of consecutive batches (one plan_batch call each: less CPU a
+    # sample); each worker gets one group to plan and one queued, within a byte budget.
+    group = group_size(loader.batch_size) if loader._pool is not None else 1
+    carry = take_carry(loader, (epoch, start))
+    if loader._broken:  # the pipeline failed while batches nobody wanted were dropped
+        if carry is not None:
+            discard(loader, carry.pending, deque())  # its batches in flight went with the pipeline
+        carry, loader.pipeline, loader._broken = None, build(loader), False
+    # pending: (epoch, step, future or None) submitted to the workers; inflight: fed to the
+    # pipeline, outputs not taken (None: a filler); next_key: the next batch to submit. At the
+    # end of an epoch they run on into the next one (the pipeline does not run dry between
+    # epochs), kept for the next iteration if it starts there (Carry).
+    pending: deque[tuple[int, int, Any]] = carry.pending if carry else deque()
+    inflight: deque[PlannedBatch | None] = carry.inflight if carry else deque()
+    next_key: tuple[int, int] | None = carry.next_key if carry else ((epoch, start) if steps else None)
+
+    def top_up() -> None:
+        """Submit plans up to ``ahead`` and feed the pipeline up to its depth."""
+        nonlocal next_key
+        ahead = batches_ahead(loader._depth, loader.num_workers, group, loader._batch_bytes)
+        while next_key is not None and len(pending) + len(inflight) < ahead:
+            e, s = next_key
+            group_steps = list(range(s, min(s + group, steps)))  # within the epoch
+            futures = loader._pool.submit_many(e, group_steps, dict(loader._bad)) if loader._pool is not None else None
+            pending.extend((e, k, futures[i] if futures else None) for i, k in enumerate(group_steps))
+            next_key = loader.spec.after(e, group_steps[-1])
+        batches = []
+        try:
+            while pending and len(inflight) + len(batches) < loader._depth:
+                batches.append(result(loader, *pending[0]))  # left pending if it raises
+                pending.popleft()
+        finally:
+            feed_batches(loader, batches, inflight)
+
+    completed = False
+    try:
+        for step in range(start, steps):
+            top_up()
+            images, planned = outputs(loader, inflight)
+            # The next batch goes in before this one is converted, so that the pipeline
+            # always holds ``prefetch_queue_depth`` batches (DALI keeps these outputs until
+            # the next ``outputs()``).
+            try:
+                top_up()
+            except ImageError:  # raised again by the next top_up, once this batch is yielded
+                pass
+            yield (step, planned, *loader._to_torch(images, planned))
+        loader._carry = Carry((epoch + 1, 0), pending, inflight, next_key)
+        completed = True
+    finally:
+        if not completed:
+            with contextlib.suppress(ReferenceError):  # the loader was collected: nothing to drop
+                discard(loader, pending, inflight)
+
+
+def produce_on(loader: LoaderState, epoch: int, start: int) -> Iterator[tuple[int, int, PlannedBatch, Any, Any]]:
+    """``(epoch, step, planned, images, targets)`` from ``(epoch, start)`` on, epoch after
+    epoch: the background feed's generator (``loader`` a weak proxy); it ends only when stopped."""
+    if not len(loader):
+        return
+    while True:
+        for item in produce(loader, epoch, start):
+            yield (epoch, *item)
+        epoch, start = epoch + 1, 0
+
+
+def take_feed(loader: LoaderState, at: tuple[int, int]) -> BackgroundFeed | None:
+    """The background feed kept from the last epoch if this iteration starts where it
+    runs (``at``: ``(epoch, step)``), else none (a kept one is stopped)."""
+    kept, loader._kept_feed = loader._kept_feed, None
+    if kept is not None and loader._feed_at == at:
+        return kept
+    if kept is not None:
+        stop_feed(kept, loader._live_feeds)
+    return None
+
+
+def stop_feed(kept: BackgroundFeed, live: list[BackgroundFeed]) -> None:
+    """Stop a background feed and strike it from ``live``."""
+    kept.stop()
+    with contextlib.suppress(ValueError):
+        live.remove(kept)
+
+
+def stop_feeds(live: list[BackgroundFeed]) -> None:
+    """The finalizer of a collected loader: stop its background feeds."""
+    for kept in list(live):
+        stop_feed(kept, live)
+
+
+def take_carry(loader: LoaderState, at: tuple[int, int]) -> Carry | None:
+    """The batches carried over from the last epoch if the iteration starts where they do
+    (``at``: ``(epoch, step)``), else none (those are dropped)."""
+    if loader._carry is not None and loader._carry.at == at:
+        carry, loader._carry = loader._carry, None
+        return carry
+    discard_carry(loader)
+    return None
+
+
+def discard_carry(loader: LoaderState) -> None:
+    """Drop the batches carried over from the last epoch, if any."""
+    carry, loader._carry = loader._carry, None
+    if carry is not None:
+        discard(loader, carry.pending, carry.inflight)
+
+
+def discard(loader: LoaderState, pending: deque[tuple[int, int, Any]], inflight: deque[PlannedBatch | None]) -> None:
+    """Cancel plans nobody will take and drop the outputs of batches in flight."""
+    for *_, future in pending:
+        if future is not None:
+            future.cancel()
+    drain(loader, len(inflight))
+
+
+def result(loader: LoaderState, epoch: int, step: int, future: Any) -> PlannedBatch:
+    """A planned batch: the worker's, or planned here (no pool, or the pool broke)."""
+    planned = None
+    if future is not None:
+        try:
+            planned = future.result()
+        except RuntimeError as err:  # BrokenProcessPool: a worker died
+            if isinstance(err, ImageError) or loader._pool is None:
+                raise
+            if not loader._pool.disabled:  # the other plans of the pool fail alike
+                loader._pool.give_up(f"the planning workers stopped ({err})")
+    if planned is not None:  # a worker's: its image bytes size the look-ahead (batches_ahead)
+        loader._batch_bytes = max(loader._batch_bytes or 0, sum(int(a.nbytes) for a in planned.image_arrays()))
+    if planned is None:
+        planned = loader.planner.plan(epoch, step, bad=loader._bad)
+    if planned.data is None or planned.partners is None:
+        loader.planner.fill_data(planned)
+    return planned
+
+
+def feed_batches(loader: LoaderState, batches: list[PlannedBatch], inflight: deque[PlannedBatch | None]) -> None:
+    """Feed planned batches to the pipeline and schedule their runs. A fresh pipeline's
+    first run runs ``prefetch_queue_depth`` batches (DALI's prefetch): when fewer are left in
+    the epoch, the last is fed again as a filler (``None`` in ``inflight``) whose output is
+    dropped."""
+    if not batches:
+        return
+    if loader._fresh:
+        fillers = feed_first_run(loader.pipeline, batches, loader._depth)
+        loader._fresh = False
+        inflight.extend(batches)
+        inflight.extend([None] * fillers)
+        return
+    for planned in batches:
+        feed(loader.pipeline, planned.data, planned.params, planned.partners)
+        inflight.append(planned)
+
+
+def outputs(loader: LoaderState, inflight: deque[PlannedBatch | None]) -> tuple[Any, PlannedBatch]:
+    """The images of the oldest batch in flight. When DALI fails on an image whose header
+    was fine, the culprits are found (decoded one by one on the CPU) and skipped: the
+    batch is planned again without them, and the batches in flight are fed again to a
+    fresh pipeline (DALI's is unusable after an error)."""
+    while True:
+        try:
+            images = loader.pipeline.outputs()[0]
+            return images, inflight.popleft()
+        except (RuntimeError, IndexError) as err:  # IndexError: DALI's "critical error"
+            failure = DecodeFailure(inflight[0], err)
+            culprits = undecodable(failure.planned)
+            if not culprits or loader.on_error == "raise":
+                inflight.clear()
+                rebuild(loader, inflight)
+                raise failure.error(loader.source, culprits) from err
+            loader._bad.update(culprits)  # (position, reason) pairs
+            inflight[0] = result(loader, failure.planned.epoch, failure.planned.step, None)
+            rebuild(loader, inflight)
+
+
+def rebuild(loader: LoaderState, inflight: deque[PlannedBatch | None]) -> None:
+    """A fresh pipeline, fed again with the batches in flight."""
+    loader.pipeline = build(loader)
+    batches = [b for b in inflight if b is not None]
+    inflight.clear()
+    feed_batches(loader, batches, inflight)
+
+
+def drain(loader: LoaderState, count: int) -> None:
+    """Take and drop the outputs of ``count`` batches in flight (an iteration that stopped
+    early); a pipeline that fails meanwhile is replaced."""
+    for _ in range(count):
+        try:
+            loader.pipeline.outputs()
+        except Exception:  # noqa: BLE001 - outputs nobody wants; the next epoch builds anew
+            loader._broken = True
+            return
