@@ -314,10 +314,11 @@ class DetectionLoader:
         return self._current
 
     def _consume(self, epoch: int, start: int) -> Iterator[tuple[Any, Any]]:
-        """The caller's side: batches made by :func:`detaug.loader_core.produce` (in a background thread unless
-        ``ready_batches=0``), recorded and counted here, in the caller's thread, as they are
-        taken. The thread runs on into the next epoch; when this epoch completes it is kept for
-        the next iteration (:func:`detaug.loader_core.take_feed`), so no epoch starts with an empty queue."""
+        """The caller's side: batches made by :func:`detaug.loader_core.produce` (in a background
+        thread unless ``ready_batches=0``), recorded and counted here, in the caller's thread, as
+        they are taken. The thread runs on into the next epoch; when this epoch completes it is
+        kept for the next iteration (:func:`detaug.loader_core.take_feed`), so no epoch starts
+        with an empty queue."""
         steps = len(self)
         if not self.ready_batches:
             yield from self._consume_inline(epoch, start)
@@ -352,7 +353,8 @@ class DetectionLoader:
                 if completed:
                     self._kept_feed, self._feed_at = feed, (epoch + 1, 0)  # already making the next epoch
                 else:
-                    core.stop_feed(feed, self._live_feeds)  # closes core.produce in its thread, which drops the batches in flight
+                    # closes core.produce in its thread, which drops the batches in flight
+                    core.stop_feed(feed, self._live_feeds)
 
     def _consume_inline(self, epoch: int, start: int) -> Iterator[tuple[Any, Any]]:
         """:meth:`_consume` without a thread: each batch made inside ``next()``."""
