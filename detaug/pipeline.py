@@ -119,6 +119,12 @@ def build_pipeline(
     on_gpu = dali_device_id is not None
     if layout not in ("CHW", "HWC"):
         raise ValueError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
+    for t in transforms.mixing:  # a transform the pipeline cannot draw yet (CopyPaste's pixels)
+        problem = t.dali_problem()
+        if problem:
+            from detaug.errors import RecipeError
+
+            raise RecipeError(problem, transform=type(t).__name__)
     decoded_input = bool(getattr(source, "decoded", False))
     adjust_orientation = getattr(source, "orientation", "auto") != "ignore"
 

@@ -318,6 +318,10 @@ class BatchPlanner:
                 flip_permutation(transforms.keypoint_flip_pairs, field_specs(source)[KEYPOINTS].shape[0])
             except ValueError as err:
                 raise RecipeError(str(err), field="keypoint_flip_pairs") from None
+        paster = getattr(transforms, "blend_stage", None)
+        if getattr(paster, "pastes_masks", False) and MASKS not in self.fields:
+            raise RecipeError("pastes objects by their masks, but no masks are carried (the source has none, or "
+                              "fields= leaves them out)", transform=type(paster).__name__)
         if getattr(transforms, "boxes_from_masks", False) and MASKS not in self.fields:
             raise RecipeError("boxes_from_masks=True, but no masks are carried (the source has none, or fields= "
                               "leaves them out): boxes cannot come from masks", field="boxes_from_masks")
@@ -433,19 +437,28 @@ class BatchPlanner:
         geometries = planned[3] if self._points else [None] * len(kept)
         out_boxes = [_without_noise(b) for b in out_boxes]
         out_labels, out_fields = [], []
-        for b, r, table, geometry in zip(out_boxes, kept, g.lookup, geometries):
+        paster = getattr(self.transforms, "blend_stage", None)
+        paster = paster if getattr(paster, "pastes_masks", False) else None  # CopyPaste: targets updated below
+        for i, (b, r, table, geometry) in enumerate(zip(out_boxes, kept, g.lookup, geometries)):
             r = np.asarray(r, dtype=np.int64)
-            out_labels.append(table.labels[r])
             picked = {name: table.fields[name][r] for name in self.fields if name in table.fields}
+            if geometry is not None and MASKS in picked:
+                picked[MASKS] = move_masks(picked[MASKS], geometry, geometry.out_hw)
+                if paster is not None:  # the pasted objects on top: the others' masks, boxes, drops (host)
+                    pasted = np.isin(r, g.partners.labels[self.transforms.slots_of(paster)[0]][i])
+                    keep, b, picked[MASKS] = paster.paste_targets(b, picked[MASKS], pasted)
+                    out_hw, r, b = geometry.out_hw, r[keep], b[keep]
+                    geometry = geometry.take(keep)
+                    geometry.out_hw = out_hw
+                    picked = {name: value[keep] for name, value in picked.items()}
+                if getattr(self.transforms, "boxes_from_masks", False):  # a recipe subclass may lack it
+                    b = _boxes_from_masks(b, picked[MASKS])
+            out_boxes[i] = b
+            out_labels.append(table.labels[r])
             if geometry is not None and KEYPOINTS in picked:
                 picked[KEYPOINTS] = move_keypoints(picked[KEYPOINTS], geometry, self.transforms.keypoint_flip_pairs)
             if geometry is not None and ROTATED_BOXES in picked:
                 picked[ROTATED_BOXES] = move_rotated_boxes(picked[ROTATED_BOXES], geometry)
-            if geometry is not None and MASKS in picked:
-                picked[MASKS] = move_masks(picked[MASKS], geometry, geometry.out_hw)
-                if getattr(self.transforms, "boxes_from_masks", False):  # a recipe subclass may lack it
-                    b = _boxes_from_masks(b, picked[MASKS])
-                    out_boxes[len(out_labels) - 1] = b
             if AREA in self.fields:
                 picked[AREA] = box_area(b)
             out_fields.append({name: picked[name] for name in self.fields if name in picked})

@@ -58,7 +58,7 @@ from detaug.seeds import SampleRandom
 from detaug.transforms.base import Param, Transform, register
 from detaug.transforms.schema import REQUIRED
 
-__all__ = ["POOLS", "MixingTransform", "Mosaic", "MixUp", "CutMix"]
+__all__ = ["POOLS", "MixingTransform", "Mosaic", "MixUp", "CutMix", "CopyPaste"]
 
 _FILL = Param("fill", "number", 114, "grey level (0-255) where no image is", low=0, high=255)
 #: where partner images come from (the module docstring): "dataset" (the seed contract's rule) or "batch"
@@ -88,6 +88,9 @@ class MixingTransform(Transform):
     stage: ClassVar[str] = ""
     #: its DALI operators run under a DALI conditional (``if`` on a DataNode)
     conditional: ClassVar[bool] = False
+    #: it pastes objects by their masks: the recipe needs masks, and the planner updates the
+    #: targets on the host (:meth:`paste_targets`) once the masks are moved
+    pastes_masks: ClassVar[bool] = False
 
     def misplaced(self, index: int, before: Sequence[Transform], fixed: bool) -> str | None:
         """What is wrong with this transform at ``index`` of its recipe, after the transforms
@@ -136,6 +139,11 @@ class MixingTransform(Transform):
     def dali_blend(self, graph: Any, images: Any, own: Any, slots: Sequence[int]) -> Any:
         """Blend stage: ``images`` with the partner blended in, in the DALI graph."""
         raise NotImplementedError
+
+    def dali_problem(self) -> str | None:
+        """Why the DALI pipeline cannot draw this transform (:func:`detaug.pipeline.build_pipeline`
+        raises it as a :class:`~detaug.errors.RecipeError`); ``None``: it can."""
+        return None
 
 
 @register
@@ -563,10 +571,112 @@ class CutMix(MixingTransform):
         return scale_matrix(w / partner_hw[:, 1], h / partner_hw[:, 0]), rect
 
 
+@register
+class CopyPaste(MixingTransform):
+    """Paste some of a partner's objects, by their masks, onto the sample (Simple Copy-Paste,
+    Ghiasi et al. 2021; albumentations' and MMDetection's ``CopyPaste``).
+
+    With probability ``p`` a partner image (see the module docstring) is resized to the current
+    canvas (stretched, as ``CutMix`` places it: the objects keep their place relative to the
+    image) and a random subset of its objects is pasted: ``ceil(fraction * n)`` of its ``n``
+    objects, at most ``max_objects`` (``None``: no limit), chosen uniformly without replacement
+    (one draw per sample, in the recipe's order, seeds the choice). The pasted objects lie on
+    top: each of the sample's objects loses the pixels of its mask under the pasted masks, its
+    box becomes the bounds of what is left of its mask (within its box), and it is dropped where
+    less than ``min_visibility`` of its mask's area is left (or nothing); the pasted objects'
+    boxes, labels and masks are added. Objects are pasted by their masks, so the recipe's source
+    must carry masks (:class:`~detaug.errors.RecipeError` otherwise).
+
+    The targets are updated on the host, once the masks are moved to the output canvas
+    (:meth:`paste_targets`): the occlusion is decided on the output's pixels, by the pasted
+    objects that are kept in the output. **The pixels are not pasted in DALI yet**: the plan and
+    the targets are complete (``BatchPlanner`` gives them), but building a pipeline for a recipe
+    with ``CopyPaste`` is a ``RecipeError`` (see docs/mixing.md). The canvas size before
+    ``CopyPaste`` must be fixed by the recipe; a recipe blends once (``MixUp``, ``CutMix`` or
+    ``CopyPaste``).
+    """
+
+    schema = (
+        Param("p", "probability", 0.5, "probability of pasting a partner's objects onto a sample"),
+        Param("fraction", "probability", 1.0, "share of the partner's objects pasted (rounded up)"),
+        Param("max_objects", "int", None, "most objects pasted per sample (None: no limit)", low=0, optional=True),
+        Param("min_visibility", "probability", 0.0, "a sample's object is dropped where less than this share of "
+              "its mask's area is left uncovered by the pasted masks (and where nothing is)"),
+        Param("fill", "number", 114, "grey level (0-255) the partner's warp reads beyond its image's edge",
+              low=0, high=255),
+        _POOL,
+    )
+    partners = 1
+    stage = "blend"
+    conditional = True
+    pastes_masks = True
+
+    def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return in_size
+
+    def misplaced(self, index: int, before: Sequence[Transform], fixed: bool) -> str | None:
+        return _blend_misplaced(before, fixed)
+
+    def draw_needed(self, rand: SampleRandom) -> np.ndarray:
+        return (rand.random() < self.p)[:, None]
+
+    def plan_fields(self) -> list[PlanFieldSpec]:
+        return [("copypaste.roi", (4,), "float32", "decode region (x, y, w, h) of the partner"),
+                ("copypaste.matrix", (2, 3), "float32", "forward map of the partner from its region to the canvas"),
+                ("copypaste.size", (2,), "float32", "(h, w) of the canvas the partner is placed on"),
+                ("copypaste.applied", (), "int32", "1 where the partner's objects are pasted, 0 elsewhere")]
+
+    def plan_blend(self, state: PlanState, apply: np.ndarray, partner_hw: np.ndarray, layers: np.ndarray,
+                   whole: bool) -> dict[str, np.ndarray]:
+        n, canvas = state.batch_size, state.canvas_hw
+        u = state.rand.random()  # seeds the choice of objects (always drawn: one draw per sample)
+        m = scale_matrix(canvas[:, 1] / partner_hw[:, 1], canvas[:, 0] / partner_hw[:, 0])
+        rects = np.stack([np.zeros(n), np.zeros(n), canvas[:, 1], canvas[:, 0]], axis=1)
+        state.place_layers(layers, m, rects, alive=apply)
+        for i in np.flatnonzero(apply):
+            rows = np.flatnonzero(state.box_layer == layers[i])
+            state.alive[rows[~self.choose(u[i], len(rows))]] = False
+        roi = whole_image(partner_hw) if whole else aligned_roi(partner_hw, m, rects)
+        return {"copypaste.roi": roi, "copypaste.matrix": (m @ translation_matrix(roi[:, 0], roi[:, 1]))[:, :2, :],
+                "copypaste.size": canvas, "copypaste.applied": np.asarray(apply, dtype=np.int32)}
+
+    def choose(self, u: float, count: int) -> np.ndarray:
+        """bool ``[count]``: which of a partner's ``count`` objects are pasted, for the sample's
+        draw ``u`` in ``[0, 1)``: ``min(ceil(fraction * count), max_objects)`` of them, uniformly
+        without replacement (NumPy's PCG64 seeded by ``u``: the same on every machine)."""
+        k = min(math.ceil(self.fraction * count - 1e-9), count)
+        if self.max_objects is not None:
+            k = min(k, int(self.max_objects))
+        out = np.zeros(count, dtype=bool)
+        if k > 0:
+            order = np.random.default_rng(int(u * 2.0 ** 53)).permutation(count)
+            out[order[:k]] = True
+        return out
+
+    def paste_targets(self, boxes: np.ndarray, masks: np.ndarray,
+                      pasted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One output sample's targets after the paste (:func:`detaug.masks.paste_over` with
+        this transform's ``min_visibility``): ``(keep bool [N], boxes [N, 4], masks [N, H, W])``
+        for its boxes ``[N, 4]`` xyxy and moved masks uint8 ``[N, H, W]``, ``pasted`` bool ``[N]``
+        marking the pasted objects."""
+        from detaug.masks import paste_over
+
+        return paste_over(boxes, masks, pasted, self.min_visibility)
+
+    def dali_problem(self) -> str | None:
+        return ("the pasted pixels are not drawn by the DALI pipeline yet; its plan and targets are "
+                "(BatchPlanner), see docs/mixing.md")
+
+    def dali_blend(self, graph: Any, images: Any, own: Any, slots: Sequence[int]) -> Any:
+        """Not there yet (:meth:`dali_problem`): the pasted pixels need the pasted masks on the
+        canvas in the graph (see the class docstring)."""
+        raise NotImplementedError(self.dali_problem())
+
+
 def _blend_misplaced(before: Sequence[Transform], fixed: bool) -> str | None:
     """What keeps a blend stage (``MixUp``, ``CutMix``) from being planned after ``before``."""
     if any(getattr(u, "stage", None) == "blend" for u in before):
-        return "a recipe may blend only once (one MixUp or CutMix)"
+        return "a recipe may blend only once (one MixUp, CutMix or CopyPaste)"
     if not fixed:
         return ("needs a fixed canvas size before it: put Mosaic, Resize((h, w)), LetterBox "
                 "or another transform with a fixed output size earlier")
