@@ -210,7 +210,8 @@ class PlannedBatch:
             placeholder where not needed), or ``None`` for a slot whose partners are batch-mates
             (``pool="batch"``: the pipeline reuses the batch's images, their batch positions are
             in ``params``); empty without mixing transforms; ``None`` with ``data`` ``None``
-            (:meth:`BatchPlanner.fill_data`).
+            (:meth:`BatchPlanner.fill_data`). A recipe with ``CopyPaste`` adds one last entry,
+            :attr:`pasted`.
         partner_positions: int64 ``[B, J]`` dataset positions of the partners (replacements
             included), -1 where not needed.
         skipped: ``{"image_id", "file", "reason"}`` of each unreadable image this batch holds
@@ -222,6 +223,9 @@ class PlannedBatch:
             ``labels`` and ``fields`` joined over the batch (``counts[i]``: sample ``i``'s
             boxes), where the plan came from a worker that joined them for the trip
             (:mod:`detaug.plan_ahead`); else ``None``. See :func:`batch_columns`.
+        pasted: ``CopyPaste``'s paste masks, uint8 ``[H, W, 1]`` per sample (1 where a pasted
+            object's pixels land on the canvas pasted on; ``[1, 1, 1]`` zeros where none), the
+            pipeline's last input; ``None`` for other recipes.
         layout: the fields of ``params`` by name (the recipe's ``plan_layout``,
             :mod:`detaug.plan_layout`); ``None`` for a batch built by hand without one.
     """
@@ -241,6 +245,7 @@ class PlannedBatch:
     fields: list[dict[str, np.ndarray]] = field(default_factory=list)
     joined: tuple[list[int], dict[str, np.ndarray]] | None = None
     layout: PlanLayout | None = None
+    pasted: list[np.ndarray] | None = None
 
     def plan(self, name: str) -> np.ndarray:
         """Plan field ``name`` of every sample: ``[B, *shape]`` in the field's dtype (for example
@@ -463,14 +468,32 @@ class BatchPlanner:
                 picked[AREA] = box_area(b)
             out_fields.append({name: picked[name] for name in self.fields if name in picked})
         decoded_shapes = isinstance(self.source, DecodedShapes)
+        partners = None if decoded_shapes else g.partner_data
+        pasted = self._paste_masks(g, paster, np.stack(params)) if paster is not None else None
+        if pasted is not None and partners is not None:
+            partners = list(partners) + [pasted]  # the pipeline's last input (pipeline.input_names)
         return PlannedBatch(
             epoch=g.epoch, step=g.step, positions=g.positions, image_ids=g.image_ids,
             data=None if decoded_shapes else g.data,
             params=np.stack(params).astype(np.float32, copy=False), boxes=list(out_boxes),
             labels=out_labels, skipped=g.skipped, repaired=g.repaired,
-            partners=None if decoded_shapes else g.partner_data, partner_positions=g.partner_positions,
+            partners=partners, partner_positions=g.partner_positions, pasted=pasted,
             fields=out_fields, layout=self.transforms.plan_layout,
         )
+
+    def _paste_masks(self, g: _Gathered, paster: Any, params: np.ndarray) -> list[np.ndarray]:
+        """Per sample, uint8 ``[H, W, 1]``: the canvas pixels that ``paster`` (``CopyPaste``)
+        pastes, from its partner's masks and the sample's plan (its ``paste_image``)."""
+        layout, slot = self.transforms.plan_layout, self.transforms.slots_of(paster)[0]
+        size, choice = layout.read(params, "copypaste.size"), layout.read(params, "copypaste.choice")
+        applied = layout.read(params, "copypaste.applied")
+        out = []
+        for i, table in enumerate(g.lookup):
+            rows = np.asarray(g.partners.labels[slot][i], dtype=np.int64)
+            masks = table.fields[MASKS][rows] if len(rows) else []
+            out.append(paster.paste_image(masks, g.partners.shapes[slot][i][:2], size[i], float(choice[i]),
+                                          bool(applied[i])))
+        return out
 
     def _read_first(self, candidates: Iterable[int], bad: Mapping[int, str], findings: _Findings,
                     loaded: Mapping[int, tuple] | None = None) -> tuple[int, tuple] | None:
@@ -613,7 +636,7 @@ class BatchPlanner:
                 None if k in from_batch else
                 [self.source.load(int(p))[0] if p >= 0 else self.placeholder() for p in planned.partner_positions[:, k]]
                 for k in range(planned.partner_positions.shape[1])
-            ]
+            ] + ([planned.pasted] if planned.pasted is not None else [])
 
 
 _PLACEHOLDERS: dict[bool, np.ndarray] = {}

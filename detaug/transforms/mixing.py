@@ -1,5 +1,6 @@
 """Samples made of several images: ``Mosaic`` (YOLO's 2x2 or 3x3 tiles), ``MixUp`` (two images
-blended) and ``CutMix`` (a partner's rectangle pasted in).
+blended), ``CutMix`` (a partner's rectangle pasted in) and ``CopyPaste`` (a partner's objects
+pasted in by their masks).
 
 Kind ``"mixing"``: a mixing transform names how many *partner* images a sample needs
 (``partners``) and places each on the sample's canvas with an axis-aligned matrix (scale and
@@ -139,11 +140,6 @@ class MixingTransform(Transform):
     def dali_blend(self, graph: Any, images: Any, own: Any, slots: Sequence[int]) -> Any:
         """Blend stage: ``images`` with the partner blended in, in the DALI graph."""
         raise NotImplementedError
-
-    def dali_problem(self) -> str | None:
-        """Why the DALI pipeline cannot draw this transform (:func:`detaug.pipeline.build_pipeline`
-        raises it as a :class:`~detaug.errors.RecipeError`); ``None``: it can."""
-        return None
 
 
 @register
@@ -587,13 +583,16 @@ class CopyPaste(MixingTransform):
     boxes, labels and masks are added. Objects are pasted by their masks, so the recipe's source
     must carry masks (:class:`~detaug.errors.RecipeError` otherwise).
 
-    The targets are updated on the host, once the masks are moved to the output canvas
-    (:meth:`paste_targets`): the occlusion is decided on the output's pixels, by the pasted
-    objects that are kept in the output. **The pixels are not pasted in DALI yet**: the plan and
-    the targets are complete (``BatchPlanner`` gives them), but building a pipeline for a recipe
-    with ``CopyPaste`` is a ``RecipeError`` (see docs/mixing.md). The canvas size before
-    ``CopyPaste`` must be fixed by the recipe; a recipe blends once (``MixUp``, ``CutMix`` or
-    ``CopyPaste``).
+    Pixels: the partner is warped to the canvas (bilinear) and taken where the sample's *paste
+    mask* is 1: uint8 ``[H, W, 1]``, the union of the chosen objects' masks moved to the canvas
+    (nearest), built on the host by the planner (:meth:`paste_image`) and fed to the pipeline as
+    one more input (``PlannedBatch.pasted``), the same on the CPU and the GPU. Targets: updated
+    on the host once the masks are moved to the output canvas (:meth:`paste_targets`), so the
+    occlusion is decided on the output's pixels, by the pasted objects kept in the output (a
+    pasted object dropped later, by a crop or ``min_size``, still covers the others' pixels in
+    the image, not in their masks). Keypoints and rotated boxes of an occluded object are not
+    changed. The canvas size before ``CopyPaste`` must be fixed by the recipe; a recipe blends
+    once (``MixUp``, ``CutMix`` or ``CopyPaste``).
     """
 
     schema = (
@@ -624,12 +623,14 @@ class CopyPaste(MixingTransform):
         return [("copypaste.roi", (4,), "float32", "decode region (x, y, w, h) of the partner"),
                 ("copypaste.matrix", (2, 3), "float32", "forward map of the partner from its region to the canvas"),
                 ("copypaste.size", (2,), "float32", "(h, w) of the canvas the partner is placed on"),
-                ("copypaste.applied", (), "int32", "1 where the partner's objects are pasted, 0 elsewhere")]
+                ("copypaste.applied", (), "int32", "1 where the partner's objects are pasted, 0 elsewhere"),
+                ("copypaste.choice", (), "float32", "the draw in [0, 1) that chooses the objects pasted")]
 
     def plan_blend(self, state: PlanState, apply: np.ndarray, partner_hw: np.ndarray, layers: np.ndarray,
                    whole: bool) -> dict[str, np.ndarray]:
         n, canvas = state.batch_size, state.canvas_hw
-        u = state.rand.random()  # seeds the choice of objects (always drawn: one draw per sample)
+        # seeds the choice of objects (always drawn: one draw per sample), as the plan carries it
+        u = state.rand.random().astype(np.float32).astype(np.float64)
         m = scale_matrix(canvas[:, 1] / partner_hw[:, 1], canvas[:, 0] / partner_hw[:, 0])
         rects = np.stack([np.zeros(n), np.zeros(n), canvas[:, 1], canvas[:, 0]], axis=1)
         state.place_layers(layers, m, rects, alive=apply)
@@ -638,7 +639,27 @@ class CopyPaste(MixingTransform):
             state.alive[rows[~self.choose(u[i], len(rows))]] = False
         roi = whole_image(partner_hw) if whole else aligned_roi(partner_hw, m, rects)
         return {"copypaste.roi": roi, "copypaste.matrix": (m @ translation_matrix(roi[:, 0], roi[:, 1]))[:, :2, :],
-                "copypaste.size": canvas, "copypaste.applied": np.asarray(apply, dtype=np.int32)}
+                "copypaste.size": canvas, "copypaste.applied": np.asarray(apply, dtype=np.int32), "copypaste.choice": u}
+
+    def paste_image(self, masks: Sequence[np.ndarray], partner_hw: Sequence[float], canvas_hw: Sequence[float],
+                    choice: float, applied: bool) -> np.ndarray:
+        """uint8 ``[H, W, 1]``: where the pixels of the partner's chosen objects land on the
+        canvas ``(H, W)`` pasted on (1) or not (0), for one sample; ``masks``: the partner's
+        objects' masks (uint8 ``[h, w]`` each, its image's frame), all of them, in order;
+        ``choice``, ``applied``: the sample's plan fields. Each chosen mask is moved by the
+        partner's stretch to the canvas (:func:`detaug.masks.warp_mask`, nearest): the same
+        pixels as its moved mask there. ``[1, 1, 1]`` zeros where nothing is pasted."""
+        from detaug.masks import warp_mask
+
+        h, w = int(canvas_hw[0]), int(canvas_hw[1])
+        if not applied or not len(masks):
+            return np.zeros((1, 1, 1), dtype=np.uint8)
+        m = scale_matrix(w / float(partner_hw[1]), h / float(partner_hw[0]))
+        m = m[0] if m.ndim == 3 else m
+        out = np.zeros((h, w), dtype=np.uint8)
+        for k in np.flatnonzero(self.choose(choice, len(masks))):
+            out |= warp_mask(masks[k], m, (h, w))
+        return out[:, :, None]
 
     def choose(self, u: float, count: int) -> np.ndarray:
         """bool ``[count]``: which of a partner's ``count`` objects are pasted, for the sample's
@@ -663,14 +684,20 @@ class CopyPaste(MixingTransform):
 
         return paste_over(boxes, masks, pasted, self.min_visibility)
 
-    def dali_problem(self) -> str | None:
-        return ("the pasted pixels are not drawn by the DALI pipeline yet; its plan and targets are "
-                "(BatchPlanner), see docs/mixing.md")
-
     def dali_blend(self, graph: Any, images: Any, own: Any, slots: Sequence[int]) -> Any:
-        """Not there yet (:meth:`dali_problem`): the pasted pixels need the pasted masks on the
-        canvas in the graph (see the class docstring)."""
-        raise NotImplementedError(self.dali_problem())
+        """The partner warped to the canvas, its pixels taken where the sample's paste mask
+        (:meth:`paste_image`, the pipeline's ``graph.pasted`` input) is 1:
+        ``images * (1 - a) + partner * a``; DALI's conditional runs it on the samples it applies to."""
+        from nvidia.dali import fn, types
+
+        mate = graph.partner(slots[0], own, "copypaste.roi")
+        applied = graph.value("copypaste.applied")
+        if applied > 0:
+            partner_image = graph.warp(mate, "copypaste.matrix", "copypaste.size", self.fill)
+            a = graph.pasted.gpu() if graph.on_gpu else graph.pasted
+            a = fn.cast(a, dtype=types.UINT8)
+            images = fn.cast(images * (1 - a) + partner_image * a, dtype=types.UINT8)
+        return images
 
 
 def _blend_misplaced(before: Sequence[Transform], fixed: bool) -> str | None:

@@ -1,8 +1,9 @@
 """CopyPaste: a partner's objects pasted by their masks, the sample's objects occluded by them
 (masks lose the pasted pixels, boxes recomputed, min_visibility applied), planned by the real
 BatchPlanner and checked against masks computed independently from the painted scenes; the
-object choice, the seed contract and the named errors. The pixels are not pasted in DALI yet
-(docs/mixing.md): building a pipeline for CopyPaste is a named RecipeError, tested here."""
+pasted pixels drawn by real DALI CPU pipelines checked against the output masks (alone and
+followed by warps, partners from the dataset and from the batch); the object choice, the seed
+contract and the named errors. DETAUG_TEST_DEVICE=gpu runs the pipelines on a GPU."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from detaug.errors import RecipeError
 from detaug.masks import masks_to_boxes, paste_over, warp_mask
 from detaug.planning import BatchPlanner, EpochSpec
 from detaug.sources import Sample, SampleListSource
-from tests.detaug.test_masks import HW, iou, scene
+from tests.detaug.test_masks import DEVICE, HW, check_masks_on_pixels, iou, scene
+from tests.detaug.transforms.test_mixing import run
 
 SCENES = [scene(s) for s in range(6)]
 
@@ -140,14 +142,44 @@ def test_the_seed_contract_holds_for_the_dataset_pool():
     assert any(x.labels[i].tolist() != y.labels[i].tolist() for x, y in zip(by3, other) for i in range(3))
 
 
-def test_a_source_without_masks_and_a_pipeline_are_named_errors():
+def test_a_source_without_masks_is_a_named_error():
     plain = SampleListSource([Sample(s.image, s.boxes, s.labels, image_id=s.image_id) for s in SCENES[:2]])
     with pytest.raises(RecipeError, match="CopyPaste.*no masks are carried"):
         BatchPlanner(plain, T.Compose([T.Resize(HW), T.CopyPaste()]), EpochSpec(n=2, batch_size=2))
+
+
+#: recipes whose pasted pixels are checked against the output masks
+PIXELS = {
+    "alone": [T.Resize(HW), T.CopyPaste(p=1.0, fraction=0.5)],
+    "batch_pool": [T.Resize(HW), T.CopyPaste(p=1.0, fraction=0.7, pool="batch")],
+    "rotate_resize": [T.Resize(HW), T.CopyPaste(p=1.0, max_objects=2), T.RandomRotation(25, fill=0),
+                      T.Resize((HW[0] // 2 + 8, HW[1] // 2 + 8))],
+    "mosaic_affine": [T.Mosaic((HW[0] // 2, HW[1] // 2), fill=0), T.CopyPaste(p=1.0, min_visibility=0.3),
+                      T.RandomAffine(degrees=10, scale=(0.8, 1.2), fill=0)],
+}
+
+
+@pytest.mark.parametrize("name", list(PIXELS))
+def test_the_pasted_pixels_match_the_output_masks(name):
+    """Each colour's pixels of the DALI output against the union of its objects' masks (the
+    pasted objects' and what is left of the sample's): IoU >= 0.98 median."""
+    ious, pasted = [], 0
+    for planned, images in run(SampleListSource(SCENES), T.Compose(PIXELS[name]), 3, seed=5):
+        for i, image in enumerate(images):
+            out = {"image": image, "boxes": planned.boxes[i], "labels": planned.labels[i],
+                   "masks": planned.fields[i]["masks"]}
+            ious += check_masks_on_pixels(out)
+            pasted += int(planned.pasted[i].any())
+    assert pasted > 0
+    assert np.median(ious) >= 0.98 and min(ious) >= 0.9, sorted(ious)[:5]
+
+
+def test_an_eager_call_pastes_the_samples_own_objects_onto_itself():
     s = SCENES[0]
-    with pytest.raises(RecipeError, match="CopyPaste.*not drawn by the DALI pipeline"):
-        T.Compose([T.Resize(HW), T.CopyPaste(p=1.0)])(image=s.image, boxes=s.boxes, labels=s.labels,
-                                                        masks=s.fields["masks"], seed=0, image_id=1)
+    out = T.Compose([T.Resize(HW), T.CopyPaste(p=1.0)])(image=s.image, boxes=s.boxes, labels=s.labels,
+                                                         masks=s.fields["masks"], seed=0, image_id=1, device=DEVICE)
+    assert sorted(out["labels"].tolist()) == s.labels.tolist()  # the copies on top; the covered originals dropped
+    assert np.median(check_masks_on_pixels(out)) >= 0.98
 
 
 @pytest.mark.parametrize("recipe, words", [
