@@ -189,3 +189,29 @@ def test_an_eager_call_pastes_the_samples_own_objects_onto_itself():
 def test_misplaced_copypaste_is_a_recipe_error(recipe, words):
     with pytest.raises(RecipeError, match=words):
         T.Compose(recipe)
+
+
+@pytest.mark.parametrize("kind", ["arrays", "coco"])
+def test_planning_workers_paste_as_the_main_process(kind, tmp_path):
+    """A loader whose plans come from a worker (decoded arrays planned from their shapes, or
+    encoded COCO images, their paste masks through shared memory) gives the images and targets
+    of one planned in the main process."""
+    import torch
+
+    from detaug.sources import CocoSource
+    from detaug.torch import DetectionLoader
+    from tests.detaug.test_masks import coco_scene
+
+    if kind == "coco":
+        path, root, _ = coco_scene(tmp_path)
+        source = CocoSource(path, root, masks=True)
+    else:
+        source = SampleListSource(SCENES[:3])
+    recipe = T.Compose([T.Resize(HW), T.CopyPaste(p=1.0, fraction=0.7), T.RandomRotation(15, fill=0)])
+    got = []
+    for workers in (0, 1):
+        loader = DetectionLoader(source, recipe, 3, device=DEVICE, seed=2, num_threads=1, num_workers=workers)
+        images, targets = next(iter(loader))
+        loader.close()
+        got.append((torch.stack([im.cpu() for im in images]), torch.cat([t["masks"].cpu() for t in targets])))
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
