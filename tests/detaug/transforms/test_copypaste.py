@@ -215,3 +215,11 @@ def test_planning_workers_paste_as_the_main_process(kind, tmp_path):
         loader.close()
         got.append((torch.stack([im.cpu() for im in images]), torch.cat([t["masks"].cpu() for t in targets])))
     assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+
+
+def test_a_sample_without_objects_is_left_as_it_is():
+    image = np.full((40, 60, 3), 7, np.uint8)
+    out = T.Compose([T.Resize((40, 60)), T.CopyPaste(p=1.0)])(
+        image=image, boxes=np.zeros((0, 4), np.float32), labels=[], masks=np.zeros((0, 40, 60), np.uint8),
+        seed=0, image_id=1, device=DEVICE)
+    assert (np.asarray(out["image"]) == 7).all() and out["masks"].shape == (0, 40, 60) and len(out["boxes"]) == 0
