@@ -39,9 +39,9 @@ always images that decoded. ``pool`` is set per transform; ``Mosaic`` and ``MixU
 
 Restrictions (checked by ``Compose``, :class:`~detaug.errors.RecipeError` otherwise):
 ``Mosaic`` is the first transform of its recipe (its tiles are whole source images, as in
-YOLO); ``MixUp`` and ``CutMix`` follow transforms that fix the canvas size (``Mosaic``,
+YOLO); ``MixUp``, ``CutMix`` and ``CopyPaste`` follow transforms that fix the canvas size (``Mosaic``,
 ``Resize((h, w))``, ``LetterBox``, ``RandomResizedCrop``...); at most one ``Mosaic`` and one
-blend (``MixUp`` or ``CutMix``).
+blend (``MixUp``, ``CutMix`` or ``CopyPaste``).
 """
 
 from __future__ import annotations
@@ -478,8 +478,8 @@ class CutMix(MixingTransform):
     bounding box of what is left of it, dropped where nothing is, its visibility the share left,
     so ``min_visibility`` applies: :meth:`detaug.plan.PlanState.occlude`), the partner's boxes are
     clipped to the rectangle; the boxes and labels of both are kept, as ``MixUp`` keeps them. The
-    canvas size before ``CutMix`` must be fixed by the recipe; a recipe blends once (``MixUp`` or
-    ``CutMix``).
+    canvas size before ``CutMix`` must be fixed by the recipe; a recipe blends once (``MixUp``,
+    ``CutMix`` or ``CopyPaste``).
     """
 
     schema = (
