@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["MASKS", "CocoMasks", "check_masks", "join_masks", "mask_rows", "masks_to_boxes", "move_masks",
-           "orient_masks", "warp_mask"]
+           "orient_masks", "paste_over", "warp_mask"]
 
 #: The per-box field name of instance masks (sources, targets, eager calls).
 MASKS = "masks"
@@ -250,3 +250,43 @@ def masks_to_boxes(masks: np.ndarray) -> np.ndarray:
         if len(cols):
             out[k] = (cols[0], rows[0], cols[-1] + 1, rows[-1] + 1)
     return out
+
+
+def paste_over(boxes: np.ndarray, masks: np.ndarray, pasted: np.ndarray,
+               min_visibility: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One sample's targets after objects were pasted on top of it (``CopyPaste``).
+
+    Args:
+        boxes: float ``[N, 4]`` xyxy, output canvas.
+        masks: uint8 ``[N, H, W]`` the moved masks, rows aligned with ``boxes``.
+        pasted: bool ``[N]``: the pasted objects (on top); the others are the sample's own.
+        min_visibility: an own object is dropped where less than this share of its mask's area
+            is left outside the pasted masks (and where nothing is left).
+
+    Returns:
+        ``(keep bool [N], boxes float32 [N, 4], masks uint8 [N, H, W])``: each own object's mask
+        loses the pixels under the union of the pasted masks; where it lost some, its box becomes
+        the bounds of what is left (:func:`masks_to_boxes`) within its box. An own object whose
+        mask was empty already keeps its box and mask (it is not judged). Pasted rows are unchanged.
+    """
+    masks = np.asarray(masks, dtype=np.uint8)
+    boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4).copy()
+    pasted = np.asarray(pasted, dtype=bool)
+    keep = np.ones(len(masks), dtype=bool)
+    if not pasted.any() or pasted.all():
+        return keep, boxes, masks
+    cover = masks[pasted].any(axis=0)
+    own = np.flatnonzero(~pasted)
+    before = masks[own].reshape(len(own), -1).sum(axis=1)
+    left = masks[own] & ~cover[None]
+    after = left.reshape(len(own), -1).sum(axis=1)
+    judged = before > 0
+    lost = judged & (after < before)
+    share = np.where(judged, after / np.maximum(before, 1), 1.0)
+    keep[own] = ~judged | ((after > 0) & (share >= min_visibility))
+    out = masks.copy()
+    out[own] = left
+    tight = masks_to_boxes(left[lost])
+    b = boxes[own[lost]]
+    boxes[own[lost]] = np.concatenate([np.maximum(b[:, :2], tight[:, :2]), np.minimum(b[:, 2:], tight[:, 2:])], axis=1)
+    return keep, boxes, out

@@ -143,6 +143,8 @@ def build_pipeline(
                for k in range(transforms.num_partners) if k not in transforms.batch_slots}
         params = fn.external_source(name="params", no_copy=True)
         plan = transforms.plan_layout
+        pasted = (fn.external_source(name=input_names(transforms)[-1], layout="HWC", no_copy=True)
+                  if getattr(transforms.blend_stage, "pastes_masks", False) else None)  # CopyPaste's paste masks
 
         def value(name):
             """Plan field ``name`` of every sample: a scalar, or a vector in the field's shape."""
@@ -197,7 +199,8 @@ def build_pipeline(
             index = fn.cast(value(f"slot{k}.batch_index"), dtype=types.INT32)
             return fn.permute_batch(own, indices=index)
 
-        graph = GraphParts(value=value, decode=decode, warp=warp, partner=partner, data=data, on_gpu=on_gpu)
+        graph = GraphParts(value=value, decode=decode, warp=warp, partner=partner, data=data, on_gpu=on_gpu,
+                           pasted=pasted)
 
         # 3. Decode only what is needed (all of each image where batch-mates share it); a canvas
         #    stage (Mosaic) composes the first canvas from the sample's images instead, decoding
@@ -251,6 +254,8 @@ class GraphParts:
             its input, or a batch-mate's ``own`` image for a slot of ``pool="batch"``).
         data: the sample's own image data (the ``"data"`` input).
         on_gpu: the pipeline runs on the GPU.
+        pasted: a blend stage's paste masks (``CopyPaste``: uint8 ``[H, W, 1]`` per sample, on
+            the CPU), the last input of :func:`input_names`; ``None`` for other recipes.
     """
 
     value: Callable[[str], Any]
@@ -259,6 +264,7 @@ class GraphParts:
     partner: Callable[[int, Any, str], Any]
     data: Any
     on_gpu: bool
+    pasted: Any = None
 
 
 def outputs_outlive_runs(pipe: Any) -> bool:
@@ -273,9 +279,13 @@ def input_names(transforms: Compose) -> list[str]:
     """The external sources of :func:`build_pipeline`'s pipeline for ``transforms``, in feeding
     order: ``"data"``, ``"params"``, then ``"data_k"`` for each partner slot ``k = 1 .. J``
     (``J = transforms.num_partners``: ``Mosaic``'s tiles 1-3, then ``MixUp``'s partner) but
-    those of ``transforms.batch_slots``, whose images are the batch's own."""
+    those of ``transforms.batch_slots``, whose images are the batch's own; then, for a blend
+    that pastes objects by their masks (``CopyPaste``), ``"data_{J + 1}"``: its paste masks
+    (``PlannedBatch.partners``' last entry)."""
+    pastes = getattr(transforms.blend_stage, "pastes_masks", False)
     return ["data", "params"] + [f"data_{k + 1}" for k in range(transforms.num_partners)
-                                 if k not in transforms.batch_slots]
+                                 if k not in transforms.batch_slots] + ([f"data_{transforms.num_partners + 1}"]
+                                                                        if pastes else [])
 
 
 def feed_inputs(pipe: Any, data: list[np.ndarray], params: np.ndarray,

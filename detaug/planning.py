@@ -210,7 +210,8 @@ class PlannedBatch:
             placeholder where not needed), or ``None`` for a slot whose partners are batch-mates
             (``pool="batch"``: the pipeline reuses the batch's images, their batch positions are
             in ``params``); empty without mixing transforms; ``None`` with ``data`` ``None``
-            (:meth:`BatchPlanner.fill_data`).
+            (:meth:`BatchPlanner.fill_data`). A recipe with ``CopyPaste`` adds one last entry,
+            :attr:`pasted`.
         partner_positions: int64 ``[B, J]`` dataset positions of the partners (replacements
             included), -1 where not needed.
         skipped: ``{"image_id", "file", "reason"}`` of each unreadable image this batch holds
@@ -222,6 +223,9 @@ class PlannedBatch:
             ``labels`` and ``fields`` joined over the batch (``counts[i]``: sample ``i``'s
             boxes), where the plan came from a worker that joined them for the trip
             (:mod:`detaug.plan_ahead`); else ``None``. See :func:`batch_columns`.
+        pasted: ``CopyPaste``'s paste masks, uint8 ``[H, W, 1]`` per sample (1 where a pasted
+            object's pixels land on the canvas pasted on; ``[1, 1, 1]`` zeros where none), the
+            pipeline's last input; ``None`` for other recipes.
         layout: the fields of ``params`` by name (the recipe's ``plan_layout``,
             :mod:`detaug.plan_layout`); ``None`` for a batch built by hand without one.
     """
@@ -241,6 +245,7 @@ class PlannedBatch:
     fields: list[dict[str, np.ndarray]] = field(default_factory=list)
     joined: tuple[list[int], dict[str, np.ndarray]] | None = None
     layout: PlanLayout | None = None
+    pasted: list[np.ndarray] | None = None
 
     def plan(self, name: str) -> np.ndarray:
         """Plan field ``name`` of every sample: ``[B, *shape]`` in the field's dtype (for example
@@ -318,6 +323,10 @@ class BatchPlanner:
                 flip_permutation(transforms.keypoint_flip_pairs, field_specs(source)[KEYPOINTS].shape[0])
             except ValueError as err:
                 raise RecipeError(str(err), field="keypoint_flip_pairs") from None
+        paster = getattr(transforms, "blend_stage", None)
+        if getattr(paster, "pastes_masks", False) and MASKS not in self.fields:
+            raise RecipeError("pastes objects by their masks, but no masks are carried (the source has none, or "
+                              "fields= leaves them out)", transform=type(paster).__name__)
         if getattr(transforms, "boxes_from_masks", False) and MASKS not in self.fields:
             raise RecipeError("boxes_from_masks=True, but no masks are carried (the source has none, or fields= "
                               "leaves them out): boxes cannot come from masks", field="boxes_from_masks")
@@ -433,31 +442,58 @@ class BatchPlanner:
         geometries = planned[3] if self._points else [None] * len(kept)
         out_boxes = [_without_noise(b) for b in out_boxes]
         out_labels, out_fields = [], []
-        for b, r, table, geometry in zip(out_boxes, kept, g.lookup, geometries):
+        paster = getattr(self.transforms, "blend_stage", None)
+        paster = paster if getattr(paster, "pastes_masks", False) else None  # CopyPaste: targets updated below
+        for i, (b, r, table, geometry) in enumerate(zip(out_boxes, kept, g.lookup, geometries)):
             r = np.asarray(r, dtype=np.int64)
-            out_labels.append(table.labels[r])
             picked = {name: table.fields[name][r] for name in self.fields if name in table.fields}
+            if geometry is not None and MASKS in picked:
+                picked[MASKS] = move_masks(picked[MASKS], geometry, geometry.out_hw)
+                if paster is not None:  # the pasted objects on top: the others' masks, boxes, drops (host)
+                    pasted = np.isin(r, g.partners.labels[self.transforms.slots_of(paster)[0]][i])
+                    keep, b, picked[MASKS] = paster.paste_targets(b, picked[MASKS], pasted)
+                    out_hw, r, b = geometry.out_hw, r[keep], b[keep]
+                    geometry = geometry.take(keep)
+                    geometry.out_hw = out_hw
+                    picked = {name: value[keep] for name, value in picked.items()}
+                if getattr(self.transforms, "boxes_from_masks", False):  # a recipe subclass may lack it
+                    b = _boxes_from_masks(b, picked[MASKS])
+            out_boxes[i] = b
+            out_labels.append(table.labels[r])
             if geometry is not None and KEYPOINTS in picked:
                 picked[KEYPOINTS] = move_keypoints(picked[KEYPOINTS], geometry, self.transforms.keypoint_flip_pairs)
             if geometry is not None and ROTATED_BOXES in picked:
                 picked[ROTATED_BOXES] = move_rotated_boxes(picked[ROTATED_BOXES], geometry)
-            if geometry is not None and MASKS in picked:
-                picked[MASKS] = move_masks(picked[MASKS], geometry, geometry.out_hw)
-                if getattr(self.transforms, "boxes_from_masks", False):  # a recipe subclass may lack it
-                    b = _boxes_from_masks(b, picked[MASKS])
-                    out_boxes[len(out_labels) - 1] = b
             if AREA in self.fields:
                 picked[AREA] = box_area(b)
             out_fields.append({name: picked[name] for name in self.fields if name in picked})
         decoded_shapes = isinstance(self.source, DecodedShapes)
+        partners = None if decoded_shapes else g.partner_data
+        pasted = self._paste_masks(g, paster, np.stack(params)) if paster is not None else None
+        if pasted is not None and partners is not None:
+            partners = list(partners) + [pasted]  # the pipeline's last input (pipeline.input_names)
         return PlannedBatch(
             epoch=g.epoch, step=g.step, positions=g.positions, image_ids=g.image_ids,
             data=None if decoded_shapes else g.data,
             params=np.stack(params).astype(np.float32, copy=False), boxes=list(out_boxes),
             labels=out_labels, skipped=g.skipped, repaired=g.repaired,
-            partners=None if decoded_shapes else g.partner_data, partner_positions=g.partner_positions,
+            partners=partners, partner_positions=g.partner_positions, pasted=pasted,
             fields=out_fields, layout=self.transforms.plan_layout,
         )
+
+    def _paste_masks(self, g: _Gathered, paster: Any, params: np.ndarray) -> list[np.ndarray]:
+        """Per sample, uint8 ``[H, W, 1]``: the canvas pixels that ``paster`` (``CopyPaste``)
+        pastes, from its partner's masks and the sample's plan (its ``paste_image``)."""
+        layout, slot = self.transforms.plan_layout, self.transforms.slots_of(paster)[0]
+        size, choice = layout.read(params, "copypaste.size"), layout.read(params, "copypaste.choice")
+        applied = layout.read(params, "copypaste.applied")
+        out = []
+        for i, table in enumerate(g.lookup):
+            rows = np.asarray(g.partners.labels[slot][i], dtype=np.int64)
+            masks = table.fields[MASKS][rows] if len(rows) else []
+            out.append(paster.paste_image(masks, g.partners.shapes[slot][i][:2], size[i], float(choice[i]),
+                                          bool(applied[i])))
+        return out
 
     def _read_first(self, candidates: Iterable[int], bad: Mapping[int, str], findings: _Findings,
                     loaded: Mapping[int, tuple] | None = None) -> tuple[int, tuple] | None:
@@ -600,7 +636,7 @@ class BatchPlanner:
                 None if k in from_batch else
                 [self.source.load(int(p))[0] if p >= 0 else self.placeholder() for p in planned.partner_positions[:, k]]
                 for k in range(planned.partner_positions.shape[1])
-            ]
+            ] + ([planned.pasted] if planned.pasted is not None else [])
 
 
 _PLACEHOLDERS: dict[bool, np.ndarray] = {}

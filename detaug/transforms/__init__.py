@@ -21,7 +21,7 @@ from detaug.transforms.composition import OneOf, RandomApply, RandomChoice, Some
 from detaug.transforms.crop import CenterCrop, FixedSizeCrop, RandomCrop, RandomIoUCrop, RandomResizedCrop
 from detaug.transforms.erasing import CoarseDropout, RandomErasing
 from detaug.transforms.flip import RandomHorizontalFlip, RandomVerticalFlip
-from detaug.transforms.mixing import CutMix, MixUp, Mosaic
+from detaug.transforms.mixing import CopyPaste, CutMix, MixUp, Mosaic
 from detaug.transforms.noise import GaussNoise
 from detaug.transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from detaug.transforms.perspective import RandomPerspective
@@ -67,6 +67,7 @@ __all__ = [
     "SomeOf",
     "Mosaic",
     "MixUp",
+    "CopyPaste",
     "CutMix",
     "RandomPerspective",
     "yolo_recipe",
