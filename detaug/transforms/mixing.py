@@ -570,7 +570,7 @@ class CutMix(MixingTransform):
 @register
 class CopyPaste(MixingTransform):
     """Paste some of a partner's objects, by their masks, onto the sample (Simple Copy-Paste,
-    Ghiasi et al. 2021; albumentations' and MMDetection's ``CopyPaste``).
+    Ghiasi et al. 2021; MMDetection's ``CopyPaste``).
 
     With probability ``p`` a partner image (see the module docstring) is resized to the current
     canvas (stretched, as ``CutMix`` places it: the objects keep their place relative to the
