@@ -50,7 +50,8 @@ LAYERS: tuple[Layer, ...] = (
           ("detaug.formats", "detaug.formats.*")),
     Layer("converters", "voc2coco", ("converters", "converters.*")),
     Layer("sources", "datasets: COCO, VOC, sample lists, shards; choosing one from arguments",
-          ("detaug.sources", "detaug.shards", "detaug.source_args")),
+          ("detaug.sources", "detaug.shards", "detaug.shard_manifest", "detaug.shard_writer", "detaug.shards_cli",
+           "detaug.source_args")),
     Layer("engine", "the batch planner, planning ahead in workers, the DALI pipeline, eager calls; they read a "
           "recipe through its methods", ("detaug.batch_plan", "detaug.planning", "detaug.plan_ahead", "detaug.pipeline",
                                          "detaug.eager")),

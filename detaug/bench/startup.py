@@ -78,7 +78,7 @@ def write_annotations(folder: str | os.PathLike, n: int) -> tuple[Path, Path, Pa
     """Write (once; kept when there) ``coco-N.json``, an empty images folder and the shard folder
     ``shards-N/`` of ``n`` generated images; returns their paths."""
     from detaug.formats.columnar import SampleTable
-    from detaug.shards import save_manifest
+    from detaug.shard_manifest import save_manifest
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
