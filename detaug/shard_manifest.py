@@ -17,7 +17,7 @@ import numpy as np
 from detaug.errors import DatasetError
 from detaug.formats import validation as v
 from detaug.formats.coco import read_json
-from detaug.formats.columnar import SampleTable, save_columns
+from detaug.formats.column_store import SampleTable, save_columns
 from detaug.sources import FieldSpec
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from detaug.errors import DatasetError
-from detaug.formats.columnar import SampleTable
+from detaug.formats.column_store import SampleTable
 from detaug.shard_manifest import MANIFEST_VERSION, _field_columns, _typed_fields, save_manifest
 from detaug.sources import field_specs
 

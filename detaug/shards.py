@@ -53,7 +53,7 @@ import numpy as np
 from detaug.errors import DatasetError, DataWarning
 from detaug.formats import validation as v
 from detaug.formats.coco import read_json
-from detaug.formats.columnar import SampleTable, SampleView, load_columns
+from detaug.formats.column_store import SampleTable, SampleView, load_columns
 from detaug.shard_manifest import (
     MANIFEST_VERSION, _check_names, _specs_of, read_index, rebuild_manifest, save_manifest,
 )
