@@ -68,10 +68,7 @@ LAYERS: tuple[Layer, ...] = (
 )
 
 #: ``(importer, imported)``: arrows not fixed yet, with the reason; remove one once it is fixed.
-KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("detaug.bench.train", "detaug.bench.runner"):
-        "issue 40: bench/train.py reads SCHEMA, DEFAULTS and _environment from the runner that calls it (a circle)",
-}
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def module_files() -> dict[str, Path]:

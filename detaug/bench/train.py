@@ -322,7 +322,7 @@ class TrainReport:
         return format_table(rows)
 
     def to_dict(self) -> dict:
-        from detaug.bench.runner import SCHEMA
+        from detaug.bench.report import SCHEMA
 
         s = self.settings
         return {
@@ -664,7 +664,7 @@ def run_train_bench(
 
     from detaug.bench.dataset import prepare_dataset
     from detaug.bench.harness import default_threads, default_workers
-    from detaug.bench.runner import DEFAULTS, _environment
+    from detaug.bench.machine import DEFAULTS, _environment
 
     selected_rows(only)  # said before any work
     started = torch.distributed.is_available() and torch.distributed.is_initialized()
