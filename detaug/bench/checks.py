@@ -44,8 +44,6 @@ CHECKS: tuple[Check, ...] = (
           gpu_only=False),
     Check("Sequence in fit: peak GPU memory, MiB (no model)", "sequence", "", 4096.0, memory_mib=True),
 )
-
-
 #: The targets of the YOLO-style recipe (issue 11), evaluated when ``--recipes`` has ``yolo``.
 YOLO_CHECKS: tuple[Check, ...] = (
     Check("YOLO recipe / default recipe, detaug (COCO reader)", "detaug", "detaug", 0.5, recipes=("yolo", "default")),

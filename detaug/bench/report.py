@@ -14,8 +14,6 @@ from detaug.bench.variants import VariantResult, same_row
 
 
 RECIPE_TITLE = RECIPE_TITLES["default"]
-
-
 #: 3: rows carry their ``recipe`` (two rows may share a variant name), ``source_img_per_s``,
 #: ``sources_vs_decode`` and ``vs_default_recipe``; ``settings`` has ``recipes`` and ``sizes``.
 SCHEMA = "detaug-bench/3"

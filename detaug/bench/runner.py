@@ -201,7 +201,7 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
                         help=f"megapixels of --scaling (default {','.join(f'{m:g}' for m in DEFAULT_MEGAPIXELS)})")
     parser.add_argument("--scaling-batch-sizes", type=_int_list, metavar="B1,B2",
                         help=f"batch sizes of --scaling (default {','.join(map(str, DEFAULT_SCALING_BATCHES))})")
-    from detaug.bench.train import TRAIN_DEFAULTS, TRAIN_ROW_NAMES, TRAIN_SIZE
+    from detaug.bench.train_rows import TRAIN_DEFAULTS, TRAIN_ROW_NAMES, TRAIN_SIZE
 
     tg, tc = TRAIN_DEFAULTS["gpu"], TRAIN_DEFAULTS["cpu"]
     parser.add_argument(

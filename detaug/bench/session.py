@@ -27,7 +27,7 @@ from detaug.bench.variants import (
 )
 
 if TYPE_CHECKING:
-    from detaug.bench.train import TrainReport
+    from detaug.bench.train_report import TrainReport
 
 
 DEFAULT_MEGAPIXELS = (0.3, 1.0, 4.0, 12.0)

@@ -159,8 +159,6 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("torchvision-gpu", "torchvision.transforms.v2 on the GPU", "gpu-peer",
             "detaug.bench.peers:iter_torchvision_gpu", runs_on="gpu"),
 )
-
-
 #: The variants of the YOLO-style recipe (``--recipes yolo``): the three iterators and
 #: albumentations' Mosaic. Raw DALI, the Keras Sequence and torchvision run the default recipe only.
 YOLO_VARIANTS: tuple[Variant, ...] = (
@@ -204,8 +202,6 @@ YOLO_VARIANTS: tuple[Variant, ...] = (
         counterpart="albumentations",
     ),
 )
-
-
 #: The YOLO recipe with ``pool="batch"`` (``--recipes yolo-batch``): partners are batch-mates, each
 #: photo decoded once; compared with the ``yolo`` recipe's albumentations Mosaic.
 YOLO_BATCH_VARIANTS: tuple[Variant, ...] = tuple(
@@ -213,15 +209,9 @@ YOLO_BATCH_VARIANTS: tuple[Variant, ...] = tuple(
             cpu_note=v.cpu_note and v.cpu_note.replace("partners from it", "partners from the batch"))
     for v in YOLO_VARIANTS if v.kind == "detaug"
 )
-
-
 VARIANT_NAMES = tuple(dict.fromkeys(v.name for v in (*VARIANTS, *YOLO_VARIANTS)))
-
-
 #: Peers first: their DataLoader workers fork before DALI starts threads in this process.
 PEER_ORDER = ("torchvision", "albumentations", "albumentations-mosaic", "torchvision-gpu")
-
-
 RUN_ORDER = (
     *PEER_ORDER,
     "decode",

@@ -37,8 +37,6 @@ CACHE_VERSION = 3
 #: Keys a cache keeps as its own (the file and its arrays as seen from up to this many hosts or
 #: copies, e.g. nodes that see other device numbers of one network file system).
 _TRUSTED_KEYS = 32
-
-
 #: Bytes read at a time when hashing an annotation file.
 _HASH_BLOCK = 8 << 20
 

@@ -252,13 +252,9 @@ class _Collector:
 
 #: Boxes checked at once when a COCO file is parsed into columns.
 _CHECK_ROWS = 1 << 21
-
-
 #: Kept boxes grouped by image at once when a cache is built (bounded memory: about 90 bytes
 #: each; more boxes are first split into files of images with at most this many boxes).
 _GROUP_ROWS = 1 << 21
-
-
 #: A kept box while its image's boxes are grouped: its image's row, the checked box and the
 #: columns that go with it.
 _KEPT = np.dtype([("owner", np.int64), ("box", np.float32, (4,)), ("label", np.int32), ("crowd", bool),
