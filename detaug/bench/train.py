@@ -197,7 +197,7 @@ def run_train_bench(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> TrainReport:
-    """``detaug bench --train``: the dataset of :func:`detaug.bench.runner.run_bench` (its
+    """``detaug bench --train``: the dataset of :func:`detaug.bench.session.run_bench` (its
     arguments alike; under ``torchrun`` rank 0 prepares it first), then :func:`run_train`. Under
     ``torchrun`` only rank 0 logs."""
     import shutil

@@ -114,7 +114,7 @@ class TrainReport:
     """What ``detaug bench --train`` prints (:meth:`format`) and writes with ``--json``.
 
     ``rank``: this process's rank (only rank 0 prints); :attr:`runs` and ``checks`` give
-    ``--check`` the same view as a :class:`~detaug.bench.runner.BenchReport`."""
+    ``--check`` the same view as a :class:`~detaug.bench.report.BenchReport`."""
 
     settings: BenchSettings
     dataset: BenchDataset

@@ -43,7 +43,7 @@ from __future__ import annotations
 from detaug.formats.cache_trust import CACHE_VERSION
 from detaug.formats.coco_cache import cache_folder, load_coco_columns
 from detaug.formats.coco_columns import CocoColumns, coco_view
-from detaug.formats.coco_stream import parse_coco_columns
+from detaug.formats.coco_stream import CHUNK_BYTES, parse_coco_columns
 from detaug.formats.column_store import SampleTable, SampleView, load_columns, save_columns
 
 __all__ = [
