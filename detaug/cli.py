@@ -312,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     recipe.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     recipe.set_defaults(run=cmd_recipe)
 
-    from detaug.shards import add_shards_parser
+    from detaug.shards_cli import add_shards_parser
 
     add_shards_parser(sub, parents=[common])
     sub.add_parser("bench", help="benchmark: the decode limit, raw DALI, the loaders and the peers; --train: a detector's training "

@@ -51,7 +51,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("converters", "voc2coco", ("converters", "converters.*")),
     Layer("sources", "datasets: COCO, VOC, sample lists, shards; choosing one from arguments",
           ("detaug.sample_checks", "detaug.sample_list", "detaug.sources", "detaug.shards",
-           "detaug.source_args")),
+           "detaug.shard_manifest", "detaug.shard_writer", "detaug.shards_cli", "detaug.source_args")),
     Layer("engine", "the batch planner, planning ahead in workers, the DALI pipeline, the loader core, eager calls; "
           "they read a recipe through its methods",
           ("detaug.batch_plan", "detaug.planning", "detaug.plan_ahead", "detaug.pipeline", "detaug.loader_core",
@@ -69,10 +69,7 @@ LAYERS: tuple[Layer, ...] = (
 )
 
 #: ``(importer, imported)``: arrows not fixed yet, with the reason; remove one once it is fixed.
-KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("detaug.bench.train", "detaug.bench.runner"):
-        "issue 40: bench/train.py reads SCHEMA, DEFAULTS and _environment from the runner that calls it (a circle)",
-}
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def module_files() -> dict[str, Path]:

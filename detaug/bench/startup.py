@@ -77,8 +77,8 @@ def _annotations(n: int, seed: int = 0) -> dict[str, np.ndarray]:
 def write_annotations(folder: str | os.PathLike, n: int) -> tuple[Path, Path, Path]:
     """Write (once; kept when there) ``coco-N.json``, an empty images folder and the shard folder
     ``shards-N/`` of ``n`` generated images; returns their paths."""
-    from detaug.formats.columnar import SampleTable
-    from detaug.shards import save_manifest
+    from detaug.formats.column_store import SampleTable
+    from detaug.shard_manifest import save_manifest
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

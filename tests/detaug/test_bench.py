@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from detaug.bench import runner
+from detaug.bench import machine, runner
+from detaug.bench.checks import _evaluate
 from detaug.bench.dataset import BenchDataset, load_records, prepare_dataset
 from detaug.bench.harness import (
     BenchSettings,
@@ -26,7 +27,10 @@ from detaug.bench.harness import (
     measure,
 )
 from detaug.bench.recipe import RecipeSpec
-from detaug.bench.runner import CHECKS, VARIANTS, Variant, _run_variant, main, run_bench
+from detaug.bench.runner import CHECKS, VARIANTS, Variant, main, run_bench
+from detaug.bench.session import _planned
+from detaug.bench.variant_runs import _cores, _describe, _fill_ratios, _run_variant
+from detaug.bench.variants import _variant as bench_variant
 from detaug.synthetic import write_coco_dataset
 
 SIZE = 512
@@ -352,7 +356,7 @@ def test_main_rejects_unknown_variants(capsys):
 
 
 def test_gpu_without_cuda_is_refused(monkeypatch):
-    monkeypatch.setattr(runner, "cuda_available", lambda: False)
+    monkeypatch.setattr(machine, "cuda_available", lambda: False)
     with pytest.raises(ValueError, match="CUDA"):
         run_bench(device="gpu", only=["raw-dali"])
 
@@ -556,11 +560,11 @@ def test_per_core_check_and_ratios_of_a_made_up_run():
 
     results = [row("decode", 1000, 2), row("detaug-cpu", 120, 2), row("albumentations", 100, 4),
                row("torchvision", 80, 4)]
-    runner._fill_ratios(results)
+    _fill_ratios(results)
     assert results[1].vs_decode == pytest.approx(0.12) and results[1].vs_cpu_peer == pytest.approx(1.2)
     report = runner.BenchReport(BenchSettings(device="cpu", batch_size=8, workers=4, threads=2), None, {}, results)
     check = next(c for c in CHECKS if c.per_core)
-    result = runner._evaluate(check, report)
+    result = _evaluate(check, report)
     assert result.value == pytest.approx((120 / 2) / (100 / 4)) and result.passed
 
 
@@ -575,9 +579,9 @@ def _made_up_report(device: str) -> runner.BenchReport:
     rates = {"decode": (1000, 2), "detaug": (100, 2), "detaug-list": (100, 2), "detaug-cpu": (100, 2),
              "sequence": (10, None), "albumentations": (400, 2), "torchvision": (300, 2)}
     results = [row(n, *rates[n]) for n in names]
-    runner._fill_ratios(results)
+    _fill_ratios(results)
     report = runner.BenchReport(BenchSettings(device=device, batch_size=8, workers=2, threads=2), None, {}, results)
-    report.checks = [runner._evaluate(c, report) for c in runner.checks_for(("default",), device)]
+    report.checks = [_evaluate(c, report) for c in runner.checks_for(("default",), device)]
     return report
 
 
@@ -612,14 +616,14 @@ def test_a_cpu_run_has_no_two_rows_of_one_loader():
     """Issue 38, item 9: in a CPU run ``detaug`` already is ``DetectionLoader(CocoSource,
     device="cpu")``, what ``detaug-cpu`` runs: one row for both (``detaug``); a GPU run keeps both."""
     def planned(device, only=runner.VARIANT_NAMES, recipes=("default", "yolo")):
-        return [(v.recipe, v.name) for v in runner._planned(set(only), recipes, device)]
+        return [(v.recipe, v.name) for v in _planned(set(only), recipes, device)]
 
     cpu, gpu = planned("cpu"), planned("gpu")
     assert ("default", "detaug-cpu") in gpu and ("yolo", "detaug-cpu") in gpu and ("default", "detaug") in gpu
     assert [pair for pair in gpu if pair[1] != "detaug-cpu"] == cpu
     assert ("default", "detaug") in cpu and ("yolo", "detaug") in cpu
     assert planned("cpu", ["detaug-cpu"], ("default",)) == [("default", "detaug")]
-    labels = [(v.recipe, v.label) for v in runner._planned(set(runner.VARIANT_NAMES), ("default", "yolo"), "cpu")]
+    labels = [(v.recipe, v.label) for v in _planned(set(runner.VARIANT_NAMES), ("default", "yolo"), "cpu")]
     assert len(labels) == len(set(labels))
     assert "also the detaug-cpu row" in _variant("detaug").note_for("cpu")
 
@@ -634,7 +638,7 @@ def test_the_sequence_memory_check_passes_at_4_gib_and_needs_a_gpu_figure():
         row = runner.VariantResult(_variant("sequence"), "ok", measurement=m, batch_size=64)
         return runner.BenchReport(BenchSettings(device="gpu", batch_size=64, workers=4, threads=2), None, {}, [row])
 
-    results = [runner._evaluate(check, report(peak)) for peak in (2356.0, 4096.0, 7730.0, None)]
+    results = [_evaluate(check, report(peak)) for peak in (2356.0, 4096.0, 7730.0, None)]
     assert [(r.value, r.passed) for r in results] == [(2356.0, True), (4096.0, True), (7730.0, False), (None, None)]
     assert results[2].line().endswith("= 7,730 (target <= 4096): FAIL") and "no GPU memory figure" in results[3].line()
     assert results[0].to_dict()["memory_mib"] is True
@@ -832,13 +836,13 @@ def test_ratios_and_checks_of_a_made_up_yolo_run():
     """The YOLO rows: ratio to the same variant of the default recipe, the best CPU peer of their
     own recipe, source images per second; the two YOLO checks."""
     def row(name, recipe, ips):
-        variant = runner._variant(name, recipe)
+        variant = bench_variant(name, recipe)
         m = Measurement(images=int(ips), batches=1, seconds=1.0, warmup_seconds=0.0)
         return runner.VariantResult(variant, "ok", measurement=m, batch_size=8)
 
     results = [row("decode", "default", 4000), row("detaug", "default", 3000), row("albumentations", "default", 200),
                row("detaug", "yolo", 1800), row("albumentations-mosaic", "yolo", 60)]
-    runner._fill_ratios(results)
+    _fill_ratios(results)
     yolo = results[3]
     assert yolo.vs_default_recipe == pytest.approx(0.6) and yolo.vs_cpu_peer == pytest.approx(30.0)
     assert yolo.source_images_per_second == pytest.approx(1800 * 4.1)
@@ -847,19 +851,20 @@ def test_ratios_and_checks_of_a_made_up_yolo_run():
     assert results[1].vs_cpu_peer == pytest.approx(15.0)  # the default recipe's peers only
     report = runner.BenchReport(BenchSettings(device="gpu", batch_size=8, workers=4, threads=2), None, {}, results,
                                 recipes=("default", "yolo"))
-    values = {c.name: runner._evaluate(c, report) for c in runner.YOLO_CHECKS}
+    values = {c.name: _evaluate(c, report) for c in runner.YOLO_CHECKS}
     assert [(v.value, v.passed) for v in values.values()] == [(pytest.approx(0.6), True), (pytest.approx(30.0), True)]
 
 
 def test_peer_images_time_the_peers_only(dataset):
     """``--peer-images``: the peers time their own count, every other variant ``--images``."""
-    from detaug.bench.runner import DEFAULTS, _Runner, _variant
+    from detaug.bench.machine import DEFAULTS
+    from detaug.bench.variant_runs import _Runner
 
     runner = _Runner(dataset, DEFAULTS["cpu"], 64, 1, print, peer_images=8)
-    assert runner.count(_variant("albumentations", "default")) == 8
-    assert runner.count(_variant("albumentations-mosaic", "yolo")) == 8
-    assert runner.count(_variant("torchvision-gpu", "default")) == 8
-    assert runner.count(_variant("detaug", "default")) == 64 == runner.count(_variant("decode", "default"))
+    assert runner.count(bench_variant("albumentations", "default")) == 8
+    assert runner.count(bench_variant("albumentations-mosaic", "yolo")) == 8
+    assert runner.count(bench_variant("torchvision-gpu", "default")) == 8
+    assert runner.count(bench_variant("detaug", "default")) == 64 == runner.count(bench_variant("decode", "default"))
 
 
 def test_rounds_take_turns_and_each_row_is_its_median_round(dataset):
@@ -903,9 +908,9 @@ def test_detaug_rows_run_the_adapters_thread_defaults_unless_threads_are_given(m
     assert adapter_cpu_use("detaug-cpu", gpu) == (16, 0)
     assert adapter_cpu_use("detaug", BenchSettings(device="cpu", threads=16, workers=16)) == (16, 0)
     assert adapter_cpu_use("sequence", BenchSettings(device="gpu", threads=16, workers=16, adapter_threads=3)) == (3, 8)
-    described = runner._describe(runner._variant("sequence"), gpu)
+    described = _describe(bench_variant("sequence"), gpu)
     assert described.startswith("8 DALI threads beside 8 planning workers; decoder ")
-    assert runner._describe(runner._variant("detaug"), gpu).startswith("8 DALI threads beside 8 planning workers")
-    assert runner._cores(runner._variant("detaug-cpu"), gpu) == min(16, runner.available_cpus())
+    assert _describe(bench_variant("detaug"), gpu).startswith("8 DALI threads beside 8 planning workers")
+    assert _cores(bench_variant("detaug-cpu"), gpu) == min(16, runner.available_cpus())
     with pytest.raises(ValueError, match="adapter_threads"):
         BenchSettings(adapter_threads=0)

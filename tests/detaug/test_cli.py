@@ -21,6 +21,7 @@ import pytest
 
 from detaug import cli
 from detaug.bench import harness, runner
+from detaug.bench.checks import _evaluate
 from detaug.bench.dataset import BenchDataset, prepare_dataset
 from detaug.bench.harness import (
     BenchSettings,
@@ -29,6 +30,7 @@ from detaug.bench.harness import (
     default_workers,
 )
 from detaug.bench.peers import PEERS_PIP, torchvision_pip
+from detaug.bench.variant_runs import _fill_ratios
 from detaug.synthetic import write_coco_dataset, write_voc_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -335,13 +337,13 @@ def _fake_report(device: str, missing: tuple[str, ...] = ()) -> runner.BenchRepo
             m = Measurement(images=64, batches=4, seconds=1.0, warmup_seconds=0.1,
                             gpu_mem_mib=100.0 if device == "gpu" else None)
             results.append(runner.VariantResult(variant, "ok", measurement=m))
-    runner._fill_ratios(results)
+    _fill_ratios(results)
     dataset = BenchDataset(
         root=Path("/d"), images_dir=Path("/d/images"), annotations_file=Path("/d/a.json"), num_images=8,
         num_boxes=16, max_boxes=3, min_size=(600, 420), max_size=(600, 420), total_bytes=8000, generated=True)
     env = {"gpu": "none" if device == "cpu" else "NVIDIA H100", "cpus": "2", "versions": {"python": "3"}}
     report = runner.BenchReport(BenchSettings(device=device, workers=1, threads=2), dataset, env, results)
-    report.checks = [runner._evaluate(c, report) for c in runner.checks_for(("default",), device)]
+    report.checks = [_evaluate(c, report) for c in runner.checks_for(("default",), device)]
     return report
 
 

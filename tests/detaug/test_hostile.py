@@ -628,20 +628,20 @@ def test_a_copied_dataset_keeps_its_cache(tmp_path):
 
 
 def _build_in_a_process(path: str, barrier, parsed) -> None:
-    import detaug.formats.columnar as columnar
+    import detaug.formats.coco_cache as coco_cache
 
-    real = columnar._stream  # the streaming parse, in memory or into the cache being built
+    real = coco_cache._stream  # the streaming parse, in memory or into the cache being built
 
     def counting(*args, **kwargs):
         with parsed.get_lock():
             parsed.value += 1
         return real(*args, **kwargs)
 
-    columnar._stream = counting
+    coco_cache._stream = counting
     barrier.wait()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert len(columnar.load_coco_columns(path)) == 3
+        assert len(coco_cache.load_coco_columns(path)) == 3
 
 
 def test_ranks_starting_together_build_the_cache_once(tmp_path):

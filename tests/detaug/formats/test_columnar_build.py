@@ -11,7 +11,8 @@ import warnings
 import numpy as np
 import pytest
 
-import detaug.formats.columnar as columnar
+import detaug.formats.coco_cache as coco_cache
+import detaug.formats.coco_stream as coco_stream
 from detaug import DatasetError, DataWarning
 from detaug.formats.columnar import cache_folder, load_coco_columns, parse_coco_columns
 
@@ -39,17 +40,17 @@ def coco_doc(n: int = 40) -> dict:
 def _tiny_blocks(monkeypatch) -> list[str]:
     """Chunks of 64 bytes, checks of 7 boxes, groups of at most 5 kept boxes; returns the
     names of the spilled columns the build makes (recorded as they are made)."""
-    monkeypatch.setattr(columnar, "CHUNK_BYTES", 64)
-    monkeypatch.setattr(columnar, "_CHECK_ROWS", 7)
-    monkeypatch.setattr(columnar, "_GROUP_ROWS", 5)
+    monkeypatch.setattr(coco_cache, "CHUNK_BYTES", 64)  # what a cache build reads the file by
+    monkeypatch.setattr(coco_stream, "_CHECK_ROWS", 7)
+    monkeypatch.setattr(coco_stream, "_GROUP_ROWS", 5)
     made: list[str] = []
-    real = columnar._Collector.column
+    real = coco_stream._Collector.column
 
     def column(self, name, dtype, shape=()):
         made.append(name if self.spill is not None else f"memory:{name}")
         return real(self, name, dtype, shape)
 
-    monkeypatch.setattr(columnar._Collector, "column", column)
+    monkeypatch.setattr(coco_stream._Collector, "column", column)
     return made
 
 
