@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from detaug.arrays import numeric_array
 from detaug.errors import RecipeError
 
 __all__ = [
@@ -118,12 +119,9 @@ def check_keypoints(values: Any, count: int | None) -> tuple[np.ndarray | None, 
     """A sample's keypoints as float32 ``[count, K, 3]``, or ``(None, why)``: an array of
     numbers of shape ``[count, K, 3]`` (``K >= 1``; one row per box), finite coordinates, every
     visibility 0, 1 or 2. ``count`` ``None``: the boxes are malformed (rows not checked)."""
-    try:
-        arr = np.asarray(values.detach().cpu().numpy() if hasattr(values, "detach") else values)
-    except (TypeError, ValueError) as err:
-        return None, f"keypoints are not an array ({err})"
-    if arr.dtype.kind not in "iuf":
-        return None, f"keypoints of dtype {arr.dtype} are not numbers"
+    arr, why = numeric_array(values, "keypoints")
+    if arr is None:
+        return None, why
     if arr.size == 0 and count == 0 and arr.ndim != 3:
         return None, f"keypoints of shape {list(arr.shape)} are not [N, K, 3]"
     if arr.ndim != 3 or arr.shape[2] != 3 or arr.shape[1] < 1:

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from detaug.arrays import numeric_array
+
 __all__ = ["MASKS", "CocoMasks", "check_masks", "join_masks", "mask_rows", "masks_to_boxes", "move_masks",
            "orient_masks", "paste_over", "warp_mask"]
 
@@ -46,12 +48,9 @@ def check_masks(values: Any, count: int | None, hw: tuple[int, int] | None = Non
     shape ``[count, H, W]`` (one row per box), bool or integers 0/1 only, ``(H, W)`` the
     image's ``hw`` where it is known. ``count`` ``None``: the boxes are malformed (rows not
     checked)."""
-    try:
-        arr = np.asarray(values.detach().cpu().numpy() if hasattr(values, "detach") else values)
-    except (TypeError, ValueError) as err:
-        return None, f"masks are not an array ({err})"
-    if arr.dtype.kind not in "biuf":
-        return None, f"masks of dtype {arr.dtype} are not numbers"
+    arr, why = numeric_array(values, "masks", "biuf")
+    if arr is None:
+        return None, why
     if arr.ndim != 3:
         return None, f"masks of shape {list(arr.shape)} are not [N, H, W]"
     if count is not None and arr.shape[0] != count:

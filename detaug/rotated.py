@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from detaug.arrays import numeric_array
 from detaug.boxes import clip_polygons, transform_points
 
 __all__ = [
@@ -114,12 +115,9 @@ def check_rotated_boxes(values: Any, count: int | None) -> tuple[np.ndarray | No
     numbers, one row per box, finite; cxcywhr with ``w > 0`` and ``h > 0``; xyxyxyxy four
     corners in order around a quadrilateral of positive area (its edges do not cross).
     ``count`` ``None``: the boxes are malformed (rows not checked)."""
-    try:
-        arr = np.asarray(values.detach().cpu().numpy() if hasattr(values, "detach") else values)
-    except (TypeError, ValueError) as err:
-        return None, f"rotated boxes are not an array ({err})"
-    if arr.dtype.kind not in "iuf":
-        return None, f"rotated boxes of dtype {arr.dtype} are not numbers"
+    arr, why = numeric_array(values, "rotated boxes")
+    if arr is None:
+        return None, why
     if arr.ndim != 2 or arr.shape[1] not in ROTATED_FORMATS:
         return None, (f"rotated boxes of shape {list(arr.shape)} are not [N, 5] (cx, cy, w, h, angle in degrees) "
                       "or [N, 8] (x1, y1, ..., x4, y4)")

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from detaug.arrays import numeric_array
 from detaug.formats import validation as v
 from detaug.formats.box_formats import check_box_format, to_xyxy
 from detaug.formats.images import probe_file, probe_image
@@ -184,12 +185,9 @@ def _field_arrays(fields: Any, count: int | None, hw: tuple[int, int] | None = N
             return None, f"field name {name!r:.40} is not a non-empty string"
         if name in RESERVED_FIELDS:
             return None, f"field name {name!r} is reserved ({', '.join(RESERVED_FIELDS)})"
-        try:
-            arr = np.asarray(values.detach().cpu().numpy() if hasattr(values, "detach") else values)
-        except (ValueError, TypeError) as err:
-            return None, f"field {name!r} is not an array ({err})"
-        if arr.dtype.kind not in "biuf":
-            return None, f"field {name!r} of dtype {arr.dtype} is not numbers"
+        arr, why = numeric_array(values, f"field {name!r}", "biuf", verb="is")
+        if arr is None:
+            return None, why
         if arr.ndim == 0 or (count is not None and arr.shape[0] != count):
             rows = "no rows" if arr.ndim == 0 else f"{arr.shape[0]} rows"
             return None, f"field {name!r} has {rows}, expected one per box ({count})"

@@ -42,7 +42,7 @@ class Layer:
 LAYERS: tuple[Layer, ...] = (
     Layer("foundations", "errors, random keys, box kernels, worker processes, the DALI-to-framework hand-over, "
           "generated data, the shared command-line helpers",
-          ("detaug", "detaug.errors", "detaug.seeds", "detaug.boxes", "detaug.keypoints", "detaug.rotated", "detaug.masks",
+          ("detaug", "detaug.arrays", "detaug.errors", "detaug.seeds", "detaug.boxes", "detaug.keypoints", "detaug.rotated", "detaug.masks",
            "detaug.plan", "detaug.plan_layout", "detaug.decode_regions", "detaug.labels", "detaug.epochs",
            "detaug.decoding", "detaug.workers", "detaug.shared_arrays", "detaug.handover", "detaug.feeder",
            "detaug.synthetic", "detaug.preview", "detaug.cli_support")),

@@ -370,8 +370,24 @@ class Mosaic(MixingTransform):
 _CELLS9 = ((1, 1), (0, 1), (0, 2), (1, 2), (2, 2), (2, 1), (2, 0), (1, 0), (0, 0))
 
 
+class BlendTransform(MixingTransform):
+    """A ``"blend"`` stage with one partner a sample, run under a DALI conditional (on the samples
+    it applies to only): the canvas keeps its size; it must follow a fixed canvas
+    (:func:`_blend_misplaced`). ``MixUp``, ``CutMix`` and ``CopyPaste``."""
+
+    partners = 1
+    stage = "blend"
+    conditional = True
+
+    def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return in_size
+
+    def misplaced(self, index: int, before: Sequence[Transform], fixed: bool) -> str | None:
+        return _blend_misplaced(before, fixed)
+
+
 @register
-class MixUp(MixingTransform):
+class MixUp(BlendTransform):
     """Blend the sample with a partner image, keeping the boxes of both (YOLOX / ultralytics MixUp).
 
     With probability ``p`` a partner image (see the module docstring) is letterboxed into the
@@ -393,18 +409,9 @@ class MixUp(MixingTransform):
         _FILL,
         _POOL,
     )
-    partners = 1
-    stage = "blend"
-    conditional = True  # the warp and the blend run on the samples it applies to only
 
     def setup(self) -> None:
         self._grid, self._cdf = _beta_table(self.alpha, self.alpha)
-
-    def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
-        return in_size
-
-    def misplaced(self, index: int, before: Sequence[Transform], fixed: bool) -> str | None:
-        return _blend_misplaced(before, fixed)
 
     def draw_needed(self, rand: SampleRandom) -> np.ndarray:
         return self.draw_apply(rand)[:, None]
@@ -466,7 +473,7 @@ class MixUp(MixingTransform):
 
 
 @register
-class CutMix(MixingTransform):
+class CutMix(BlendTransform):
     """Paste a rectangle of a partner image into the sample at the same place (CutMix, for boxes).
 
     With probability ``p`` a partner image (see the module docstring) is resized to the current
@@ -490,18 +497,9 @@ class CutMix(MixingTransform):
               "(its outer half pixel)", low=0, high=255),
         _POOL,
     )
-    partners = 1
-    stage = "blend"
-    conditional = True  # the warp and the paste run on the samples it applies to only
 
     def setup(self) -> None:
         self._grid, self._cdf = _beta_table(self.alpha, self.alpha)
-
-    def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
-        return in_size
-
-    def misplaced(self, index: int, before: Sequence[Transform], fixed: bool) -> str | None:
-        return _blend_misplaced(before, fixed)
 
     def draw_needed(self, rand: SampleRandom) -> np.ndarray:
         return (rand.random() < self.p)[:, None]
@@ -568,7 +566,7 @@ class CutMix(MixingTransform):
 
 
 @register
-class CopyPaste(MixingTransform):
+class CopyPaste(BlendTransform):
     """Paste some of a partner's objects, by their masks, onto the sample (Simple Copy-Paste,
     Ghiasi et al. 2021; MMDetection's ``CopyPaste``).
 
@@ -605,16 +603,7 @@ class CopyPaste(MixingTransform):
               low=0, high=255),
         _POOL,
     )
-    partners = 1
-    stage = "blend"
-    conditional = True
     pastes_masks = True
-
-    def out_size(self, in_size: tuple[int, int] | None) -> tuple[int, int] | None:
-        return in_size
-
-    def misplaced(self, index: int, before: Sequence[Transform], fixed: bool) -> str | None:
-        return _blend_misplaced(before, fixed)
 
     def draw_needed(self, rand: SampleRandom) -> np.ndarray:
         return (rand.random() < self.p)[:, None]
