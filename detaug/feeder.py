@@ -68,7 +68,9 @@ class BackgroundFeed:
                         if not self._put((_ITEM, item)):
                             break
                 finally:
-                    items.close()  # runs the generator's clean-up here, in its own thread
+                    close = getattr(items, "close", None)  # a generator's clean-up runs here, in its thread
+                    if close is not None:
+                        close()
             self._put((_END, None))
         except BaseException as err:  # noqa: BLE001 - handed to the caller, raised there
             self._put((_ERROR, err))
@@ -95,13 +97,6 @@ class BackgroundFeed:
         if kind == _ERROR:
             raise value
         raise StopIteration
-
-    def __iter__(self) -> Iterator[Any]:
-        while True:
-            try:
-                yield self.take()
-            except StopIteration:
-                return
 
     def hand_over(self, tensors: list[torch.Tensor]) -> None:
         """Mark ``tensors`` (made on the feed stream) as used by the caller's current stream."""
