@@ -15,8 +15,8 @@ from detaug.plan import PlanState
 from detaug.seeds import SampleRandom, sample_keys
 from detaug.sources import SampleListSource
 from detaug.transforms import Compose
-from tests.detaug.consistency import mask_box, object_masks
-from tests.detaug.transforms.test_mixing import FILL, apart, assert_iou_targets, colour_share, one_object_images, run
+from tests.detaug.consistency import mask_box
+from tests.detaug.transforms.test_mixing import FILL, assert_iou_targets, colour_share, one_object_images, run, shown_objects
 from tests.detaug.transforms.test_mixing9 import shown_ious
 
 #: CutMix with nothing after it: every box is exact against its object's pixels
@@ -42,24 +42,19 @@ def colour_problems(results, objects, j: int) -> tuple[list[str], int]:
     pixel showing a third of its object's colour, or an object drawn (half its colour, 4 pixels
     or more spanning 2 or more each way) without a box; and how many boxes were checked."""
     problems, checked = [], 0
-    for planned, images in results:
-        for i, image in enumerate(images):
-            tiles = [int(planned.positions[i])] + [p for p in planned.partner_positions[i, :j].tolist() if p >= 0]
-            shown = sorted(set(tiles))
-            masks = apart(object_masks(image, [objects[p][1] for p in shown]))
-            by_label = {int(lab): box for lab, box in zip(planned.labels[i], planned.boxes[i])}
-            for p, mask in zip(shown, masks):
-                box, where = by_label.get(p + 1), f"sample {i}, image {p}"
-                if box is None:
-                    tight = mask_box(mask)
-                    if tight is not None and mask.sum() >= 4 and (tight[2:] - tight[:2]).min() >= 2:
-                        problems.append(f"{where}: object drawn at {tight.tolist()} but no box")
-                    continue
-                checked += 1
-                x0, y0 = (int(np.floor(v)) for v in box[:2])
-                x1, y1 = (int(np.ceil(v)) for v in box[2:])
-                if colour_share(image[y0:y1, x0:x1], objects[p][1]).max(initial=0.0) < 1 / 3:
-                    problems.append(f"{where}: box {np.round(box, 2).tolist()} holds no pixel of its object")
+    for i, image, _, shown in shown_objects(results, objects, j):
+        for p, mask, box in shown:
+            where = f"sample {i}, image {p}"
+            if box is None:
+                tight = mask_box(mask)
+                if tight is not None and mask.sum() >= 4 and (tight[2:] - tight[:2]).min() >= 2:
+                    problems.append(f"{where}: object drawn at {tight.tolist()} but no box")
+                continue
+            checked += 1
+            x0, y0 = (int(np.floor(v)) for v in box[:2])
+            x1, y1 = (int(np.ceil(v)) for v in box[2:])
+            if colour_share(image[y0:y1, x0:x1], objects[p][1]).max(initial=0.0) < 1 / 3:
+                problems.append(f"{where}: box {np.round(box, 2).tolist()} holds no pixel of its object")
     return problems, checked
 
 

@@ -97,31 +97,41 @@ def apart(masks: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
+def shown_objects(results, objects, j: int):
+    """Per rendered sample of ``results`` (``(planned, images)`` pairs), ``(i, image, tiles,
+    shown)``: ``tiles`` the dataset positions of its own image and of its first ``j`` partner
+    slots (slots without a partner left out), ``shown`` ``(p, mask, box)`` for each image in it
+    once: that image's object's visible pixels (bool ``[H, W]``; one object per image) and its
+    output box (xyxy; ``None``: none), labelled by position + 1."""
+    for planned, images in results:
+        for i, image in enumerate(images):
+            tiles = [int(planned.positions[i])] + [p for p in planned.partner_positions[i, :j].tolist() if p >= 0]
+            shown = sorted(set(tiles))
+            masks = apart(object_masks(image, [objects[p][1] for p in shown]))
+            by_label = {int(lab): box for lab, box in zip(planned.labels[i], planned.boxes[i])}
+            yield i, image, tiles, [(p, mask, by_label.get(p + 1)) for p, mask in zip(shown, masks)]
+
+
 def mosaic_ious(results, objects) -> tuple[list[float], list[str], int]:
     """IoU of every output box with its object's visible pixels, problems (an object with
     visible pixels but no box, a box without pixels), and how many boxes are cut (smaller than
     their whole object scaled into the mosaic)."""
     ious, problems, cut = [], [], 0
-    for planned, images in results:
-        for i, image in enumerate(images):
-            tiles = [int(planned.positions[i])] + planned.partner_positions[i, :3].tolist()
-            shown = sorted(set(tiles))
-            masks = apart(object_masks(image, [objects[p][1] for p in shown]))
-            by_label = {int(lab): box for lab, box in zip(planned.labels[i], planned.boxes[i])}
-            for p, mask in zip(shown, masks):
-                if tiles.count(p) > 1:
-                    continue  # an image shown twice: its colour is in two places
-                tight, box = mask_box(mask), by_label.get(p + 1)
-                if box is None:
-                    if tight is not None and (tight[2:] - tight[:2]).min() > 3:
-                        problems.append(f"sample {i}: object of image {p} visible at {tight} but no box")
-                    continue
-                if tight is None:
-                    problems.append(f"sample {i}: box {box} of image {p} but no visible pixels")
-                    continue
-                ious.append((iou(box, tight), _matches(box, tight)))
-                full = objects[p][0]
-                cut += bool((box[2:] - box[:2]).min() < 0.9 * (full[2:] - full[:2]).min() * 96 / 160)
+    for i, image, tiles, shown in shown_objects(results, objects, 3):
+        for p, mask, box in shown:
+            if tiles.count(p) > 1:
+                continue  # an image shown twice: its colour is in two places
+            tight = mask_box(mask)
+            if box is None:
+                if tight is not None and (tight[2:] - tight[:2]).min() > 3:
+                    problems.append(f"sample {i}: object of image {p} visible at {tight} but no box")
+                continue
+            if tight is None:
+                problems.append(f"sample {i}: box {box} of image {p} but no visible pixels")
+                continue
+            ious.append((iou(box, tight), _matches(box, tight)))
+            full = objects[p][0]
+            cut += bool((box[2:] - box[:2]).min() < 0.9 * (full[2:] - full[:2]).min() * 96 / 160)
     return ious, problems, cut
 
 

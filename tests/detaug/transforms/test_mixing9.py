@@ -16,8 +16,8 @@ from detaug.planning import BatchPlanner, EpochSpec
 from detaug.sources import SampleListSource
 from detaug.synthetic import BACKGROUND
 from detaug.transforms import Compose
-from tests.detaug.consistency import iou, mask_box, object_masks
-from tests.detaug.transforms.test_mixing import FILL, _matches, apart, assert_iou_targets, one_object_images, run
+from tests.detaug.consistency import iou, mask_box
+from tests.detaug.transforms.test_mixing import FILL, _matches, assert_iou_targets, one_object_images, run, shown_objects
 
 
 def shown_ious(results, objects, j: int, border_slivers: bool = False) -> tuple[list[tuple[float, bool]], list[str]]:
@@ -29,29 +29,24 @@ def shown_ious(results, objects, j: int, border_slivers: bool = False) -> tuple[
     (after a perspective, the slanted tip of an object cut by the border covers less than half of
     its pixels along the cut: the exact box holds more than the half-coverage mask)."""
     ious, problems = [], []
-    for planned, images in results:
-        for i, image in enumerate(images):
-            tiles = [int(planned.positions[i])] + [p for p in planned.partner_positions[i, :j].tolist() if p >= 0]
-            shown = sorted(set(tiles))
-            masks = apart(object_masks(image, [objects[p][1] for p in shown]))
-            by_label = {int(lab): box for lab, box in zip(planned.labels[i], planned.boxes[i])}
-            for p, mask in zip(shown, masks):
-                if tiles.count(p) > 1:
-                    continue
-                tight, box = mask_box(mask), by_label.get(p + 1)
-                if box is None:
-                    if tight is not None and (tight[2:] - tight[:2]).min() > 3:
-                        problems.append(f"sample {i}: object of image {p} visible at {tight} but no box")
-                    continue
-                if tight is None:
-                    problems.append(f"sample {i}: box {box} of image {p} but no visible pixels")
-                    continue
-                match = _matches(box, tight)
-                if border_slivers and not match:
-                    on_border = box[1] <= 0 or box[0] <= 0 or box[3] >= image.shape[0] or box[2] >= image.shape[1]
-                    inside = (tight[:2] >= box[:2] - 1.5).all() and (tight[2:] <= box[2:] + 1.5).all()
-                    match = bool(on_border and min(box[2:] - box[:2]) < 6 and inside)
-                ious.append((iou(box, tight), match))
+    for i, image, tiles, shown in shown_objects(results, objects, j):
+        for p, mask, box in shown:
+            if tiles.count(p) > 1:
+                continue
+            tight = mask_box(mask)
+            if box is None:
+                if tight is not None and (tight[2:] - tight[:2]).min() > 3:
+                    problems.append(f"sample {i}: object of image {p} visible at {tight} but no box")
+                continue
+            if tight is None:
+                problems.append(f"sample {i}: box {box} of image {p} but no visible pixels")
+                continue
+            match = _matches(box, tight)
+            if border_slivers and not match:
+                on_border = box[1] <= 0 or box[0] <= 0 or box[3] >= image.shape[0] or box[2] >= image.shape[1]
+                inside = (tight[:2] >= box[:2] - 1.5).all() and (tight[2:] <= box[2:] + 1.5).all()
+                match = bool(on_border and min(box[2:] - box[:2]) < 6 and inside)
+            ious.append((iou(box, tight), match))
     return ious, problems
 
 
