@@ -4,8 +4,9 @@ documented flags, on a small generated dataset, with an epoch whose last batch i
 :data:`RUNS` says where each example runs: here (:data:`HERE`), or in the test module that
 already runs it with more checks (:data:`ELSEWHERE`); a new example that is in neither fails
 :func:`test_every_example_is_run`. An example whose packages do not import here (torchvision for
-the torch examples' Faster R-CNN and for ``compare_presets.py``'s policies, TensorFlow and KerasHub
-for the KerasHub example) skips, naming the package.
+the torch examples' Faster R-CNN, ``train_rcnn.py``'s Keypoint and Mask R-CNN and
+``compare_presets.py``'s policies, TensorFlow and KerasHub for the KerasHub example) skips, naming
+the package; ``train_rcnn.py --dry-run`` (its batches and targets, no model) runs everywhere.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ HERE = {
     "keras_fit.py": ("keras",),
     "torch_train.py": ("torchvision",),
     "compare_presets.py": ("torchvision",),
+    "train_rcnn.py": ("torchvision",),
 }
 
 
@@ -53,10 +55,12 @@ def missing(packages: tuple[str, ...]) -> list[str]:
     return absent
 
 
-def run_example(name: str, *args: str, tmp_path: Path) -> str:
+def run_example(name: str, *args: str, tmp_path: Path, needs: tuple[str, ...] | None = None,
+                exit_code: int = 0) -> str:
     """Run ``examples/NAME ARGS`` as a user would (a fresh process, the repository on the path,
-    no GPU); its standard output, after checking that it exited 0."""
-    skip = missing(HERE[name])
+    no GPU); its standard output (and error, where it must fail), after checking that it exited
+    ``exit_code``. It skips where a package of ``needs`` (default: ``HERE[name]``) does not import."""
+    skip = missing(HERE[name] if needs is None else needs)
     if skip:
         pytest.skip(f"examples/{name} needs {', '.join(skip)}, which does not import here")
     env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "TF_USE_LEGACY_KERAS", "DETAUG_KERAS")}
@@ -64,8 +68,8 @@ def run_example(name: str, *args: str, tmp_path: Path) -> str:
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     run = subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert run.returncode == 0, f"examples/{name}: exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
-    return run.stdout
+    assert run.returncode == exit_code, f"examples/{name}: exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+    return run.stdout if exit_code == 0 else run.stdout + run.stderr
 
 
 def test_every_example_is_run():
@@ -112,3 +116,33 @@ def test_compare_presets(tmp_path):
     out = run_example("compare_presets.py", "--voc", str(tmp_path / "voc"), "--preset", "hflip", "--repeats", "1",
                       "--workers", "0", "--device", "cpu", "--json", str(tmp_path / "presets.json"), tmp_path=tmp_path)
     assert "20 photos with boxes" in out and (tmp_path / "presets.json").is_file()
+
+
+def test_train_rcnn_dry_run(tmp_path):
+    """No torchvision needed: 5 generated images at batch 2 through both loaders, each batch's
+    targets checked by the example (keypoints float32 [N, 5, 3] inside their boxes, masks uint8
+    [N, 128, 128] inside theirs); the third batch of each is the partial one, of 1 image."""
+    out = run_example("train_rcnn.py", "--dry-run", "--device", "cpu", "--images", "5", "--batch-size", "2",
+                      "--size", "128", tmp_path=tmp_path, needs=())
+    assert "5 images, 4 classes, 5 keypoints, flip pairs ((1, 2), (3, 4)), on cpu" in out, out[-2000:]
+    for field, shape in (("keypoints", r"\(\d+, 5, 3\)"), ("masks", r"\(\d+, 128, 128\)")):
+        assert re.search(rf"^{field} batch 0: 2 images \(3, 128, 128\) torch.uint8 on cpu; {field} {shape}, {shape} ",
+                         out, re.M), out[-2000:]
+        assert re.search(rf"^{field} batch 2: 1 images .*; {field} {shape} ", out, re.M), out[-2000:]
+        assert f"{field} batch 3" not in out
+
+
+def test_train_rcnn(tmp_path):
+    """Both models, 3 steps each at batch 2 over 5 images: the third step is the partial batch;
+    each step has its head's loss (the targets' keypoints and masks were used)."""
+    out = run_example("train_rcnn.py", "--device", "cpu", "--steps", "3", "--images", "5", "--batch-size", "2",
+                      "--size", "128", tmp_path=tmp_path)
+    assert re.search(r"^keypoints step   3  loss [0-9.]+ .*loss_keypoint=[0-9.]+", out, re.M), out[-2000:]
+    assert re.search(r"^masks step   3  loss [0-9.]+ .*loss_mask=[0-9.]+", out, re.M), out[-2000:]
+
+
+def test_train_rcnn_names_torchvision_where_it_does_not_import(tmp_path):
+    if not missing(("torchvision",)):
+        pytest.skip("torchvision imports here")
+    out = run_example("train_rcnn.py", "--device", "cpu", tmp_path=tmp_path, needs=(), exit_code=1)
+    assert "examples/train_rcnn.py needs torchvision, which does not import here" in out and "--dry-run" in out
