@@ -276,12 +276,12 @@ def test_read_only_folder_names_the_output(tmp_path: Path,
 def test_unlistable_annotations_folder_is_one_line_exit_2(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from converters import voc2coco
+    from converters import voc_inputs
 
     def denied(path: object) -> None:
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(voc2coco.os, "scandir", denied)
+    monkeypatch.setattr(voc_inputs.os, "scandir", denied)
     root = dataset(tmp_path)
     assert cli.main([str(root), "-o", str(tmp_path / "o.json")]) == 2
     assert capsys.readouterr().err == (f"voc2coco: error: {root / 'Annotations'}: "
