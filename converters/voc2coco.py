@@ -51,14 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from converters.boxes import Coords
-from converters.coco import (
-    AtomicOutput,
-    CocoStreamWriter,
-    dumps_coco,
-    signals_abort_writes,
-    write_bytes_atomic,
-    write_coco_json,
-)
+from converters.atomic_output import AtomicOutput, signals_abort_writes, write_bytes_atomic
+from converters.coco import CocoStreamWriter, dumps_coco, write_coco_json
 from converters.convert_file import FileResult
 from converters.labels import LabelsSpec
 from converters.report import Report
@@ -221,13 +215,13 @@ def write_splits(voc_root: str | PathLike | None,
     and nothing per file is kept. The bytes are those of :func:`convert_splits`'
     ``to_json()``.
 
-    Every output is written atomically (:class:`converters.coco.AtomicOutput`): a temporary
+    Every output is written atomically (:class:`converters.atomic_output.AtomicOutput`): a temporary
     file beside it, renamed into place only when every split is converted and
     ``before_commit(reports)`` (when given) returns true; otherwise, and on any error, Ctrl-C
     or SIGTERM (caught from the start of the conversion), no output is touched and the
     temporary files are removed. ``on_commit(split, path)`` is called before each rename,
     ``on_stale(temp_file)`` for each temporary file of a killed run removed
-    (:func:`converters.coco.remove_stale_temp_files`).
+    (:func:`converters.atomic_output.remove_stale_temp_files`).
     ``OSError`` of an output names it (``err.filename``). Other arguments as for
     :func:`convert`. Returns ``{split: report}``.
     """
