@@ -21,7 +21,9 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AtomicOutput", "remove_stale_temp_files", "signals_abort_writes", "temp_path", "write_bytes_atomic"]
+__all__ = [
+    "AtomicOutput", "remove_stale_temp_files", "signals_abort_writes", "temp_path", "write_bytes_atomic",
+]
 
 def write_bytes_atomic(data: bytes, path: str | PathLike) -> Path:
     """Write ``data`` to ``path`` atomically and return the path.
