@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from detaug.bench.albumentations_peers import PEERS_PIP
 from detaug.bench.checks import CheckResult
 from detaug.bench.dataset import BenchDataset
-from detaug.bench.harness import BenchSettings, available_cpus, format_table
-from detaug.bench.albumentations_peers import PEERS_PIP
+from detaug.bench.harness import BenchSettings, available_cpus
 from detaug.bench.recipe import RECIPE_TITLES, source_images_per_sample
+from detaug.bench.tables import format_table
 from detaug.bench.variants import VariantResult, same_row
 
 

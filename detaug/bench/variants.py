@@ -9,9 +9,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from detaug.bench.albumentations_peers import ALBUMENTATIONS_CROP_NOTE, ALBUMENTATIONS_MOSAIC_NOTE
 from detaug.bench.dataset import BenchDataset
 from detaug.bench.harness import BenchSettings, Measurement
-from detaug.bench.albumentations_peers import ALBUMENTATIONS_CROP_NOTE, ALBUMENTATIONS_MOSAIC_NOTE
 from detaug.bench.recipe import source_images_per_sample
 
 
