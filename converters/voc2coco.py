@@ -62,7 +62,7 @@ from converters.voc_boxes import (  # noqa: F401 - BOX_REPAIRS: importable from 
 )
 from converters.voc_inputs import DIFFICULT_MODES, ConversionError, Difficult, Orientation
 from converters.voc_plan import PROGRESS_MIN_FILES, _Plan  # noqa: F401 - importable from here
-from detaug.formats.images import ORIENTATIONS
+from detaug.formats.orientation import ORIENTATIONS
 
 __all__ = [
     "DIFFICULT_MODES",

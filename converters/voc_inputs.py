@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from converters.boxes import COORDS
-from detaug.formats.images import ORIENTATIONS
+from detaug.formats.orientation import ORIENTATIONS
 
 __all__ = ["DIFFICULT_MODES", "ConversionError"]
 
