@@ -40,12 +40,9 @@ from converters.boxes import Coords, voc_box_to_coco
 from converters.coco import encode_json
 from converters.images import ImageIndex, filename_base
 from converters.voc import VocParseError, parse_voc_xml
-from detaug.formats.images import (
-    ImageInfo,
-    describe_orientation,
-    explain_frame,
-    probe_file,
-)
+from detaug.formats.image_info import ImageInfo
+from detaug.formats.images import probe_file
+from detaug.formats.orientation import describe_orientation, explain_frame
 
 #: ``(kind, reason, detail)``, kind being ``"object"`` (a skipped object), ``"warning"``,
 #: ``"exif"`` (an image with an EXIF orientation: reason = frame and why) or ``"kept"`` (an

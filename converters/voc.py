@@ -22,7 +22,7 @@ from typing import NamedTuple
 from lxml import etree
 
 from converters import report as R
-from detaug.formats.images import MAX_PIXELS
+from detaug.formats.size_limits import MAX_PIXELS
 
 #: A coordinate or a side at or beyond this (in absolute value) is absurd: no image that the
 #: loader accepts has a side that long (its width * height would reach MAX_PIXELS).

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from detaug.bench.albumentations_peers import PEERS_PIP
 from detaug.bench.checks import CheckResult
 from detaug.bench.dataset import BenchDataset
-from detaug.bench.harness import BenchSettings, available_cpus, format_table
-from detaug.bench.peers import PEERS_PIP
+from detaug.bench.harness import BenchSettings, available_cpus
 from detaug.bench.recipe import RECIPE_TITLES, source_images_per_sample
+from detaug.bench.tables import format_table
 from detaug.bench.variants import VariantResult, same_row
 
 
@@ -255,7 +256,7 @@ def _missing_peer_lines(results: list[VariantResult]) -> list[str]:
     if missing & {"albumentations", "albumentations-mosaic"}:
         lines.append(f"albumentations missing: {PEERS_PIP} (from the detaug clone; it leaves torch as it is)")
     if missing & {"torchvision", "torchvision-gpu"}:
-        from detaug.bench.peers import torchvision_pip
+        from detaug.bench.torchvision_peers import torchvision_pip
 
         lines.append(f"torchvision missing or not loadable (it must be the build of your torch): {torchvision_pip()}")
     return lines

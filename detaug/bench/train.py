@@ -323,7 +323,7 @@ def _run_row(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
 
 def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx: _Context, warmup: int,
              steps: int) -> tuple[_Timed, str]:
-    from detaug.bench import detaug_variants, peers
+    from detaug.bench import detaug_variants, torchvision_peers
 
     if row.kind in ("keras-ceiling", "keras"):
         if ctx.world > 1:
@@ -355,6 +355,6 @@ def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
         return _time_torch(batches, ctx, warmup, steps, settings.seed)
     if row.name == "torchvision":
         workers = max(1, settings.workers // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-        batches = peers.iter_torchvision(dataset, replace(settings, workers=workers, seed=settings.seed + ctx.rank))
+        batches = torchvision_peers.iter_torchvision(dataset, replace(settings, workers=workers, seed=settings.seed + ctx.rank))
         return _time_torch(batches, ctx, warmup, min(steps, PEER_STEPS), settings.seed)
     raise ValueError(f"unknown training row {row.name!r}")

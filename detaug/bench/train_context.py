@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from detaug.bench.harness import ResourceSampler, process_tree
+from detaug.bench.resources import ResourceSampler, process_tree
 
 
 def process_tree_cpu_seconds(pid: int | None = None) -> float:
     """CPU seconds (user + system) of process ``pid`` (default: this one) and its descendants
-    (:func:`~detaug.bench.harness.process_tree`): each live process's own time and that of its
+    (:func:`~detaug.bench.resources.process_tree`): each live process's own time and that of its
     children it has reaped, from ``/proc/<pid>/stat``; this process's from :func:`os.times`
     where ``/proc`` cannot be read."""
     pid = os.getpid() if pid is None else pid

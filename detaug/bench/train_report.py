@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from detaug.bench.dataset import BenchDataset
-from detaug.bench.harness import BenchSettings, format_table
+from detaug.bench.harness import BenchSettings
+from detaug.bench.tables import format_table
 from detaug.bench.train_rows import TrainRow
 
 

@@ -9,9 +9,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from detaug.bench.albumentations_peers import ALBUMENTATIONS_CROP_NOTE, ALBUMENTATIONS_MOSAIC_NOTE
 from detaug.bench.dataset import BenchDataset
 from detaug.bench.harness import BenchSettings, Measurement
-from detaug.bench.peers import ALBUMENTATIONS_CROP_NOTE, ALBUMENTATIONS_MOSAIC_NOTE
 from detaug.bench.recipe import source_images_per_sample
 
 
@@ -146,18 +146,19 @@ VARIANTS: tuple[Variant, ...] = (
             note="the same ops hand-written in one DALI pipeline",
             cpu_note="the same ops hand-written in one DALI pipeline (warp_affine and uint8 color_twist: "
                      "on the CPU detaug runs faster equivalents, docs/benchmarks.md)"),
-    Variant("torchvision", "torchvision.transforms.v2", "cpu-peer", "detaug.bench.peers:iter_torchvision",
+    Variant("torchvision", "torchvision.transforms.v2", "cpu-peer",
+            "detaug.bench.torchvision_peers:iter_torchvision",
             runs_on="cpu"),
     Variant(
         "albumentations",
         "albumentations",
         "cpu-peer",
-        "detaug.bench.peers:iter_albumentations",
+        "detaug.bench.albumentations_peers:iter_albumentations",
         note=ALBUMENTATIONS_CROP_NOTE,
         runs_on="cpu",
     ),
     Variant("torchvision-gpu", "torchvision.transforms.v2 on the GPU", "gpu-peer",
-            "detaug.bench.peers:iter_torchvision_gpu", runs_on="gpu"),
+            "detaug.bench.torchvision_peers:iter_torchvision_gpu", runs_on="gpu"),
 )
 #: The variants of the YOLO-style recipe (``--recipes yolo``): the three iterators and
 #: albumentations' Mosaic. Raw DALI, the Keras Sequence and torchvision run the default recipe only.
@@ -194,7 +195,7 @@ YOLO_VARIANTS: tuple[Variant, ...] = (
         "albumentations-mosaic",
         "albumentations Mosaic",
         "cpu-peer",
-        "detaug.bench.peers:iter_albumentations_mosaic",
+        "detaug.bench.albumentations_peers:iter_albumentations_mosaic",
         note=ALBUMENTATIONS_MOSAIC_NOTE,
         runs_on="cpu",
         recipe="yolo",

@@ -113,12 +113,12 @@ def test_dataset_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_interrupt_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                              capsys: pytest.CaptureFixture[str]) -> None:
-    from converters import voc2coco
+    from converters import voc_plan
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt  # Ctrl-C in the middle of the conversion (the output is open)
 
-    monkeypatch.setattr(voc2coco, "assemble_split", interrupted)
+    monkeypatch.setattr(voc_plan, "assemble_split", interrupted)
     out = tmp_path / "out" / "o.json"
     assert cli.main([str(dataset(tmp_path)), "-o", str(out)]) == 130
     assert "voc2coco: interrupted; nothing written" in capsys.readouterr().err

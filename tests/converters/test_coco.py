@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from converters import coco as coco_module
+from converters import atomic_output
 from converters.coco import dumps_coco, make_categories, make_coco, write_coco_json
 
 
@@ -80,7 +80,7 @@ def test_failure_mid_write_leaves_old_file_and_no_temp(tmp_path: Path,
             self.handle.flush()
             raise _Crash("killed mid-write")
 
-    monkeypatch.setattr(coco_module.os, "fdopen", HalfWriter)
+    monkeypatch.setattr(atomic_output.os, "fdopen", HalfWriter)
     with pytest.raises(_Crash):
         write_coco_json(small_coco(), path)
     assert path.read_text(encoding="utf-8") == '{"old": true}'
@@ -94,7 +94,7 @@ def test_keyboard_interrupt_before_rename(tmp_path: Path, monkeypatch: pytest.Mo
         assert Path(src).read_bytes() == dumps_coco(small_coco())  # complete, but not in place
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(coco_module.os, "replace", interrupted_replace)
+    monkeypatch.setattr(atomic_output.os, "replace", interrupted_replace)
     with pytest.raises(KeyboardInterrupt):
         write_coco_json(small_coco(), path)
     assert list(tmp_path.iterdir()) == []

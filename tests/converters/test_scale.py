@@ -100,7 +100,7 @@ def test_progress_without_tqdm_and_off_when_quiet_or_not_a_terminal(
     monkeypatch.setitem(sys.modules, "tqdm", None)  # not installed: the plain bar
     convert(root, progress=True)
     assert "voc2coco: 100% 4/4 xml" in capsys.readouterr().err
-    monkeypatch.setattr("converters.voc2coco.PROGRESS_MIN_FILES", 1)  # large enough for a bar
+    monkeypatch.setattr("converters.voc_plan.PROGRESS_MIN_FILES", 1)  # large enough for a bar
     assert cli.main([str(root), "-o", str(tmp_path / "a.json")]) == 0  # stderr is no terminal
     assert "%" not in capsys.readouterr().err
     assert cli.main([str(root), "-o", str(tmp_path / "b.json"), "-q"]) == 0

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from converters import cli
-from converters import coco as coco_module
-from converters.coco import remove_stale_temp_files, temp_path, write_coco_json
+from converters import atomic_output
+from converters.atomic_output import remove_stale_temp_files, temp_path
+from converters.coco import write_coco_json
 from tests.converters.helpers import make_voc, obj, voc_xml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,7 +63,7 @@ def test_sigint_during_write_removes_temp_and_raises_keyboard_interrupt(
         seen.append(temps(tmp_path))  # the temporary file exists now
         signal.raise_signal(signal.SIGINT)
 
-    monkeypatch.setattr(coco_module.os, "fsync", fsync_then_ctrl_c)
+    monkeypatch.setattr(atomic_output.os, "fsync", fsync_then_ctrl_c)
     with pytest.raises(KeyboardInterrupt):
         write_coco_json(small(), path)
     assert len(seen) == 1 and len(seen[0]) == 1
@@ -81,7 +82,7 @@ def test_sigterm_goes_to_the_previous_handler_after_cleanup(
         calls.append((signum, temps(tmp_path)))
         raise Terminated
 
-    monkeypatch.setattr(coco_module.os, "fsync",
+    monkeypatch.setattr(atomic_output.os, "fsync",
                         lambda fd: signal.raise_signal(signal.SIGTERM))
     old = signal.signal(signal.SIGTERM, previous)
     try:
@@ -96,7 +97,7 @@ def test_sigterm_goes_to_the_previous_handler_after_cleanup(
 
 def test_previous_handler_that_returns_gives_an_error_naming_the_path(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(coco_module.os, "fsync",
+    monkeypatch.setattr(atomic_output.os, "fsync",
                         lambda fd: signal.raise_signal(signal.SIGTERM))
     old = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
@@ -110,7 +111,7 @@ def test_previous_handler_that_returns_gives_an_error_naming_the_path(
 
 def test_ignored_signals_stay_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     handlers: list[object] = []
-    monkeypatch.setattr(coco_module.os, "fsync",
+    monkeypatch.setattr(atomic_output.os, "fsync",
                         lambda fd: handlers.append(signal.getsignal(signal.SIGTERM)))
     old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
@@ -236,7 +237,7 @@ def test_enospc_from_the_api_names_the_output(tmp_path: Path,
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")  # what fsync says on a full disk
 
-    monkeypatch.setattr(coco_module.os, "fsync", full)
+    monkeypatch.setattr(atomic_output.os, "fsync", full)
     with pytest.raises(OSError) as info:
         write_coco_json(small(), tmp_path / "out.json")
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "out.json")
@@ -276,12 +277,12 @@ def test_read_only_folder_names_the_output(tmp_path: Path,
 def test_unlistable_annotations_folder_is_one_line_exit_2(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from converters import voc2coco
+    from converters import voc_inputs
 
     def denied(path: object) -> None:
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(voc2coco.os, "scandir", denied)
+    monkeypatch.setattr(voc_inputs.os, "scandir", denied)
     root = dataset(tmp_path)
     assert cli.main([str(root), "-o", str(tmp_path / "o.json")]) == 2
     assert capsys.readouterr().err == (f"voc2coco: error: {root / 'Annotations'}: "

@@ -201,7 +201,7 @@ def test_raw_dali_cpu(dataset):
 
 @pytest.mark.skipif(not _installed("torchvision"), reason="torchvision is not installed")
 def test_torchvision_peer(dataset):
-    from detaug.bench.peers import iter_torchvision
+    from detaug.bench.torchvision_peers import iter_torchvision
 
     batches = iter_torchvision(dataset, _settings())
     try:
@@ -213,7 +213,7 @@ def test_torchvision_peer(dataset):
 
 @pytest.mark.skipif(not _installed("albumentations", "cv2"), reason="albumentations is not installed")
 def test_albumentations_peer(dataset):
-    from detaug.bench.peers import iter_albumentations
+    from detaug.bench.albumentations_peers import iter_albumentations
 
     batches = iter_albumentations(dataset, _settings())
     try:
@@ -663,7 +663,7 @@ class _WorkerThreads(torch.utils.data.Dataset):
 
 
 def test_peer_workers_run_one_thread_each():
-    from detaug.bench.peers import pin_worker_threads
+    from detaug.bench.peer_loader import pin_worker_threads
 
     # from a fork server, as the peers' workers are (a forked worker hangs in OpenCV when this process used it)
     loader = torch.utils.data.DataLoader(_WorkerThreads(), batch_size=None, num_workers=1,
@@ -682,7 +682,7 @@ def test_yolo_recipe_beside_the_default_one(voc_folder, tmp_path, capsys):
     """Both recipes in one run: rows labelled by recipe, the YOLO rows' ratios to the default
     recipe and source images per second, the two YOLO checks; albumentations' Mosaic row is there
     (unavailable with its install line where albumentations is missing)."""
-    from detaug.bench.peers import PEERS_PIP
+    from detaug.bench.albumentations_peers import PEERS_PIP
 
     results = _bench_json(tmp_path, "--data", str(voc_folder), "--repeat-to", "8", "--batch-sizes", "4",
                           "--recipes", "default,yolo", "--images", "8", "--warmup", "1", "--threads", "2",
@@ -776,7 +776,7 @@ def test_yolo_spec_is_the_recipe_detaug_runs():
 
 
 def test_mosaic_sampler_draws_partners_over_the_whole_dataset():
-    from detaug.bench.peers import MosaicSampler
+    from detaug.bench.albumentations_peers import MosaicSampler
 
     first = list(islice(iter(MosaicSampler(5, seed=3)), 10))
     assert first == list(islice(iter(MosaicSampler(5, seed=3)), 10))  # seeded
@@ -790,7 +790,7 @@ def test_mosaic_sampler_draws_partners_over_the_whole_dataset():
 def test_albumentations_mosaic_peer(dataset):
     """uint8 batches of the output size, boxes inside the image and on object pixels (the
     synthetic objects are saturated colours on grey; the fill is grey too)."""
-    from detaug.bench.peers import iter_albumentations_mosaic
+    from detaug.bench.albumentations_peers import iter_albumentations_mosaic
 
     size = 256
     batches = iter_albumentations_mosaic(dataset, _settings(recipe="yolo", size=size))
@@ -817,7 +817,7 @@ def test_albumentations_mosaic_peer(dataset):
 def test_albumentations_peers_follow_the_seed(dataset, workers):
     """albumentations keeps a random state of its own: the peers seed it from the run's seed
     (each DataLoader worker from its own), so one seed gives the same batches."""
-    from detaug.bench.peers import iter_albumentations, iter_albumentations_mosaic
+    from detaug.bench.albumentations_peers import iter_albumentations, iter_albumentations_mosaic
 
     def first_batch(iterate, seed, **kw):
         batches = iterate(dataset, _settings(seed=seed, workers=workers, **kw))
