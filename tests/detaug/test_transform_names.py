@@ -56,7 +56,7 @@ def identifiers(source: str) -> dict[str, int]:
 
 
 def test_the_reader_sees_a_type_test_an_import_and_an_attribute():
-    code = ("from detaug.transforms.mixing import MixUp\n"
+    code = ("from detaug.transforms.blend import MixUp\n"
             "import detaug.transforms as T\n"
             "def f(t):\n"
             "    '''Mosaic in a docstring is fine.'''\n"
