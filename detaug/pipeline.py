@@ -88,7 +88,8 @@ def build_pipeline(
     The pipeline only moves pixels: its external sources are fed, batch by batch, by
     :func:`feed` with ``"data"`` (per sample, encoded bytes uint8 ``[L]`` or a decoded
     ``uint8 [H, W, 3]`` array), ``"params"`` (float32 ``[B, P]``: the plan of
-    :class:`~detaug.planned_batch.PlannedBatch`, laid out by ``transforms.plan_layout``) and, for a recipe with mixing transforms,
+    :class:`~detaug.planned_batch.PlannedBatch`, laid out by ``transforms.plan_layout``) and, for a recipe with
+    mixing transforms,
     ``"data_1"`` ... ``"data_J"`` (the partner images, ``PlannedBatch.partners``, but for slots
     of ``pool="batch"``, taken from the batch's own images; see :func:`input_names`); boxes and
     labels are the plan's.

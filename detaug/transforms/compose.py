@@ -345,8 +345,9 @@ class Compose:
         """Build a ``Compose`` from :meth:`to_dict`'s format (also accepts a bare list of transforms).
 
         Every problem is a :class:`~detaug.errors.RecipeError` naming the entry, the transform,
-        the field and (with ``lines`` from :func:`~detaug.transforms.recipe_dict.recipe_lines`) the line: an unknown transform
-        or field (with the closest known name), a value of the wrong type, a reversed range.
+        the field and (with ``lines`` from :func:`~detaug.transforms.recipe_dict.recipe_lines`) the
+        line: an unknown transform or field (with the closest known name), a value of the wrong
+        type, a reversed range.
         """
         return recipe_from_dict(cls, recipe, lines=lines, file=file)
 
