@@ -51,7 +51,7 @@ def read_recipe(path: str | os.PathLike[str]) -> Any:
 
     from detaug.errors import RecipeError
     from detaug.transforms import Compose
-    from detaug.transforms.compose import recipe_lines
+    from detaug.transforms.recipe_dict import recipe_lines
 
     p = Path(path)
     kind = RECIPE_SUFFIXES.get(p.suffix.lower())

@@ -133,7 +133,8 @@ def apply(
         ValueError: boxes that are not ``[N, 4]`` (the message gives the shape found), as many
             labels or field rows as boxes, an unknown ``box_format``.
     """
-    from detaug.planning import BatchPlanner, EpochSpec
+    from detaug.epochs import EpochSpec
+    from detaug.planning import BatchPlanner
     from detaug.sources import Sample, SampleListSource
 
     check_box_format(box_format)

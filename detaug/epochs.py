@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-__all__ = ["shard_size", "num_batches", "shard_order", "batch_slice", "check_shard"]
+__all__ = ["shard_size", "num_batches", "shard_order", "batch_slice", "check_shard", "EpochSpec", "source_groups"]
 
 
 def check_shard(shard_id: int, num_shards: int) -> tuple[int, int]:
@@ -91,3 +93,67 @@ def batch_slice(step: int, batch_size: int, shard_len: int) -> slice:
     """Positions of batch ``step`` in a rank's order of ``shard_len`` samples."""
     start = step * batch_size
     return slice(start, min(start + batch_size, shard_len))
+
+
+@dataclass(frozen=True)
+class EpochSpec:
+    """What decides the batches of a rank: the epoch rules of :mod:`detaug.epochs` and the seed."""
+
+    n: int
+    batch_size: int
+    shard_id: int = 0
+    num_shards: int = 1
+    shuffle: bool = False
+    drop_last: bool = False
+    seed: int = 0
+    #: sizes of consecutive sample groups stored together (tar shards), or ``None``
+    groups: tuple[int, ...] | None = None
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return num_batches(self.n, self.num_shards, self.batch_size, drop_last=self.drop_last)
+
+    def after(self, epoch: int, step: int, ahead: int = 1) -> tuple[int, int]:
+        """``(epoch, step)`` of the batch ``ahead`` steps after batch ``step`` of ``epoch``: past
+        an epoch's last batch come the next epoch's first (what the loaders prepare while an
+        epoch ends)."""
+        k = step + ahead
+        return epoch + k // len(self), k % len(self)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """int64 ``[shard_size]``: the rank's dataset positions in ``epoch``."""
+        return shard_order(self.n, epoch, shard_id=self.shard_id, num_shards=self.num_shards,
+                           shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last, groups=self.groups)
+
+    def first_places(self, epoch: int) -> np.ndarray | None:
+        """int64 ``[n]``: where each dataset position first comes in ``epoch``'s order of all
+        ranks (rule 1 of :mod:`detaug.epochs`, before padding); ``None`` when that is the
+        position itself (no shuffle)."""
+        if not self.shuffle:
+            return None
+        order = shard_order(self.n, epoch, shard_id=0, num_shards=1, shuffle=True, seed=self.seed,
+                            drop_last=False, groups=self.groups)
+        places = np.empty(self.n, dtype=np.int64)
+        places[order] = np.arange(self.n, dtype=np.int64)
+        return places
+
+    def holder(self, place: int) -> tuple[int, int] | None:
+        """``(shard_id, step)`` of the batch that holds the sample at ``place`` of the epoch's
+        order of all ranks (:meth:`first_places`), or ``None`` when no batch holds it (left out
+        by ``drop_last``). Rule 3 of :mod:`detaug.epochs`: place ``g`` is rank ``g % W``'s
+        ``g // W``-th sample."""
+        w = self.num_shards
+        per_rank = shard_size(self.n, w, drop_last=self.drop_last)
+        if place >= per_rank * w:
+            return None
+        within = place // w
+        if within >= min(per_rank, len(self) * self.batch_size):
+            return None
+        return place % w, within // self.batch_size
+
+
+def source_groups(source: Any) -> tuple[int, ...] | None:
+    """The sizes of the groups of consecutive samples ``source`` stores together (a
+    :class:`~detaug.shards.ShardSource`'s tar files), for :class:`EpochSpec`; ``None`` for others."""
+    sizes = getattr(source, "shard_sizes", None)
+    return None if sizes is None else tuple(int(k) for k in sizes)

@@ -28,7 +28,10 @@ from typing import TYPE_CHECKING, Any, Iterator, Protocol
 from detaug.errors import ImageError
 from detaug.pipeline import build_pipeline, feed, feed_first_run
 from detaug.plan_ahead import PlanPool, batches_ahead, group_size
-from detaug.planning import BatchPlanner, DecodeFailure, EpochSpec, PlannedBatch, undecodable
+from detaug.decode_failures import DecodeFailure, undecodable
+from detaug.epochs import EpochSpec
+from detaug.planned_batch import PlannedBatch
+from detaug.planning import BatchPlanner
 
 if TYPE_CHECKING:
     from detaug.feeder import BackgroundFeed

@@ -88,7 +88,8 @@ def build_pipeline(
     The pipeline only moves pixels: its external sources are fed, batch by batch, by
     :func:`feed` with ``"data"`` (per sample, encoded bytes uint8 ``[L]`` or a decoded
     ``uint8 [H, W, 3]`` array), ``"params"`` (float32 ``[B, P]``: the plan of
-    :class:`~detaug.planning.PlannedBatch`, laid out by ``transforms.plan_layout``) and, for a recipe with mixing transforms,
+    :class:`~detaug.planned_batch.PlannedBatch`, laid out by ``transforms.plan_layout``) and, for a recipe with
+    mixing transforms,
     ``"data_1"`` ... ``"data_J"`` (the partner images, ``PlannedBatch.partners``, but for slots
     of ``pool="batch"``, taken from the batch's own images; see :func:`input_names`); boxes and
     labels are the plan's.
@@ -344,7 +345,7 @@ def feed_first_run(pipe: Any, batches: list[Any], depth: int) -> int:
     """Feed a fresh pipeline's first run and schedule it. DALI's first ``schedule_run`` runs
     ``prefetch_queue_depth`` (``depth``) batches, so when fewer are given the last is fed again as
     a filler, whose outputs the caller takes and drops. ``batches``: planned batches
-    (:class:`~detaug.planning.PlannedBatch`, at least one). Returns the number of fillers."""
+    (:class:`~detaug.planned_batch.PlannedBatch`, at least one). Returns the number of fillers."""
     fillers = max(0, depth - len(batches))
     for planned in [*batches, *batches[-1:] * fillers]:
         feed_inputs(pipe, planned.data, planned.params, planned.partners)

@@ -3,7 +3,7 @@
 A :class:`PlanPool` holds ``workers`` processes (started by :func:`detaug.workers.start_pool`:
 they work from a script without a main guard, from ``python -c`` and from Jupyter, and die
 with their parent), each with a copy of one :class:`~detaug.planning.BatchPlanner`, and
-returns :class:`~detaug.planning.PlannedBatch` futures for ``(epoch, step)``, or for several
+returns :class:`~detaug.planned_batch.PlannedBatch` futures for ``(epoch, step)``, or for several
 consecutive steps planned by one job (:meth:`PlanPool.submit_many`: one ``plan_batch`` call for
 the group, :meth:`~detaug.planning.BatchPlanner.plan_many`): with the image
 bytes the worker read, or without them (``keep_data=False``: the caller reads them, which spares
@@ -32,13 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from detaug.planning import (
-    BatchPlanner,
-    PlannedBatch,
-    init_plan_worker,
-    plan_group_job,
-    planner_payload,
-)
+from detaug.plan_jobs import init_plan_worker, plan_group_job, planner_payload
+from detaug.planned_batch import PlannedBatch
+from detaug.planning import BatchPlanner
 from detaug import shared_arrays
 from detaug.shared_arrays import SharedArrays, SlotRing, file_prefix, sweep, write_arrays
 from detaug.workers import start_pool, stop_pool
@@ -275,7 +271,7 @@ def _pack_boxes(planned: PlannedBatch) -> tuple[list[int], dict[str, np.ndarray]
 
 def plan_group(epoch: int, steps: list[int], bad: Mapping[int, str] | None, slot: str | None,
                keep_data: bool = True) -> _Group:
-    """In a planning worker: batches ``steps`` of ``epoch`` (:func:`~detaug.planning.plan_group_job`),
+    """In a planning worker: batches ``steps`` of ``epoch`` (:func:`~detaug.plan_jobs.plan_group_job`),
     each packed for the trip (:func:`pack`), their image arrays written together into the shared
     memory file ``slot`` (``None``, or no room there: they travel in the plans); without their
     image data where ``keep_data`` is false; a batch that could not be planned as its error."""

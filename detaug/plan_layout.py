@@ -6,7 +6,7 @@ size, the mixing transforms' tiles and partners, each photometric transform's pa
 batch positions of partners taken from the batch. The batch planner (:mod:`detaug.batch_plan`)
 fills it by name (:meth:`PlanLayout.pack`), the DALI pipeline (:mod:`detaug.pipeline`) reads it
 by name (:meth:`PlanLayout.slice`, :meth:`PlanLayout.field`), and
-:class:`~detaug.planning.PlannedBatch` carries it beside the values (``planned.plan(name)``).
+:class:`~detaug.planned_batch.PlannedBatch` carries it beside the values (``planned.plan(name)``).
 
 The values travel to DALI as one float32 array ``params [B, P]`` (one external source, each
 field a slice of it): every field is carried in float32, whatever its :attr:`PlanField.dtype`,

@@ -1,7 +1,7 @@
 """Planning batches on the host, before DALI: which samples, read and checked, then planned.
 
 Batch ``step`` of ``epoch`` on one rank is a pure function of the dataset, the recipe and
-:class:`EpochSpec` (see :mod:`detaug.epochs` for the order and the shards, :mod:`detaug.seeds`
+:class:`~detaug.epochs.EpochSpec` (see :mod:`detaug.epochs` for the order and the shards, :mod:`detaug.seeds`
 for the seed contract). :meth:`BatchPlanner.plan` computes it:
 
 1. the batch's dataset positions: ``shard_order(epoch)[step * B : (step + 1) * B]``;
@@ -47,7 +47,7 @@ their batches', therefore name each image once per epoch, whichever batches prob
 no batch of any rank holds (left out by ``drop_last``) is recorded by each batch that meets it.
 
 Because a batch depends on nothing else, it can be planned in any process, in any order, ahead
-of time (:mod:`detaug.plan_ahead` runs :func:`plan_group_job` in worker processes), and again
+of time (:mod:`detaug.plan_ahead` runs :func:`~detaug.plan_jobs.plan_group_job` in worker processes), and again
 after a resume, with the same result; and because a sample's plan does not depend on its
 batch-mates (partners from ``pool="batch"`` aside), consecutive batches can be planned by one
 ``plan_batch`` call (:meth:`BatchPlanner.plan_many`), with the same result.
@@ -55,258 +55,45 @@ batch-mates (partners from ``pool="batch"`` aside), consecutive batches can be p
 
 from __future__ import annotations
 
-import io
-import pickle
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from detaug.epochs import batch_slice, num_batches, shard_order, shard_size
+from detaug.decoded_shapes import DecodedShapes
+from detaug.epochs import EpochSpec, batch_slice
 from detaug.errors import DatasetError, ImageError, RecipeError
+from detaug.field_selection import AREA, select_fields
 from detaug.formats.images import annotation_frame, exif_matrix, orient_boxes, probe_image
-from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
+from detaug.gathered import (
+    _boxes_from_masks, _clip_to_image, _Findings, _Gathered, _placeholder, _reason, _row_labels, _Rows, _without_noise,
+)
 from detaug.keypoints import KEYPOINTS, flip_permutation, move_keypoints, orient_keypoints
-from detaug.masks import MASKS, join_masks, mask_rows, masks_to_boxes, move_masks
+from detaug.masks import MASKS, mask_rows, move_masks
 from detaug.plan import Partners
-from detaug.plan_layout import PlanLayout
+from detaug.planned_batch import PlannedBatch
 from detaug.rotated import ROTATED_BOXES, move_rotated_boxes, orient_rotated_boxes
 from detaug.seeds import sample_keys
-from detaug.sources import FieldSpec, box_area, field_specs
+from detaug.sources import box_area, field_specs
 
 if TYPE_CHECKING:  # the planner reads a recipe through its methods; recipes sit above it (tests/test_layers.py)
     from detaug.transforms import Compose
 
-__all__ = [
-    "FIELD_CHOICES", "ON_ERROR", "EpochSpec", "PlannedBatch", "BatchPlanner", "DecodedShapes", "DecodeFailure",
-    "batch_columns", "field_outputs", "select_fields", "undecodable", "init_plan_worker", "plan_group_job",
-    "source_groups",
-]
+__all__ = ["ON_ERROR", "BatchPlanner"]
 
 #: What an unreadable or undecodable image does: ``"skip"`` (replaced, named, counted) or ``"raise"``.
 ON_ERROR = ("skip", "raise")
-
-#: ``fields=`` words of the loaders: every per-box field of the source, or none.
-FIELD_CHOICES = ("all", "none")
-
-#: The field computed from the output boxes (``w * h`` pixels, float32), whether the source has it or not.
-AREA = "area"
-
-
-def select_fields(source: Any, fields: Any = "all") -> tuple[str, ...]:
-    """The per-box fields a loader returns, from its ``fields=`` argument.
-
-    Args:
-        source: the source (its ``field_specs``, :func:`detaug.sources.field_specs`).
-        fields: ``"all"`` (or ``None``): every field of the source, then ``"area"`` where the
-            source has none (computed on the output boxes: every source gives it); ``"none"``:
-            no field; or a sequence of names: those fields, in that order (``"area"`` is
-            computed on the output boxes also for a source without it).
-
-    Raises:
-        ValueError: a name the source does not have (the message lists those it has).
-    """
-    specs = field_specs(source)
-    if fields is None or (isinstance(fields, str) and fields == "all"):
-        return tuple(specs) + (() if AREA in specs else (AREA,))
-    if isinstance(fields, str) and fields == "none":
-        return ()
-    if isinstance(fields, str) or not isinstance(fields, Iterable) or not all(isinstance(name, str) for name in fields):
-        raise ValueError(f"fields must be {' or '.join(map(repr, FIELD_CHOICES))} or a list of field names, got {fields!r}")
-    names = tuple(dict.fromkeys(fields))
-    unknown = [name for name in names if name not in specs and name != AREA]
-    if unknown:
-        have = ", ".join(map(repr, specs)) or "none"
-        raise ValueError(f"fields {', '.join(map(repr, unknown))}: the source has no such per-box field "
-                         f"(it has {have}; 'area' is always available)")
-    return names
-
-
-def field_outputs(source: Any, names: tuple[str, ...]) -> dict[str, Any]:
-    """``{name: FieldSpec}`` of the fields ``names`` as the planner gives them (``area``
-    float32 ``[N]``, the others as the source holds them)."""
-    specs = field_specs(source)
-    return {name: FieldSpec(np.dtype(np.float32), ()) if name == AREA else specs[name] for name in names}
-
-
-@dataclass(frozen=True)
-class EpochSpec:
-    """What decides the batches of a rank: the epoch rules of :mod:`detaug.epochs` and the seed."""
-
-    n: int
-    batch_size: int
-    shard_id: int = 0
-    num_shards: int = 1
-    shuffle: bool = False
-    drop_last: bool = False
-    seed: int = 0
-    #: sizes of consecutive sample groups stored together (tar shards), or ``None``
-    groups: tuple[int, ...] | None = None
-
-    def __len__(self) -> int:
-        """Batches per epoch."""
-        return num_batches(self.n, self.num_shards, self.batch_size, drop_last=self.drop_last)
-
-    def after(self, epoch: int, step: int, ahead: int = 1) -> tuple[int, int]:
-        """``(epoch, step)`` of the batch ``ahead`` steps after batch ``step`` of ``epoch``: past
-        an epoch's last batch come the next epoch's first (what the loaders prepare while an
-        epoch ends)."""
-        k = step + ahead
-        return epoch + k // len(self), k % len(self)
-
-    def order(self, epoch: int) -> np.ndarray:
-        """int64 ``[shard_size]``: the rank's dataset positions in ``epoch``."""
-        return shard_order(self.n, epoch, shard_id=self.shard_id, num_shards=self.num_shards,
-                           shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last, groups=self.groups)
-
-    def first_places(self, epoch: int) -> np.ndarray | None:
-        """int64 ``[n]``: where each dataset position first comes in ``epoch``'s order of all
-        ranks (rule 1 of :mod:`detaug.epochs`, before padding); ``None`` when that is the
-        position itself (no shuffle)."""
-        if not self.shuffle:
-            return None
-        order = shard_order(self.n, epoch, shard_id=0, num_shards=1, shuffle=True, seed=self.seed,
-                            drop_last=False, groups=self.groups)
-        places = np.empty(self.n, dtype=np.int64)
-        places[order] = np.arange(self.n, dtype=np.int64)
-        return places
-
-    def holder(self, place: int) -> tuple[int, int] | None:
-        """``(shard_id, step)`` of the batch that holds the sample at ``place`` of the epoch's
-        order of all ranks (:meth:`first_places`), or ``None`` when no batch holds it (left out
-        by ``drop_last``). Rule 3 of :mod:`detaug.epochs`: place ``g`` is rank ``g % W``'s
-        ``g // W``-th sample."""
-        w = self.num_shards
-        per_rank = shard_size(self.n, w, drop_last=self.drop_last)
-        if place >= per_rank * w:
-            return None
-        within = place // w
-        if within >= min(per_rank, len(self) * self.batch_size):
-            return None
-        return place % w, within // self.batch_size
-
-
-@dataclass
-class PlannedBatch:
-    """One planned batch (``B`` samples).
-
-    Attributes:
-        epoch, step: which batch.
-        positions: int64 ``[B]`` dataset positions of the samples (replacements included).
-        image_ids: int64 ``[B]``.
-        data: per sample, the image data DALI reads: uint8 ``[L]`` encoded bytes, or a decoded
-            ``uint8 [H, W, 3]`` array; ``None`` where a worker planned decoded arrays from their
-            shapes (the caller loads them, :meth:`BatchPlanner.load_data`).
-        params: float32 ``[B, P]`` parameter vectors, laid out by :attr:`layout`: DALI's
-            ``"params"`` input (:func:`detaug.pipeline.feed`); :meth:`plan` reads a field.
-        boxes: per sample float32 ``[M, 4]`` xyxy boxes on the output image.
-        labels: per sample int64 ``[M]``, the labels of the boxes kept, in their order.
-        fields: per sample ``{name: [M, ...]}``, each field of :attr:`BatchPlanner.fields` for
-            the boxes kept (``area``: float32, recomputed on the output boxes); empty dicts
-            without fields.
-        partners: per partner slot (``Compose.num_partners`` of them: ``Mosaic``'s tiles 1-3, then
-            ``MixUp``'s partner), per sample, the image data of that partner (as ``data``; a 1x1
-            placeholder where not needed), or ``None`` for a slot whose partners are batch-mates
-            (``pool="batch"``: the pipeline reuses the batch's images, their batch positions are
-            in ``params``); empty without mixing transforms; ``None`` with ``data`` ``None``
-            (:meth:`BatchPlanner.fill_data`). A recipe with ``CopyPaste`` adds one last entry,
-            :attr:`pasted`.
-        partner_positions: int64 ``[B, J]`` dataset positions of the partners (replacements
-            included), -1 where not needed.
-        skipped: ``{"image_id", "file", "reason"}`` of each unreadable image this batch holds
-            (see *Findings* in the module docstring: once per image and epoch over all batches).
-        repaired: ``{"image_id", "file", "reason", "count"}`` of boxes clipped to (or dropped
-            outside) an image whose size the annotation did not declare (found when read; once
-            per image and epoch, as ``skipped``).
-        joined: ``(counts, {"boxes", "labels", field names: arrays})``: the same ``boxes``,
-            ``labels`` and ``fields`` joined over the batch (``counts[i]``: sample ``i``'s
-            boxes), where the plan came from a worker that joined them for the trip
-            (:mod:`detaug.plan_ahead`); else ``None``. See :func:`batch_columns`.
-        pasted: ``CopyPaste``'s paste masks, uint8 ``[H, W, 1]`` per sample (1 where a pasted
-            object's pixels land on the canvas pasted on; ``[1, 1, 1]`` zeros where none), the
-            pipeline's last input; ``None`` for other recipes.
-        layout: the fields of ``params`` by name (the recipe's ``plan_layout``,
-            :mod:`detaug.plan_layout`); ``None`` for a batch built by hand without one.
-    """
-
-    epoch: int
-    step: int
-    positions: np.ndarray
-    image_ids: np.ndarray
-    data: list[np.ndarray] | None
-    params: np.ndarray
-    boxes: list[np.ndarray]
-    labels: list[np.ndarray]
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    repaired: list[dict[str, Any]] = field(default_factory=list)
-    partners: list[list[np.ndarray] | None] | None = field(default_factory=list)
-    partner_positions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
-    fields: list[dict[str, np.ndarray]] = field(default_factory=list)
-    joined: tuple[list[int], dict[str, np.ndarray]] | None = None
-    layout: PlanLayout | None = None
-    pasted: list[np.ndarray] | None = None
-
-    def plan(self, name: str) -> np.ndarray:
-        """Plan field ``name`` of every sample: ``[B, *shape]`` in the field's dtype (for example
-        ``plan("warp0.matrix")``: float32 ``[B, 2, 3]``; :attr:`layout` lists the fields)."""
-        if self.layout is None:
-            raise ValueError("this planned batch carries no plan layout")
-        return self.layout.read(self.params, name)
-
-    def image_arrays(self) -> list[np.ndarray]:
-        """The image data the batch carries: ``data``, then each partner slot's (slots of
-        batch-mates, and data left out, carry none)."""
-        return list(self.data or []) + [a for images in self.partners or [] if images is not None for a in images]
-
-    def new_findings(self, warned: set[tuple[str, str]]) -> list[str]:
-        """Warning texts for this batch's skipped images and repaired boxes not warned of
-        before (one per file and reason); ``warned`` is updated."""
-        messages = []
-        for found in self.skipped + self.repaired:
-            key = (found["file"], found["reason"])
-            if key not in warned:
-                warned.add(key)
-                verb = "skipped" if "count" not in found else f"{found['count']} box(es) of"
-                messages.append(f"{verb} {found['file']} (image_id {found['image_id']}): {found['reason']}")
-        return messages
-
-
-def batch_columns(planned: PlannedBatch) -> tuple[list[int], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """A batch's targets as columns over all its boxes: ``(counts, boxes, labels, fields)``:
-    ``counts[i]`` sample ``i``'s boxes, ``boxes`` float32 ``[N, 4]``, ``labels`` ``[N]``, each
-    field ``[N, ...]``, in sample order. Taken as they are from :attr:`PlannedBatch.joined`
-    where a worker joined them (no per-sample arrays to join again), else joined here."""
-    names = list(planned.fields[0]) if planned.fields else []
-    if planned.joined is not None:
-        counts, arrays = planned.joined
-        boxes, labels = arrays["boxes"], arrays["labels"]
-        fields = {name: arrays[name] for name in names}
-    else:
-        counts = [len(lab) for lab in planned.labels]
-        boxes = np.concatenate([np.asarray(b, dtype=np.float32).reshape(-1, 4) for b in planned.boxes])
-        labels = np.concatenate(planned.labels)
-        fields = {name: join_masks([f[name] for f in planned.fields]) if name == MASKS else  # sizes may differ
-                  np.concatenate([np.asarray(f[name]) for f in planned.fields]) for name in names}
-    return list(counts), boxes.astype(np.float32, copy=False).reshape(-1, 4), labels.reshape(-1), fields
-
-
-def source_groups(source: Any) -> tuple[int, ...] | None:
-    """The sizes of the groups of consecutive samples ``source`` stores together (a
-    :class:`~detaug.shards.ShardSource`'s tar files), for :class:`EpochSpec`; ``None`` for others."""
-    sizes = getattr(source, "shard_sizes", None)
-    return None if sizes is None else tuple(int(k) for k in sizes)
 
 
 class BatchPlanner:
     """Plans the batches of one rank (picklable: worker processes get a copy).
 
     Args:
-        source: a source of :mod:`detaug.sources` (or :class:`DecodedShapes` in a worker).
+        source: a source of :mod:`detaug.sources` (or :class:`~detaug.decoded_shapes.DecodedShapes` in a worker).
         transforms: the recipe.
         spec: the epoch rules and seed.
         on_error: ``"skip"`` or ``"raise"`` (see the module docstring, step 2).
-        fields: the per-box fields to carry (:func:`select_fields`: ``"all"`` the source's,
+        fields: the per-box fields to carry (:func:`~detaug.field_selection.select_fields`: ``"all"`` the source's,
             ``"none"``, or names); kept in :attr:`fields`.
     """
 
@@ -637,288 +424,3 @@ class BatchPlanner:
                 [self.source.load(int(p))[0] if p >= 0 else self.placeholder() for p in planned.partner_positions[:, k]]
                 for k in range(planned.partner_positions.shape[1])
             ] + ([planned.pasted] if planned.pasted is not None else [])
-
-
-_PLACEHOLDERS: dict[bool, np.ndarray] = {}
-
-
-def _placeholder(decoded: bool) -> np.ndarray:
-    """A 1x1 grey (114) image: ``uint8 [1, 1, 3]``, or its PNG bytes ``uint8 [L]`` (read-only, cached)."""
-    if decoded not in _PLACEHOLDERS:
-        pixel = np.full((1, 1, 3), 114, dtype=np.uint8)
-        if decoded:
-            image = pixel
-        else:
-            from PIL import Image
-
-            buffer = io.BytesIO()
-            Image.fromarray(pixel).save(buffer, format="PNG")
-            image = np.frombuffer(buffer.getvalue(), dtype=np.uint8)
-        image.flags.writeable = False
-        _PLACEHOLDERS[decoded] = image
-    return _PLACEHOLDERS[decoded]
-
-
-@dataclass
-class _Rows:
-    """An image's boxes' labels (int64 ``[N]``) and fields (``{name: [N, ...]}``), row for row."""
-
-    labels: np.ndarray
-    fields: dict[str, np.ndarray]
-
-    def take(self, rows: np.ndarray) -> _Rows:
-        """The rows ``rows`` (indices or a boolean mask)."""
-        return _Rows(self.labels[rows], {name: arr[rows] for name, arr in self.fields.items()})
-
-
-class _Findings:
-    """What one batch records of the images it reads (*Findings* in the module docstring):
-    the skipped images and repaired boxes of the positions ``records(position)`` says are its
-    own, each position once."""
-
-    def __init__(self, records: Any) -> None:
-        self.records = records
-        self.skipped: list[dict[str, Any]] = []
-        self.repaired: list[dict[str, Any]] = []
-        self.last: dict[str, Any] | None = None  # the last unreadable image met, recorded or not
-        self._seen: set[tuple[str, int]] = set()
-
-    def skip(self, position: int, found: dict[str, Any]) -> None:
-        """Image ``position`` cannot be read (``found``: its image id, file and reason)."""
-        self.last = found
-        if self._first("skip", position):
-            self.skipped.append(found)
-
-    def repair(self, position: int, found: list[dict[str, Any]]) -> None:
-        """Boxes of image ``position`` were repaired when it was read (``found``: by reason)."""
-        if found and self._first("repair", position):
-            self.repaired.extend(found)
-
-    def _first(self, kind: str, position: int) -> bool:
-        key = (kind, int(position))
-        if key in self._seen or not self.records(position):
-            return False
-        self._seen.add(key)
-        return True
-
-
-@dataclass
-class _Gathered:
-    """A batch read and checked, not yet planned (:meth:`BatchPlanner._gather`): what
-    :meth:`~detaug.transforms.Compose.plan_batch` takes (``shapes``, ``boxes``, ``rows``,
-    ``keys``, ``partners``), and what the plan is assembled with (``lookup``: per sample the
-    labels and fields its kept rows index; the data, positions and findings)."""
-
-    epoch: int
-    step: int
-    positions: np.ndarray
-    image_ids: np.ndarray
-    keys: np.ndarray
-    data: list[np.ndarray]
-    shapes: list[tuple[int, int]]
-    boxes: list[np.ndarray]
-    rows: list[np.ndarray]
-    lookup: list[_Rows]
-    partners: Partners | None
-    partner_data: list[list[np.ndarray] | None]
-    partner_positions: np.ndarray
-    skipped: list[dict[str, Any]]
-    repaired: list[dict[str, Any]]
-
-    def plan_inputs(self) -> tuple[list, list, list, np.ndarray, Partners | None]:
-        """The arguments of ``plan_batch`` for these samples."""
-        return self.shapes, self.boxes, self.rows, self.keys, self.partners
-
-    @staticmethod
-    def joined_inputs(batches: list[_Gathered]) -> tuple[list, list, list, np.ndarray, Partners | None]:
-        """The arguments of one ``plan_batch`` call for the samples of ``batches``, in order
-        (partner slots must not be batch positions)."""
-        partners = None
-        if batches[0].partners is not None:
-            slots = range(len(batches[0].partners.shapes))
-            partners = Partners(*([[x for g in batches for x in getattr(g.partners, name)[k]] for k in slots]
-                                  for name in ("shapes", "boxes", "labels")))
-        return ([s for g in batches for s in g.shapes], [b for g in batches for b in g.boxes],
-                [r for g in batches for r in g.rows], np.concatenate([g.keys for g in batches]), partners)
-
-
-def _row_labels(tables: list[_Rows], partner_tables: list[list[_Rows]]) -> tuple[list[list[np.ndarray]], list[_Rows]]:
-    """The labels to plan with, and what the kept ones index (step 6 of the module docstring).
-
-    Sample ``i``'s boxes (its own, then each partner slot's) are numbered ``0 .. T_i - 1`` in
-    that order: ``rows[0][i]`` are its own rows, ``rows[1 + k][i]`` partner slot ``k``'s; the
-    labels and fields of all of them, concatenated in the same order, are ``lookup[i]``, so
-    that the kept rows index them whatever order the recipe returns its boxes in."""
-    j = len(partner_tables)
-    rows: list[list[np.ndarray]] = [[] for _ in range(1 + j)]
-    lookup = []
-    for i, own in enumerate(tables):
-        parts = [own] + [partner_tables[k][i] for k in range(j)]
-        start = 0
-        for slot, part in enumerate(parts):
-            rows[slot].append(np.arange(start, start + len(part.labels), dtype=np.int64))
-            start += len(part.labels)
-        if j == 0:
-            lookup.append(own)
-            continue
-        fields = {}
-        for name, arr in own.fields.items():  # a partner without the field (not of the source's kind): -1 rows
-            fields[name] = np.concatenate([
-                part.fields[name] if name in part.fields else np.full((len(part.labels), *arr.shape[1:]), -1, arr.dtype)
-                for part in parts])
-        lookup.append(_Rows(np.concatenate([part.labels for part in parts]), fields))
-    return rows, lookup
-
-
-def _boxes_from_masks(boxes: np.ndarray, masks: np.ndarray) -> np.ndarray:
-    """float32 ``[M, 4]``: each box replaced by its moved mask's bounds
-    (:func:`detaug.masks.masks_to_boxes`), kept where its mask is empty."""
-    tight = masks_to_boxes(masks)
-    empty = ~np.asarray(masks).reshape(len(masks), -1).any(axis=1)
-    return np.where(empty[:, None], boxes, tight).astype(np.float32)
-
-
-def _without_noise(boxes: np.ndarray) -> np.ndarray:
-    """float32 ``[M, 4]`` xyxy output boxes with each near edge that lies below float32's
-    resolution at its far edge (``|x1| < spacing(x2) / 2``, likewise ``y1``) set to 0 (step 7 of
-    the module docstring: the float64 rounding of the exact border rule, ``1e-15`` for 0)."""
-    b = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
-    near, far = b[:, :2], b[:, 2:]
-    noise = (near != 0) & (np.abs(near) < np.spacing(np.abs(far)) / 2)
-    if not noise.any():
-        return b
-    b = b.copy()
-    b[:, :2][noise] = 0.0
-    return b
-
-
-def _clip_to_image(boxes: np.ndarray, hw: tuple[int, int], file: str, image_id: int,
-                   repaired: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """Boxes checked against the decoded image ``hw`` by the sources' own rule
-    (:func:`detaug.formats.validation.check_boxes`: clipped, or dropped when no area is left):
-    ``(the boxes kept, bool [N] which rows were kept)``; each repair is recorded with its count."""
-    report = Report(file)
-    sizes = np.tile(np.asarray(hw, dtype=np.float64), (len(boxes), 1))
-    checked, keep = check_boxes(boxes, sizes, report, lambda j: (file, image_id, None))
-    for reason in (BOX_CLIPPED, BOX_OUTSIDE):
-        if report.counts[reason]:
-            repaired.append({"image_id": image_id, "file": file, "reason": reason, "count": report.counts[reason]})
-    return checked[keep], keep
-
-
-def undecodable(planned: PlannedBatch) -> list[tuple[int, str]]:
-    """``(dataset position, reason)`` of the encoded images of ``planned``, its samples' and
-    its Mosaic/MixUp partners', that Pillow cannot decode fully: the culprits of a batch DALI
-    failed on although every header was fine. Each position once, samples first."""
-    from PIL import Image
-
-    images = list(zip(planned.positions.tolist(), planned.data or []))
-    for k, column in enumerate(planned.partners or []):
-        if column is not None:  # None: batch-mates (pool="batch"), checked as samples
-            images += [(p, d) for p, d in zip(planned.partner_positions[:, k].tolist(), column) if p >= 0]
-    found, seen = [], set()
-    for p, d in images:
-        if d.ndim != 1 or p in seen:
-            continue
-        seen.add(p)
-        try:
-            with Image.open(io.BytesIO(d.tobytes())) as im:
-                im.load()
-        except Exception as err:  # noqa: BLE001 - any failure marks the culprit
-            found.append((int(p), f"cannot be decoded: {err}"))
-    return found
-
-
-class DecodeFailure(Exception):
-    """DALI failed on a batch (an image whose header was fine); the adapter finds the culprit."""
-
-    def __init__(self, planned: PlannedBatch, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.planned = planned
-
-    def error(self, source: Any, culprits: list[tuple[int, str]]) -> Exception:
-        """What the user gets when the culprit is not skipped: an :class:`ImageError` naming the
-        first of ``culprits`` (``(dataset position, reason)``, :func:`undecodable`), or, when
-        there are none, a ``RuntimeError`` naming every file of the batch."""
-        planned = self.planned
-        if culprits:
-            p, reason = culprits[0]
-            return ImageError(source.file_of(p), int(source.samples[p].image_id), reason)
-        files = [source.file_of(int(p)) for p in planned.positions]
-        return RuntimeError(f"batch {planned.step} of epoch {planned.epoch} (files {files}) failed in DALI: {self}")
-
-
-def _reason(err: BaseException) -> str:
-    if isinstance(err, OSError):  # the ImageError names the file: the cause's words, without the path again
-        cause = err.__cause__ if isinstance(err.__cause__, OSError) else err
-        return f"cannot read the file: {cause.strerror or cause}"
-    return str(err)
-
-
-class DecodedShapes:
-    """What planning workers get of a source of decoded arrays: each image's shape, not its
-    pixels (``load`` returns a read-only zero-stride view of that shape), boxes, labels, ids,
-    per-box fields."""
-
-    decoded = True
-    orientation = "ignore"
-
-    def __init__(self, source: Any) -> None:
-        self.samples = [_Shape(np.shape(s.image), s.boxes, s.labels, s.image_id, getattr(s, "fields", None) or {})
-                        for s in source.samples]
-        self.field_specs = field_specs(source)
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def file_of(self, index: int) -> str:
-        return f"sample {index} (array {self.samples[index].shape})"
-
-    def load(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        s = self.samples[index]
-        data = np.broadcast_to(np.zeros((), np.uint8), (*s.shape[:2], 3))
-        return data, s.boxes, s.labels, s.image_id
-
-
-@dataclass
-class _Shape:
-    shape: tuple[int, ...]
-    boxes: np.ndarray
-    labels: np.ndarray
-    image_id: int
-    fields: dict[str, np.ndarray] = field(default_factory=dict)
-    size: None = None
-
-
-def worker_planner(planner: BatchPlanner) -> BatchPlanner:
-    """The planner to send to worker processes (decoded arrays stay in this process)."""
-    if getattr(planner.source, "decoded", False) and not isinstance(planner.source, DecodedShapes):
-        return BatchPlanner(DecodedShapes(planner.source), planner.transforms, planner.spec, planner.on_error,
-                            fields=planner.fields)
-    return planner
-
-
-# -- worker processes (module-level, so that workers import neither Keras nor torch) ---------------
-
-_PLANNER: BatchPlanner | None = None
-
-
-def init_plan_worker(payload: bytes) -> None:
-    """A planning worker's initializer: the pickled :class:`BatchPlanner` (:func:`planner_payload`),
-    read once for all the worker's jobs."""
-    global _PLANNER
-    _PLANNER = pickle.loads(payload)
-
-
-def plan_group_job(epoch: int, steps: Sequence[int], bad: Mapping[int, str] | None = None
-                   ) -> list[PlannedBatch | Exception]:
-    """In a planning worker: :meth:`BatchPlanner.plan_many` of batches ``steps`` (one batch:
-    what :meth:`BatchPlanner.plan` gives, or its error)."""
-    if _PLANNER is None:
-        raise RuntimeError("this planning worker has no planner (init_plan_worker did not run)")
-    return _PLANNER.plan_many(epoch, steps, bad=bad)
-
-
-def planner_payload(planner: BatchPlanner) -> bytes:
-    """The bytes :func:`init_plan_worker` takes (decoded arrays are sent as their shapes)."""
-    return pickle.dumps(worker_planner(planner), protocol=pickle.HIGHEST_PROTOCOL)

@@ -26,7 +26,7 @@ Where ``/dev/shm`` is missing, not writable or full, :meth:`SlotRing.take` retur
 tracker from its creation until the ring removes it (:meth:`SlotRing.close`), so that a run
 killed outright (SIGKILL) leaves none: the tracker removes them when the run's processes are
 gone (and warns of them). :func:`sweep` removes those of a prefix; at exit, and on a ``SIGTERM``
-that kills the process (:func:`detaug.workers.on_sigterm`), a process removes those of all its
+that kills the process (:func:`detaug.sigterm.on_sigterm`), a process removes those of all its
 pools itself, and the tracker has nothing to warn of.
 """
 
@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from detaug.workers import SHARED_MEMORY_PREFIX, on_sigterm
+from detaug.sigterm import on_sigterm
+from detaug.worker_payload import SHARED_MEMORY_PREFIX
 
 __all__ = ["SHM_DIR", "SharedArrays", "SlotRing", "file_prefix", "sweep", "write_arrays"]
 

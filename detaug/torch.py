@@ -19,7 +19,9 @@ from detaug.labels import LabelMap
 from detaug.masks import MASKS
 from detaug.plan_ahead import PlanPool
 from detaug.pipeline import outputs_outlive_runs, pick_device, resolve_device
-from detaug.planning import BatchPlanner, EpochSpec, PlannedBatch, batch_columns, source_groups
+from detaug.epochs import EpochSpec, source_groups
+from detaug.planned_batch import PlannedBatch, batch_columns
+from detaug.planning import BatchPlanner
 from detaug.epochs import check_shard
 from detaug.transforms import Compose
 
@@ -105,7 +107,7 @@ class DetectionLoader:
             else a ``ValueError`` names the label, its category id and the fix
             (``label_map="contiguous"`` or a larger ``num_classes``). ``None``: not checked.
         fields: the per-box fields each target carries besides boxes and labels, under their
-            names (:func:`detaug.planning.select_fields`): ``"all"`` (default) every field of
+            names (:func:`detaug.field_selection.select_fields`): ``"all"`` (default) every field of
             the source (a ``CocoSource``: ``iscrowd`` and ``area``, as torchvision's detection
             references name them; a ``VocSource``: ``iscrowd`` and ``difficult``; a sample
             list: its ``fields``), then ``area`` for a source that has none (every source gives

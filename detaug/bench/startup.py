@@ -139,7 +139,7 @@ def _child(kind: str, coco: str, images: str, shards: str, cache_dir: str, ranks
     """Build the source ``kind`` and do a rank's start-up (module docstring); seconds and peak RSS."""
     import warnings
 
-    from detaug.planning import EpochSpec
+    from detaug.epochs import EpochSpec
     from detaug.sources import CocoSource
 
     warnings.simplefilter("ignore")

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from detaug.pipeline import feed, feed_first_run, outputs_outlive_runs
-from detaug.planning import DecodeFailure, PlannedBatch
+from detaug.decode_failures import DecodeFailure
+from detaug.planned_batch import PlannedBatch
 
 __all__ = ["PIPELINE_DEPTH", "PipelineQueue", "Ticket"]
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 from concurrent.futures import BrokenExecutor, Future
 
 from detaug.plan_ahead import PlanPool
-from detaug.planning import BatchPlanner, PlannedBatch
+from detaug.planned_batch import PlannedBatch
+from detaug.planning import BatchPlanner
 
 __all__ = ["PLAN_AHEAD_BATCHES", "PLAN_AHEAD_DATA_BYTES", "PlanAhead"]
 

@@ -75,16 +75,11 @@ from detaug.keras.targets import (
 )
 from detaug.labels import LabelMap
 from detaug.pipeline import build_pipeline, pick_device, resolve_device
-from detaug.planning import (
-    BatchPlanner,
-    DecodeFailure,
-    EpochSpec,
-    PlannedBatch,
-    batch_columns,
-    field_outputs,
-    source_groups,
-    undecodable,
-)
+from detaug.decode_failures import DecodeFailure, undecodable
+from detaug.epochs import EpochSpec, source_groups
+from detaug.field_selection import field_outputs
+from detaug.planned_batch import PlannedBatch, batch_columns
+from detaug.planning import BatchPlanner
 from detaug.transforms import Compose
 
 __all__ = ["DetectionSequence"]

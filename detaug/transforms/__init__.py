@@ -21,7 +21,10 @@ from detaug.transforms.composition import OneOf, RandomApply, RandomChoice, Some
 from detaug.transforms.crop import CenterCrop, FixedSizeCrop, RandomCrop, RandomIoUCrop, RandomResizedCrop
 from detaug.transforms.erasing import CoarseDropout, RandomErasing
 from detaug.transforms.flip import RandomHorizontalFlip, RandomVerticalFlip
-from detaug.transforms.mixing import CopyPaste, CutMix, MixUp, Mosaic
+# the mixing kind, registered in this order (the registry's): Mosaic, MixUp, CutMix, CopyPaste
+from detaug.transforms.mosaic import Mosaic
+from detaug.transforms.blend import CutMix, MixUp
+from detaug.transforms.copypaste import CopyPaste
 from detaug.transforms.noise import GaussNoise
 from detaug.transforms.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from detaug.transforms.perspective import RandomPerspective

@@ -2,7 +2,8 @@
 
 The recipe checks its rules and fuses its warps into segments; the batch planner that runs it
 on the host is :mod:`detaug.batch_plan`, the reading of recipe files
-:mod:`detaug.transforms.recipe_file`.
+:mod:`detaug.transforms.recipe_file`, a recipe built from its dict form (every problem located)
+:mod:`detaug.transforms.recipe_dict`.
 """
 
 from __future__ import annotations
@@ -19,16 +20,10 @@ from detaug.keypoints import check_flip_pairs
 from detaug.plan import Partners
 from detaug.plan_layout import PlanFieldSpec, PlanLayout
 from detaug.seeds import SampleRandom, as_keys
-from detaug.transforms.base import TRANSFORMS, OutputTransform, Transform
-from detaug.transforms.composition import entry_lines, field_path
+from detaug.transforms.base import OutputTransform, Transform
+from detaug.transforms.recipe_dict import RECIPE_SCHEMA, recipe_from_dict, recipe_lines
 from detaug.transforms.schedule import RecipeSchedule
-from detaug.transforms.schema import Param, ParamError, closest
-
-#: The recipe's own fields (besides ``transforms``).
-RECIPE_SCHEMA = (
-    Param("min_size", "number", 1.0, "boxes narrower or lower than this many output pixels are removed", low=0),
-    Param("min_visibility", "probability", 0.0, "boxes with less than this share of their area visible are removed"),
-)
+from detaug.transforms.schema import ParamError
 
 __all__ = ["Compose", "Partners"]
 
@@ -350,55 +345,11 @@ class Compose:
         """Build a ``Compose`` from :meth:`to_dict`'s format (also accepts a bare list of transforms).
 
         Every problem is a :class:`~detaug.errors.RecipeError` naming the entry, the transform,
-        the field and (with ``lines`` from :func:`recipe_lines`) the line: an unknown transform
-        or field (with the closest known name), a value of the wrong type, a reversed range.
+        the field and (with ``lines`` from :func:`~detaug.transforms.recipe_dict.recipe_lines`) the
+        line: an unknown transform or field (with the closest known name), a value of the wrong
+        type, a reversed range.
         """
-        lines = lines or {}
-
-        def fail(problem: str, *, where: tuple, transform: str | None = None, field: str | None = None,
-                 index: int | None = None) -> RecipeError:
-            return RecipeError(problem, transform=transform, field=field, index=index, line=_line(lines, where), file=file)
-
-        if isinstance(recipe, (list, tuple)):
-            recipe = {"transforms": recipe}
-        if not isinstance(recipe, Mapping):
-            raise fail(f"a recipe is a mapping with a 'transforms' list, got {type(recipe).__name__}", where=())
-        known = ["transforms"] + [p.name for p in RECIPE_SCHEMA] + ["keypoint_flip_pairs", "schedule",
-                                                                    "boxes_from_masks"]
-        for key in recipe:
-            if key not in known:
-                raise fail(f"unknown recipe key{closest(key, known)}; known: {', '.join(known)}", where=(key,), field=str(key))
-        specs = recipe.get("transforms", [])
-        if not isinstance(specs, (list, tuple)):
-            raise fail(f"'transforms' must be a list of transforms, got {type(specs).__name__}", where=("transforms",))
-        transforms = []
-        for i, spec in enumerate(specs):
-            here = ("transforms", i)
-            if not isinstance(spec, Mapping):
-                raise fail(f"an entry is a mapping with a 'name', got {spec!r}", where=here, index=i)
-            spec = dict(spec)
-            name = spec.pop("name", None)
-            if name is None:
-                raise fail("entry has no 'name'", where=here, index=i)
-            if name not in TRANSFORMS:
-                raise fail(f"unknown transform {name!r}{closest(name, TRANSFORMS)}", where=here + ("name",), index=i)
-            try:
-                transforms.append(TRANSFORMS[name](**spec))
-            except RecipeError as err:
-                path = field_path(err.field)
-                where = here + path if path and path[0] in spec else here
-                raise err.located(index=i, line=_line(lines, where), file=file) from None
-        if not isinstance(recipe.get("boxes_from_masks", False), bool):
-            raise fail(f"boxes_from_masks must be true or false, got {recipe['boxes_from_masks']!r:.40}",
-                       where=("boxes_from_masks",), field="boxes_from_masks")
-        try:
-            return cls(transforms, **{p.name: recipe.get(p.name, p.default) for p in RECIPE_SCHEMA},
-                       keypoint_flip_pairs=recipe.get("keypoint_flip_pairs", ()), schedule=recipe.get("schedule"),
-                       boxes_from_masks=recipe.get("boxes_from_masks", False))
-        except RecipeError as err:
-            where = (tuple(err.field.split(".")) if err.field  # schedule.<transform>.<field>: the schedule's line
-                     else ("transforms", err.index) if err.index is not None else ())
-            raise err.located(line=_line(lines, where), file=file) from None
+        return recipe_from_dict(cls, recipe, lines=lines, file=file)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -465,37 +416,3 @@ class Compose:
 
 
 Transform.recipe_class = Compose  # a transform called alone runs as Compose([transform])
-
-
-def recipe_lines(text: str) -> dict[tuple, int]:
-    """1-based line of each part of a YAML or JSON recipe text: keys ``(key,)`` for the recipe's
-    own keys, ``("transforms", i)`` for an entry, ``("transforms", i, field)`` for a field of it.
-    Empty when the text does not parse (its syntax error is reported elsewhere)."""
-    import yaml
-
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return {}
-    out: dict[tuple, int] = {}
-    entries = None
-    if isinstance(root, yaml.MappingNode):
-        for key, value in root.value:
-            out[(key.value,)] = key.start_mark.line + 1
-            if key.value == "transforms":
-                entries = value
-    elif isinstance(root, yaml.SequenceNode):
-        entries = root
-    if isinstance(entries, yaml.SequenceNode):
-        for i, entry in enumerate(entries.value):
-            entry_lines(entry, ("transforms", i), out)
-    return out
-
-
-def _line(lines: Mapping[tuple, int], where: tuple) -> int | None:
-    """The line of ``where`` or of its nearest enclosing part."""
-    while where:
-        if where in lines:
-            return lines[where]
-        where = where[:-1]
-    return None

@@ -18,11 +18,12 @@ from typing import Callable
 from detaug.errors import RecipeError
 from detaug.transforms.affine import RandomAffine
 from detaug.transforms.base import Transform
+from detaug.transforms.blend import MixUp
 from detaug.transforms.color import ColorJitter, RandomPhotometricDistort
 from detaug.transforms.compose import Compose
 from detaug.transforms.crop import FixedSizeCrop, RandomIoUCrop
 from detaug.transforms.flip import RandomHorizontalFlip
-from detaug.transforms.mixing import MixUp, Mosaic
+from detaug.transforms.mosaic import Mosaic
 from detaug.transforms.normalize import Normalize
 from detaug.transforms.pad import RandomZoomOut
 from detaug.transforms.perspective import RandomPerspective

@@ -14,7 +14,7 @@ A recipe file is untrusted input (docs/security.md). Before anything is built fr
 
 :func:`load_recipe_data` gives the parsed data; :func:`read_recipe_file` reads a file (the
 suffix decides: ``.yaml``/``.yml`` YAML, anything else JSON) and gives the data and the text
-(for :func:`~detaug.transforms.compose.recipe_lines`).
+(for :func:`~detaug.transforms.recipe_dict.recipe_lines`).
 """
 
 from __future__ import annotations

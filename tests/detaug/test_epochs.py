@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from detaug.epochs import batch_slice, check_shard, num_batches, shard_order, shard_size
-from detaug.planning import EpochSpec
+from detaug.epochs import EpochSpec
 
 CASES = list(itertools.product([7, 993], [1, 2, 3, 5], [1, 4, 16], [False, True], [False, True]))
 

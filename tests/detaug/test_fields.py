@@ -23,7 +23,9 @@ from PIL import Image
 
 import detaug.transforms as T
 from detaug import DatasetError, DataWarning
-from detaug.planning import BatchPlanner, EpochSpec, select_fields
+from detaug.epochs import EpochSpec
+from detaug.field_selection import select_fields
+from detaug.planning import BatchPlanner
 from detaug.seeds import sample_keys
 from detaug.sources import CocoSource, Sample, SampleListSource, VocSource
 from detaug.synthetic import write_voc_dataset
@@ -297,7 +299,7 @@ def test_voc_difficult_and_iscrowd(tmp_path):
 
 def test_planning_workers_get_the_fields_of_decoded_samples(source):
     """Workers plan decoded arrays from their shapes (DecodedShapes): the fields go with them."""
-    from detaug.planning import planner_payload
+    from detaug.plan_jobs import planner_payload
 
     planner = BatchPlanner(source, CROP_FLIP, EpochSpec(n=len(source), batch_size=4, seed=SEED), fields=["iscrowd", "score"])
     worker = pickle.loads(planner_payload(planner))

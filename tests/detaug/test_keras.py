@@ -27,7 +27,10 @@ keras = pytest.importorskip("keras", reason="Keras 3 is not installed (pip insta
 
 import detaug.keras as dk
 import detaug.transforms as T
-import detaug.planning as planning
+import detaug.plan_jobs as plan_jobs
+from detaug.decoded_shapes import DecodedShapes
+from detaug.epochs import EpochSpec
+from detaug.planning import BatchPlanner
 from detaug import ImageError
 from detaug.keras import (
     KERAS_BOX_FORMATS,
@@ -657,14 +660,14 @@ class TestPlanningWorkers:
             [{"image": _decode(s.image, gray=k == 1), "boxes": s.boxes, "labels": s.labels, "image_id": s.image_id} for k, s in enumerate(samples)]
         )
         transforms = recipe()
-        spec = planning.EpochSpec(n=9, batch_size=4, shuffle=True, seed=7)
+        spec = EpochSpec(n=9, batch_size=4, shuffle=True, seed=7)
         for source in (encoded, decoded):
-            planner = planning.BatchPlanner(source, transforms, spec)
+            planner = BatchPlanner(source, transforms, spec)
             try:
-                planning.init_plan_worker(planning.planner_payload(planner))
-                [planned] = planning.plan_group_job(1, [2])
+                plan_jobs.init_plan_worker(plan_jobs.planner_payload(planner))
+                [planned] = plan_jobs.plan_group_job(1, [2])
             finally:
-                planning._PLANNER = None
+                plan_jobs._PLANNER = None
             expected = planner.plan(1, 2)
             if source.decoded:  # the workers have the shapes, not the pixels
                 assert planned.data is None
@@ -675,8 +678,8 @@ class TestPlanningWorkers:
             for a, b in zip(planned.boxes + planned.labels, expected.boxes + expected.labels):
                 np.testing.assert_array_equal(a, b)
         with pytest.raises(RuntimeError, match="init_plan_worker did not run"):
-            planning.plan_group_job(1, [2])
-        shapes = planning.DecodedShapes(decoded)
+            plan_jobs.plan_group_job(1, [2])
+        shapes = DecodedShapes(decoded)
         assert shapes.load(1)[0].shape == (160, 200, 3) and len(pickle.dumps(shapes)) < 20_000
 
     def test_the_next_epochs_batches_prefetched_at_the_end_of_an_epoch_are_the_workers_plans(self, source, epoch0):
@@ -735,7 +738,7 @@ class TestPlanningWorkers:
         from detaug.keras.plan_ahead import PlanAhead
         from detaug.plan_ahead import _Group, _members, _Packed
 
-        planner = planning.BatchPlanner(source, recipe(), planning.EpochSpec(n=len(source), batch_size=2, seed=3))
+        planner = BatchPlanner(source, recipe(), EpochSpec(n=len(source), batch_size=2, seed=3))
         ahead = PlanAhead(planner, 1, num_batches=len(planner.spec))
         ahead.limit = 0  # no jobs of its own: the two below are the only plans
         ahead.set_epoch(0)
@@ -758,7 +761,7 @@ class TestPlanningWorkers:
         move to that epoch: a plan is used once."""
         from detaug.keras.plan_ahead import PlanAhead
 
-        planner = planning.BatchPlanner(source, recipe(), planning.EpochSpec(n=len(source), batch_size=2, seed=3))
+        planner = BatchPlanner(source, recipe(), EpochSpec(n=len(source), batch_size=2, seed=3))
         n = len(planner.spec)
         ahead = PlanAhead(planner, 1, num_batches=n)
         try:

@@ -29,7 +29,8 @@ from detaug.keypoints import (
     COCO_KEYPOINT_OFFSET, COCO_PERSON_FLIP_PAIRS, check_flip_pairs, flip_pairs_from_names, flip_permutation,
     to_coco_keypoints,
 )
-from detaug.planning import BatchPlanner, EpochSpec
+from detaug.epochs import EpochSpec
+from detaug.planning import BatchPlanner
 from detaug.sources import CocoSource, Sample, SampleListSource
 from detaug.torch import DetectionLoader
 

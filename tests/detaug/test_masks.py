@@ -21,7 +21,9 @@ import detaug.transforms as T
 from detaug import DatasetError
 from detaug.errors import ImageError
 from detaug.masks import CocoMasks, check_masks, masks_to_boxes, warp_mask
-from detaug.planning import BatchPlanner, EpochSpec, batch_columns
+from detaug.epochs import EpochSpec
+from detaug.planned_batch import batch_columns
+from detaug.planning import BatchPlanner
 from detaug.sources import Sample, SampleListSource
 
 DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")  # DETAUG_TEST_DEVICE=gpu: the same checks on a GPU
@@ -370,7 +372,7 @@ def test_masks_of_a_batch_of_several_sizes_are_padded_and_each_target_gets_its_i
 def test_keras_targets_pad_masks_with_minus_one():
     from detaug.keras.targets import keras_field_spec, pad_targets
     from detaug.labels import LabelMap
-    from detaug.planning import field_outputs
+    from detaug.field_selection import field_outputs
 
     source = SampleListSource([scene(s) for s in range(4)])
     recipe = T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))])

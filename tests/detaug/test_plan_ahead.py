@@ -15,7 +15,10 @@ import pytest
 
 import detaug.transforms as T
 from detaug.plan_ahead import PlanPool, _Group, _members, _pack_boxes, _Packed, plan_group
-from detaug.planning import BatchPlanner, EpochSpec, batch_columns, init_plan_worker, planner_payload
+from detaug.epochs import EpochSpec
+from detaug.plan_jobs import init_plan_worker, planner_payload
+from detaug.planned_batch import batch_columns
+from detaug.planning import BatchPlanner
 from detaug.shared_arrays import SHM_DIR, SlotRing, file_prefix
 from detaug.sources import SampleListSource
 from tests.detaug.consistency import scene_samples

@@ -11,7 +11,8 @@ from PIL import Image
 
 import detaug.transforms as T
 from detaug.plan_layout import PlanLayout
-from detaug.planning import BatchPlanner, EpochSpec
+from detaug.epochs import EpochSpec
+from detaug.planning import BatchPlanner
 from detaug.seeds import sample_keys
 from detaug.sources import Sample, SampleListSource
 from detaug.synthetic import DEFAULT_CLASSES, make_scene

@@ -8,7 +8,9 @@ import pytest
 
 import detaug.transforms as T
 from detaug.errors import ImageError
-from detaug.planning import BatchPlanner, EpochSpec, PlannedBatch
+from detaug.epochs import EpochSpec
+from detaug.planned_batch import PlannedBatch
+from detaug.planning import BatchPlanner
 from detaug.sources import SampleListSource
 from tests.detaug.consistency import scene_samples
 

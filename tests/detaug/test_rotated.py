@@ -266,7 +266,8 @@ def test_unclipped_rotated_boxes_are_their_corners_moved_as_keypoints(recipe):
 
 
 def test_batches_planned_together_move_rotated_boxes_as_alone():
-    from detaug.planning import BatchPlanner, EpochSpec
+    from detaug.epochs import EpochSpec
+    from detaug.planning import BatchPlanner
 
     source = SampleListSource([scene(s) for s in range(8)])
     recipe = T.Compose([T.Mosaic(size=(96, 128), fill=0), T.RandomHorizontalFlip(), T.RandomAffine(degrees=20)])

@@ -17,7 +17,7 @@ import pytest
 
 import detaug.transforms as T
 from detaug import DatasetError, DataWarning
-from detaug.planning import EpochSpec
+from detaug.epochs import EpochSpec
 from detaug.shards import (
     ShardSource,
     add_shards_parser,

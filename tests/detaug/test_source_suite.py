@@ -23,7 +23,8 @@ import detaug.transforms as T
 from detaug import DataWarning, ImageError
 from detaug.formats.box_formats import from_xyxy
 from detaug.formats.samples import Source
-from detaug.planning import BatchPlanner, EpochSpec
+from detaug.epochs import EpochSpec
+from detaug.planning import BatchPlanner
 from detaug.shards import ShardSource, read_index, write_shards
 from detaug.sources import CocoSource, SampleListSource, VocSource, YoloSource
 from detaug.synthetic import write_coco_dataset, write_voc_dataset

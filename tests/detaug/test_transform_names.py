@@ -21,7 +21,9 @@ from detaug.transforms import base
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The modules that must name no transform class.
-READERS = ("detaug/transforms/compose.py", "detaug/batch_plan.py", "detaug/planning.py", "detaug/pipeline.py",
+READERS = ("detaug/transforms/compose.py", "detaug/transforms/recipe_dict.py", "detaug/batch_plan.py",
+           "detaug/planning.py", "detaug/gathered.py", "detaug/planned_batch.py", "detaug/field_selection.py",
+           "detaug/decoded_shapes.py", "detaug/decode_failures.py", "detaug/plan_jobs.py", "detaug/pipeline.py",
            "detaug/plan_layout.py", "detaug/decode_regions.py", "detaug/plan.py")
 #: The interface: the base classes a reader may name (annotations, the ``Transform`` check).
 INTERFACE = {"Transform", "GeometricTransform", "PhotometricTransform", "OutputTransform"}
@@ -54,7 +56,7 @@ def identifiers(source: str) -> dict[str, int]:
 
 
 def test_the_reader_sees_a_type_test_an_import_and_an_attribute():
-    code = ("from detaug.transforms.mixing import MixUp\n"
+    code = ("from detaug.transforms.blend import MixUp\n"
             "import detaug.transforms as T\n"
             "def f(t):\n"
             "    '''Mosaic in a docstring is fine.'''\n"

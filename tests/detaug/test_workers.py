@@ -18,14 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from detaug.workers import (
-    PIPE_PAYLOAD_LIMIT,
-    SHARED_MEMORY_PREFIX,
-    main_references,
-    references_main,
-    start_pool,
-    stop_pool,
-)
+from detaug.main_pickles import main_references, references_main
+from detaug.worker_payload import SHARED_MEMORY_PREFIX
+from detaug.workers import PIPE_PAYLOAD_LIMIT, start_pool, stop_pool
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics (/proc, prctl)")
 

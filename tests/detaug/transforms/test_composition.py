@@ -11,7 +11,7 @@ import detaug.transforms as T
 from detaug import RecipeError
 from detaug.seeds import sample_keys
 from detaug.transforms import Compose
-from detaug.transforms.compose import recipe_lines
+from detaug.transforms.recipe_dict import recipe_lines
 from detaug.transforms.composition import entry_lines, field_path
 from tests.detaug.consistency import (
     RecordingCompose,
@@ -237,7 +237,7 @@ def test_nested_lines_are_recorded():
 
 
 @pytest.mark.skipif(("transforms", 1, "transforms", 0) not in recipe_lines(NESTED_YAML),
-                    reason="compose.recipe_lines must record nested entries (change requested with issue 18)")
+                    reason="recipe_dict.recipe_lines must record nested entries (change requested with issue 18)")
 def test_errors_in_nested_entries_of_a_file_give_the_line(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(NESTED_YAML)

@@ -13,7 +13,8 @@ import pytest
 import detaug.transforms as T
 from detaug.errors import RecipeError
 from detaug.masks import masks_to_boxes, paste_over, warp_mask
-from detaug.planning import BatchPlanner, EpochSpec
+from detaug.epochs import EpochSpec
+from detaug.planning import BatchPlanner
 from detaug.sources import Sample, SampleListSource
 from tests.detaug.test_masks import DEVICE, HW, check_masks_on_pixels, iou, scene
 from tests.detaug.transforms.test_mixing import run

@@ -16,7 +16,8 @@ from detaug.boxes import rotation_matrix, translation_matrix
 from detaug.errors import RecipeError
 from detaug.pipeline import build_pipeline, feed, input_names
 from detaug.plan import PlanState
-from detaug.planning import BatchPlanner, EpochSpec
+from detaug.epochs import EpochSpec
+from detaug.planning import BatchPlanner
 from detaug.seeds import SampleRandom, sample_keys
 from detaug.sources import Sample, SampleListSource
 from detaug.synthetic import BACKGROUND, PALETTE

@@ -12,7 +12,8 @@ from PIL import Image
 
 import detaug.transforms as T
 from detaug.errors import RecipeError
-from detaug.planning import BatchPlanner, EpochSpec
+from detaug.epochs import EpochSpec
+from detaug.planning import BatchPlanner
 from detaug.sources import SampleListSource
 from detaug.synthetic import BACKGROUND
 from detaug.transforms import Compose

@@ -12,7 +12,8 @@ import pytest
 
 import detaug.transforms as T
 from detaug.errors import RecipeError
-from detaug.planning import BatchPlanner, EpochSpec
+from detaug.epochs import EpochSpec
+from detaug.planning import BatchPlanner
 from detaug.seeds import sample_keys
 from detaug.sources import SampleListSource
 from detaug.synthetic import BACKGROUND, PALETTE
