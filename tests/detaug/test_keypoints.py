@@ -397,20 +397,21 @@ def test_coco_keypoints_are_read_at_their_pixel_centres_and_moved(tmp_path):
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["categories name keypoints", "annotations only"])
-def test_a_cached_coco_keypoints_file_is_refused_not_read_without_them(tmp_path, named):
-    """The annotation cache holds no keypoints yet: cache=True on a keypoints file is a
-    DatasetError naming the file (nothing silent), however the file is parsed."""
+def test_a_cached_coco_keypoints_file_keeps_its_keypoints(tmp_path, named):
+    """The annotation cache holds keypoints (tests/detaug/formats/test_coco_cache_fields.py
+    compares every sample with the fresh parse): cache=True never reads a keypoints file
+    without them, however the file is parsed."""
     import json
 
-    doc, _ = coco_doc(tmp_path, lambda j, flat: {"keypoints": flat})
+    doc, points = coco_doc(tmp_path, lambda j, flat: {"keypoints": flat})
     if not named:  # only the annotations carry them: the streaming parser hands the file to load_coco
         del doc["categories"][0]["keypoints"]
     path = tmp_path / "keypoints.json"
     path.write_text(json.dumps(doc))
-    with pytest.raises(DatasetError, match="keypoints.json.*does not hold keypoints yet"):
-        CocoSource(path, tmp_path, cache=True)
-    if named:
-        assert CocoSource(path, tmp_path).field_specs["keypoints"][1] == (K, 3)  # cache=False reads them
+    for _ in range(2):  # built, then opened
+        cached = CocoSource(path, tmp_path, cache=True)
+        assert cached.field_specs["keypoints"][1] == (K, 3)
+        np.testing.assert_array_equal(cached.samples[0].fields["keypoints"], points)
 
 
 def test_keypoints_go_through_shards_as_any_per_box_field(tmp_path):

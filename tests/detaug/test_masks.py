@@ -304,7 +304,7 @@ def test_coco_polygons_and_rle_become_masks_that_move_with_their_shapes(tmp_path
         assert np.median(check_masks_on_pixels(eager[i])) >= 0.98
 
 
-def test_coco_masks_are_named_errors_and_refused_by_the_cache(tmp_path):
+def test_coco_masks_are_named_errors_also_for_the_cache(tmp_path):
     import json
 
     from detaug.sources import CocoSource
@@ -318,8 +318,9 @@ def test_coco_masks_are_named_errors_and_refused_by_the_cache(tmp_path):
     with pytest.raises(DatasetError, match=r"(?s)annotation_id 2.*not a flat list.*annotation_id 3.*no segmentation"):
         CocoSource(bad, root, masks=True)
     CocoSource(bad, root)  # without masks the segmentations are not read
-    with pytest.raises(DatasetError, match="cache does not hold segmentation masks"):
-        CocoSource(path, root, masks=True, cache=tmp_path / "cache")
+    with pytest.raises(DatasetError, match=r"(?s)annotation_id 2.*not a flat list.*annotation_id 3.*no segmentation"):
+        CocoSource(bad, root, masks=True, cache=tmp_path / "cache")  # the cache reads them as load_coco does
+    CocoSource(bad, root, cache=tmp_path / "cache")
 
 
 def test_torch_targets_carry_masks_on_the_images_device():
