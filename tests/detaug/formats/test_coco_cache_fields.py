@@ -180,3 +180,21 @@ def test_cached_keypoints_and_segmentations_that_fail_the_checks_are_refused(tmp
     points[0, 1, 2] = 3  # a visibility a fresh parse refuses
     with pytest.raises(DatasetError, match="keypoints do not pass the checks.*visibility 3"):
         _check_cached(replace(columns, keypoints=points), False, masks=True)
+
+
+def test_a_cached_source_pickles_as_its_cache_folder_with_its_keypoints_and_masks(tmp_path):
+    """Worker processes get the columns by their cache folder (mapped again), keypoints and
+    masks included; with crowd boxes left out the view's own arrays travel."""
+    import pickle
+
+    path, root = masks_file(tmp_path)
+    for include_iscrowd in (True, False):
+        cached = CocoSource(path, root, masks=True, include_iscrowd=include_iscrowd, cache=tmp_path / "cache")
+        assert_same_samples(cached, pickle.loads(pickle.dumps(cached)))
+    doc, _ = keypoints_doc(tmp_path, lambda j, flat: {"keypoints": flat})
+    kp = tmp_path / "keypoints.json"
+    kp.write_text(json.dumps(doc))
+    cached = CocoSource(kp, tmp_path, cache=True)
+    columns = cached.samples.image_of.columns
+    assert columns.cache is not None and pickle.loads(pickle.dumps(columns)).keypoints is not None
+    assert_same_samples(cached, pickle.loads(pickle.dumps(cached)))
