@@ -58,6 +58,8 @@ from detaug.formats.coco import read_json
 from detaug.formats.column_store import SampleTable, SampleView, load_columns
 from detaug.formats.mask_columns import MaskColumns
 from detaug.masks import MASKS, CocoMasks
+from detaug.keypoints import KEYPOINTS, check_keypoints
+from detaug.rotated import ROTATED_BOXES, check_rotated_boxes
 from detaug.shard_manifest import (
     MANIFEST_VERSION, _check_names, _specs_of, read_index, rebuild_manifest, save_manifest,
 )
@@ -256,6 +258,11 @@ class ShardSource(SampleListSource):
             if len(column) != len(t.boxes):
                 raise DatasetError(f"{self.root / 'manifest'}: field {name!r} has {len(column)} rows, "
                                    f"{len(t.boxes)} boxes")
+            check = {KEYPOINTS: check_keypoints, ROTATED_BOXES: check_rotated_boxes}.get(name)
+            if check is not None:  # the checks of a sample's keypoints / rotated boxes, on the whole column
+                checked, why = check(np.asarray(column), len(t.boxes))
+                if checked is None:
+                    raise DatasetError(f"{self.root / 'manifest'}: field {name!r} does not pass the checks ({why})")
         if self.segments is not None:  # the checks of a fresh parse of the segmentations
             why = self.segments.check(len(t.boxes))
             if why:

@@ -433,6 +433,24 @@ def test_keypoints_go_through_shards_as_any_per_box_field(tmp_path):
     assert (a[0]["keypoints"][..., 2] > 0).sum() == (points[..., 2] > 0).sum()
 
 
+def test_a_shard_manifest_with_keypoints_that_fail_the_checks_is_named(tmp_path):
+    """The manifest's keypoints column is checked as a sample's keypoints are (an edited one is
+    a DatasetError naming the manifest and the field), as its boxes are."""
+    from detaug.shards import ShardSource, write_shards
+
+    doc, _ = coco_doc(tmp_path, lambda j, flat: {"keypoints": flat})
+    doc["images"] = doc["images"][:1]
+    write_shards(CocoSource(doc, tmp_path), tmp_path / "shards", progress=False)
+    names = [f[0] for f in json.loads((tmp_path / "shards" / "dataset.json").read_text())["fields"]]
+    column = tmp_path / "shards" / "manifest" / f"field_{names.index('keypoints')}.npy"
+    points = np.load(column)
+    ShardSource(tmp_path / "shards")  # as written: passes
+    points[0, 1, 2] = 5
+    np.save(column, points)
+    with pytest.raises(DatasetError, match=r"manifest: field 'keypoints' does not pass the checks.*visibility 5"):
+        ShardSource(tmp_path / "shards")
+
+
 def test_coco_keypoint_errors_name_the_annotation(tmp_path):
     doc, _ = coco_doc(tmp_path, lambda j, flat: {"keypoints": flat[:-3] if j == 1 else flat})
     with pytest.raises(DatasetError, match=r"annotation_id 11.*2 keypoints, others have 3"):
