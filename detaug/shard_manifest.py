@@ -202,7 +202,8 @@ def rebuild_manifest(out: str | os.PathLike, *, allow_paths_outside: bool = Fals
                 boxes.append(b)
                 labels.append(sample_labels)
                 records_fields.append(record.get("fields") or {})
-                records_masks.append((record.get("masks"), len(b), f"{out / shard['tar']}: {entry['json'][2] or entry}"))
+                where = f"{out / shard['tar']}: {entry['json'][2] or entry}"
+                records_masks.append((record.get("masks"), len(b), where))
         shard["samples"], shard["bytes"] = len(entries), (out / shard["tar"]).stat().st_size
     table = SampleTable(np.asarray(ids, np.int64), np.asarray(sizes, np.int32).reshape(-1, 2),
                         np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),

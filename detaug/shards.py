@@ -13,7 +13,8 @@ in continuous pixels (pixel i spans [i, i + 1)), "labels": [category id, ...], "
 width] or null, "file": the file it was written from, "fields": {name: [value per box, ...]}
 (the source's per-box fields, such as ``iscrowd``, ``difficult`` or a track id; absent without
 any), "masks": [COCO segmentation per box, ...] (a source with instance masks only; uint8 masks
-written as compressed RLE: :func:`~detaug.shard_manifest.mask_segmentations`)}``. The tars are plain POSIX tars that ``tar``, the ``webdataset`` library and DALI's
+written as compressed RLE: :func:`~detaug.shard_manifest.mask_segmentations`)}``. The tars are
+plain POSIX tars that ``tar``, the ``webdataset`` library and DALI's
 ``fn.readers.webdataset`` (with the ``.idx`` files: no scan at start-up) read.
 
 ``manifest/`` holds the same facts as columns (:mod:`detaug.formats.columnar`: image ids,

@@ -1,5 +1,6 @@
 """The variants ``detaug bench`` measures (:data:`VARIANTS` of the default recipe,
-:data:`YOLO_VARIANTS` of the YOLO recipe, :data:`MASKS_VARIANTS` of the masks recipe), the order they run in, ``--only``'s names, and
+:data:`YOLO_VARIANTS` of the YOLO recipe, :data:`MASKS_VARIANTS` of the masks recipe), the order
+they run in, ``--only``'s names, and
 :class:`VariantResult`, the table row each one gives. What each variant is:
 :mod:`detaug.bench.runner`."""
 

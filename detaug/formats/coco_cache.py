@@ -89,7 +89,8 @@ def _warn(text: str) -> None:
     warnings.warn(text, DataWarning, stacklevel=v._caller_level())
 
 
-def _parsed(path: Path, name: str | None, allow_paths_outside: bool, masks: bool, *, warn: bool = True) -> CocoColumns:
+def _parsed(path: Path, name: str | None, allow_paths_outside: bool, masks: bool, *,
+            warn: bool = True) -> CocoColumns:
     """:func:`parse_coco_columns` (with ``masks``: ``load_coco(..., masks=True)``), its repairs
     said once (with ``warn``)."""
     with warnings.catch_warnings():
@@ -149,8 +150,8 @@ def _build_cache(path: Path, folder: Path, name: str | None, allow_paths_outside
         columns.report.source = columns.source
         digest = _file_hash(path)
         unchanged = _file_key(path) == key  # else: cached under a key that will not match
-        return {**columns.meta(), "masks": masks, "version": CACHE_VERSION, "key": key if unchanged else [-1] * 5, "sha256": digest,
-                "outside": int(getattr(columns, "outside", 0))}
+        return {**columns.meta(), "masks": masks, "version": CACHE_VERSION, "key": key if unchanged else [-1] * 5,
+                "sha256": digest, "outside": int(getattr(columns, "outside", 0))}
 
     _write_folder(folder, write, _stamp)
     arrays, meta = load_columns(folder)

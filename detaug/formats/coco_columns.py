@@ -93,7 +93,7 @@ class CocoColumns:
                 setattr(self, name, arrays[name])
 
     def meta(self) -> dict[str, Any]:
-        return {"source": self.source, "masks": self.segments is not None, "categories": [[k, n] for k, n in self.categories.items()],
+        return {"source": self.source, "categories": [[k, n] for k, n in self.categories.items()],
                 "report": _report_to_json(self.report), "present_labels": self.table.present_labels().tolist(),
                 "max_boxes": self.table.max_boxes()}
 
@@ -200,7 +200,10 @@ class _CocoFields:
 
         c = self.columns
         rows = np.arange(start, end) if self.rows is None else np.asarray(self.rows[start:end], dtype=np.int64)
-        crowd = np.asarray(c.iscrowd[start:end], dtype=np.int64) if self.rows is None else np.zeros(end - start, np.int64)
+        if self.rows is None:
+            crowd = np.asarray(c.iscrowd[start:end], dtype=np.int64)
+        else:  # the crowd boxes were left out
+            crowd = np.zeros(end - start, np.int64)
         fields: dict[str, Any] = {"iscrowd": crowd, "area": box_area(boxes, np.float32)}
         if c.keypoints is not None:
             points = c.keypoints[start:end] if self.rows is None else c.keypoints[rows]

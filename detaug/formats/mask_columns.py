@@ -113,7 +113,8 @@ class MaskColumns:
         if kind == RLE_INTS:
             return {"size": size, "counts": np.asarray(self.rle_ints[int(self.seg_ints[j]):int(self.seg_ints[j + 1])],
                                                        dtype=np.int64).tolist()}
-        return {"size": size, "counts": bytes(self.rle_chars[int(self.seg_chars[j]):int(self.seg_chars[j + 1])]).decode("utf-8")}
+        chars = self.rle_chars[int(self.seg_chars[j]):int(self.seg_chars[j + 1])]
+        return {"size": size, "counts": bytes(chars).decode("utf-8")}
 
     def check(self, count: int) -> str:
         """Why these columns are not the segmentations of ``count`` boxes that a fresh parse
