@@ -444,6 +444,21 @@ def test_masks_go_through_shards_and_their_rebuilt_manifest(tmp_path):
     _same_loader_batches(coco, from_coco, recipe)
 
 
+def test_a_sample_whose_masks_cannot_be_written_is_named_and_skipped(tmp_path):
+    from detaug.shards import ShardSource, write_shards
+    from detaug.sources import CocoSource
+
+    path, root, _ = coco_scene(tmp_path)
+    coco = CocoSource(path, root, masks=True)
+    coco.samples[1].fields["masks"] = CocoMasks([[[1, 2, 3]]] * len(coco.samples[1].boxes))  # spoilt after the checks
+    summary = write_shards(coco, tmp_path / "shards", progress=False)
+    assert summary.samples == 2 and len(summary.skipped) == 1
+    skipped = summary.skipped[0]
+    assert skipped["image_id"] == 2 and skipped["file"].endswith("1.png") and "box 0: polygon" in skipped["reason"]
+    with pytest.warns(Warning, match="1 image"):
+        assert [s.image_id for s in ShardSource(tmp_path / "shards").samples] == [1, 3]
+
+
 def test_bad_masks_in_shards_are_named(tmp_path):
     import json
     import shutil
