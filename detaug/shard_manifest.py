@@ -74,23 +74,65 @@ def _field_columns(per_sample: list[dict[str, np.ndarray]], specs: dict[str, Fie
 
 
 def _specs_of(dataset: dict[str, Any]) -> dict[str, FieldSpec]:
-    """The per-box fields of a shard folder (``dataset.json``'s ``"fields"``; none in a folder
-    written before shards kept them)."""
+    """The per-box number fields of a shard folder (``dataset.json``'s ``"fields"``; none in a
+    folder written before shards kept them); instance masks are not among them
+    (``dataset.json``'s ``"masks": true``, :func:`mask_segmentations`)."""
     return {str(name): FieldSpec(np.dtype(dtype), tuple(int(k) for k in shape))
             for name, dtype, shape in dataset.get("fields", [])}
 
 
+def mask_segmentations(value: Any, n: int, where: str) -> list[Any]:
+    """A sample's instance masks as a shard's ``<key>.json`` holds them (``"masks"``): one COCO
+    ``segmentation`` per box, as the source gives it (:class:`~detaug.masks.CocoMasks`: its
+    polygons or RLE) or, for uint8 ``[N, H, W]`` arrays, each mask's compressed RLE
+    (``{"size": [h, w], "counts": "..."}``, pycocotools: decoded to the same pixels).
+    ``DatasetError`` naming ``where`` for masks that are not one well-formed row per box."""
+    from detaug.masks import CocoMasks, check_masks, segmentation_problem
+
+    if isinstance(value, CocoMasks):
+        segs = list(value.segmentations)
+    elif value is None or np.size(value) == 0:
+        segs = []
+    else:
+        dense, why = check_masks(value, n)
+        if dense is None:
+            raise DatasetError(f"{where}: {why}")
+        from pycocotools import mask as coco_mask
+
+        segs = []
+        for m in dense:
+            rle = coco_mask.encode(np.asfortranarray(m))
+            segs.append({"size": [int(x) for x in rle["size"]], "counts": rle["counts"].decode("ascii")})
+    if len(segs) != n:
+        raise DatasetError(f"{where}: {len(segs)} masks, {n} boxes (one mask per box)")
+    for k, seg in enumerate(segs):
+        why = segmentation_problem(seg)
+        if why:
+            raise DatasetError(f"{where}: box {k}: {why}")
+    return segs
+
+
 def save_manifest(out: Path, table: SampleTable, offsets: np.ndarray, lengths: np.ndarray, exts: np.ndarray,
-                  dataset: dict[str, Any], fields: dict[str, np.ndarray] | None = None) -> None:
+                  dataset: dict[str, Any], fields: dict[str, np.ndarray] | None = None,
+                  masks: list[Any] | None = None) -> None:
     """Write ``dataset.json`` and ``manifest/`` (the columns, with the labels present and the
     largest box count, so that no loader scans every sample at start-up); ``fields``: the
-    per-box fields' columns, in the order of ``dataset["fields"]``."""
+    per-box fields' columns, in the order of ``dataset["fields"]``; ``masks``: every box's
+    ``segmentation`` (:func:`mask_segmentations`), kept as the number columns of
+    :class:`~detaug.formats.mask_columns.MaskColumns` (no pickle)."""
+    from detaug.formats.mask_columns import MaskColumns
+
     labels = np.unique(np.asarray(table.labels)).astype(np.int64)
     most = table.max_boxes()
     meta = {"version": MANIFEST_VERSION, "samples": len(table), "present_labels": labels.tolist(), "max_boxes": most,
             "shards": [s["tar"] for s in dataset["shards"]],
             "shard_samples": [int(s["samples"]) for s in dataset["shards"]]}
     columns = {f"field_{k}": values for k, values in enumerate((fields or {}).values())}
+    if masks is not None:
+        try:
+            columns.update(MaskColumns.from_segmentations(masks).arrays())
+        except ValueError as err:
+            raise DatasetError(f"{out}: {err}: shards cannot hold it") from None
     save_columns(out / "manifest", {**table.arrays(), "offsets": offsets, "lengths": lengths, "exts": exts, **columns},
                  meta)
     (out / "dataset.json").write_text(json.dumps(dataset, indent=1))
@@ -117,6 +159,7 @@ def rebuild_manifest(out: str | os.PathLike, *, allow_paths_outside: bool = Fals
                    "shards": [{"tar": t, "index": Path(t).with_suffix(".idx").name} for t in tars], "skipped": []}
     ids, sizes, counts, offsets, lengths, exts, boxes, labels = [], [], [], [], [], [], [], []
     records_fields: list[dict[str, Any]] = []
+    records_masks: list[tuple[Any, int, str]] = []
     ext_names: list[str] = []
     width = 0
     for shard in dataset["shards"]:
@@ -159,6 +202,8 @@ def rebuild_manifest(out: str | os.PathLike, *, allow_paths_outside: bool = Fals
                 boxes.append(b)
                 labels.append(sample_labels)
                 records_fields.append(record.get("fields") or {})
+                where = f"{out / shard['tar']}: {entry['json'][2] or entry}"
+                records_masks.append((record.get("masks"), len(b), where))
         shard["samples"], shard["bytes"] = len(entries), (out / shard["tar"]).stat().st_size
     table = SampleTable(np.asarray(ids, np.int64), np.asarray(sizes, np.int32).reshape(-1, 2),
                         np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
@@ -174,9 +219,24 @@ def rebuild_manifest(out: str | os.PathLike, *, allow_paths_outside: bool = Fals
     except (KeyError, TypeError, ValueError) as err:
         raise DatasetError(f"{out}: a sample record's per-box fields do not fit dataset.json's \"fields\" "
                            f"({type(err).__name__}: {' '.join(str(err).split())[:120]})") from None
+    if "masks" not in dataset:  # no dataset.json: masks where every record has them
+        dataset["masks"] = bool(records_masks) and all(m is not None for m, _, _ in records_masks)
+    masks = None
+    if dataset["masks"]:
+        masks = []
+        for value, n, where in records_masks:
+            if not isinstance(value, list):
+                raise DatasetError(f"{where}: no \"masks\" list (dataset.json says the samples have masks)")
+            masks.extend(mask_segmentations(_coco_masks(value), n, where))
     dataset.update(key_width=width, extensions=ext_names, samples=len(table), boxes=int(table.box_starts[-1]))
     save_manifest(out, table, np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), np.asarray(exts, np.uint8),
-                  dataset, columns)
+                  dataset, columns, masks)
+
+
+def _coco_masks(segmentations: list[Any]) -> Any:
+    from detaug.masks import CocoMasks
+
+    return CocoMasks(segmentations)
 
 
 def _inferred_fields(records_fields: list[dict[str, Any]], counts: list[int]) -> list[list[Any]]:

@@ -20,7 +20,8 @@ import numpy as np
 
 from detaug.errors import DatasetError
 from detaug.formats.column_store import SampleTable
-from detaug.shard_manifest import MANIFEST_VERSION, _field_columns, _typed_fields, save_manifest
+from detaug.masks import MASKS
+from detaug.shard_manifest import MANIFEST_VERSION, _field_columns, _typed_fields, mask_segmentations, save_manifest
 from detaug.sources import field_specs
 
 
@@ -194,10 +195,8 @@ def write_shards(source: Any, out: str | os.PathLike, *, shard_size: int | str =
     ids, sizes, counts, offsets, lengths, exts = [], [], [], [], [], []
     boxes_parts: list[np.ndarray] = []
     label_parts: list[np.ndarray] = []
-    specs = field_specs(source)
-    if "masks" in specs:  # said, not written wrong (issue 41: shards hold no masks yet; detaug.masks)
-        raise DatasetError("write_shards: the source has instance masks (field 'masks'); shards do not hold masks "
-                           "yet: train from the source itself, or pass a source without masks")
+    specs = dict(field_specs(source))
+    masks: list[Any] | None = [] if specs.pop(MASKS, None) is not None else None  # kept as segmentations
     sample_fields: list[dict[str, np.ndarray]] = []
     ext_names: list[str] = []
     writer: _TarWriter | None = None
@@ -233,11 +232,19 @@ def write_shards(source: Any, out: str | os.PathLike, *, shard_size: int | str =
             boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
             labels = np.asarray(labels, dtype=np.int64).reshape(-1)
             size = source.samples[i].size
-            fields = _typed_fields(getattr(source.samples[i], "fields", None) or {}, specs, len(boxes))
+            given = getattr(source.samples[i], "fields", None) or {}
+            fields = _typed_fields(given, specs, len(boxes))
             record = {"image_id": int(image_id), "boxes": boxes.tolist(), "labels": labels.tolist(),
                       "size": list(size) if size is not None else None, "file": source.file_of(i)}
             if specs:
                 record["fields"] = {name: values.tolist() for name, values in fields.items()}
+            if masks is not None:
+                try:  # masks that are not one well-formed row per box: the sample is named and skipped
+                    record["masks"] = segs = mask_segmentations(given.get(MASKS), len(boxes), source.file_of(i))
+                except DatasetError as err:
+                    summary.skipped.append({"file": source.file_of(i), "image_id": int(image_id),
+                                            "reason": str(err).removeprefix(f"{source.file_of(i)}: ")})
+                    continue
             payload = json.dumps(record, separators=(",", ":")).encode("utf-8")
             raw = data.tobytes()
             need = 4 * _BLOCK + len(raw) + len(payload) + 2 * _BLOCK
@@ -261,6 +268,8 @@ def write_shards(source: Any, out: str | os.PathLike, *, shard_size: int | str =
             boxes_parts.append(boxes)
             label_parts.append(labels)
             sample_fields.append(fields)
+            if masks is not None:
+                masks.extend(segs)
         close_shard()
     finally:
         bar.close()
@@ -282,10 +291,11 @@ def write_shards(source: Any, out: str | os.PathLike, *, shard_size: int | str =
         "shards": shards, "samples": summary.samples, "boxes": summary.boxes, "skipped": summary.skipped,
         "written_from": str(getattr(source, "report", None) and source.report.source or type(source).__name__),
         "fields": [[name, spec.dtype.str, list(spec.shape)] for name, spec in specs.items()],
+        "masks": masks is not None,
     }
     summary.seconds = time.monotonic() - started
     save_manifest(out, table, np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), np.asarray(exts, np.uint8),
-                  dataset, _field_columns(sample_fields, specs))
+                  dataset, _field_columns(sample_fields, specs), masks)
     return summary
 
 

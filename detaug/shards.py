@@ -12,12 +12,15 @@ the truth about the sample: ``{"image_id": int, "boxes": [[x1, y1, x2, y2], ...]
 in continuous pixels (pixel i spans [i, i + 1)), "labels": [category id, ...], "size": [height,
 width] or null, "file": the file it was written from, "fields": {name: [value per box, ...]}
 (the source's per-box fields, such as ``iscrowd``, ``difficult`` or a track id; absent without
-any)}``. The tars are plain POSIX tars that ``tar``, the ``webdataset`` library and DALI's
+any), "masks": [COCO segmentation per box, ...] (a source with instance masks only; uint8 masks
+written as compressed RLE: :func:`~detaug.shard_manifest.mask_segmentations`)}``. The tars are
+plain POSIX tars that ``tar``, the ``webdataset`` library and DALI's
 ``fn.readers.webdataset`` (with the ``.idx`` files: no scan at start-up) read.
 
 ``manifest/`` holds the same facts as columns (:mod:`detaug.formats.columnar`: image ids,
 declared sizes, box offsets, boxes, labels, the per-box fields as ``field_<k>`` in the order of
-``dataset.json``'s ``"fields"`` ``[[name, dtype, shape], ...]``, and where each image's bytes
+``dataset.json``'s ``"fields"`` ``[[name, dtype, shape], ...]``, the masks' segmentations as the
+number columns of :class:`~detaug.formats.mask_columns.MaskColumns`, and where each image's bytes
 are in its tar), opened memory-mapped: a :class:`ShardSource` starts in the same time, and with
 the same memory, for 1k or 10M samples, and holds no Python object per sample. It is rebuilt
 from the tars and index files when missing (:func:`rebuild_manifest`).
@@ -54,6 +57,10 @@ from detaug.errors import DatasetError, DataWarning
 from detaug.formats import validation as v
 from detaug.formats.coco import read_json
 from detaug.formats.column_store import SampleTable, SampleView, load_columns
+from detaug.formats.mask_columns import MaskColumns
+from detaug.masks import MASKS, CocoMasks
+from detaug.keypoints import KEYPOINTS, check_keypoints
+from detaug.rotated import ROTATED_BOXES, check_rotated_boxes
 from detaug.shard_manifest import (
     MANIFEST_VERSION, _check_names, _specs_of, read_index, rebuild_manifest, save_manifest,
 )
@@ -94,8 +101,13 @@ class _ShardFields:
     def __init__(self, source: ShardSource) -> None:
         self.source = source
 
-    def __call__(self, start: int, end: int, boxes: np.ndarray) -> dict[str, np.ndarray]:
-        return {name: np.array(column[start:end]) for name, column in self.source.field_columns.items()}
+    def __call__(self, start: int, end: int, boxes: np.ndarray) -> dict[str, Any]:
+        src = self.source
+        fields: dict[str, Any] = {name: np.array(column[start:end]) for name, column in src.field_columns.items()}
+        if src.segments is not None:  # instance masks: undecoded (decoded when the image is read)
+            rows = range(start, end) if src.segment_rows is None else src.segment_rows[start:end]
+            fields[MASKS] = CocoMasks([src.segments.segmentation(int(j)) for j in rows])
+        return fields
 
 
 class ShardSource(SampleListSource):
@@ -177,6 +189,11 @@ class ShardSource(SampleListSource):
             self._ext_names = [str(e) for e in self.dataset["extensions"]]
             specs = _specs_of(self.dataset)
             self.field_columns = {name: arrays[f"field_{k}"] for k, name in enumerate(specs)}
+            self.segments, self.segment_rows = None, None  # segment_rows: the masks' rows of kept boxes
+            if self.dataset.get("masks", False):
+                self.segments = MaskColumns.from_arrays(arrays)
+                if self.segments is None:
+                    raise DatasetError(f"{manifest}: dataset.json says the samples have masks; the manifest has none")
             categories = {int(k): str(name) for k, name in self.dataset["categories"]}
             orientation = check_orientation(orientation if orientation is not None
                                             else self.dataset.get("orientation", "auto"))
@@ -188,7 +205,10 @@ class ShardSource(SampleListSource):
             raise DatasetError(f"{manifest}: not a shard manifest detaug wrote ({type(err).__name__}: "
                                f"{' '.join(str(err).split())[:200]})") from None
         report = self._check_manifest(categories, specs)
-        view = SampleView(self.table, _TarMember(self), fields_of=_ShardFields(self) if specs else None)
+        view = SampleView(self.table, _TarMember(self),
+                          fields_of=_ShardFields(self) if specs or self.segments is not None else None)
+        if self.segments is not None:
+            specs = {**specs, MASKS: FieldSpec(np.dtype(np.uint8), ())}  # uint8 [N, H, W], each image's size
         super().__init__(CheckedSamples(view, categories, report, specs), orientation=orientation)  # type: ignore[arg-type]
         if self.skipped_when_written:  # named when written; said again to whoever reads the folder
             first = self.skipped_when_written[0]
@@ -239,6 +259,15 @@ class ShardSource(SampleListSource):
             if len(column) != len(t.boxes):
                 raise DatasetError(f"{self.root / 'manifest'}: field {name!r} has {len(column)} rows, "
                                    f"{len(t.boxes)} boxes")
+            check = {KEYPOINTS: check_keypoints, ROTATED_BOXES: check_rotated_boxes}.get(name)
+            if check is not None:  # the checks of a sample's keypoints / rotated boxes, on the whole column
+                checked, why = check(np.asarray(column), len(t.boxes))
+                if checked is None:
+                    raise DatasetError(f"{self.root / 'manifest'}: field {name!r} does not pass the checks ({why})")
+        if self.segments is not None:  # the checks of a fresh parse of the segmentations
+            why = self.segments.check(len(t.boxes))
+            if why:
+                raise DatasetError(f"{self.root / 'manifest'}: its masks do not pass the checks ({why})")
         boxes, keep = v.check_columns(t.image_ids, t.sizes, t.box_starts, t.boxes, t.labels, categories, report,
                                       member)
         report.raise_errors()
@@ -255,6 +284,7 @@ class ShardSource(SampleListSource):
             self.table = SampleTable(np.asarray(t.image_ids), np.asarray(t.sizes), starts, boxes[keep],
                                      np.asarray(t.labels)[keep])
             self.field_columns = {name: np.asarray(c)[keep] for name, c in self.field_columns.items()}
+            self.segment_rows = np.flatnonzero(keep).astype(np.int64)
             self._max_boxes = int(np.diff(starts).max(initial=0))
         report.images, report.boxes = n, int(self.table.box_starts[-1])
         report.finish()

@@ -102,8 +102,8 @@ class CocoSource(SampleListSource):
         masks: also read each annotation's ``segmentation`` (polygons or RLE): the per-box
             field ``masks``, uint8 ``[N, H, W]``, decoded with pycocotools when an image is read
             and moved with its box (:mod:`detaug.masks`, docs/masks.md); an annotation without
-            one, or a malformed one, is a "malformed annotation" naming it. Not with ``cache``
-            (a :class:`~detaug.errors.DatasetError` says so).
+            one, or a malformed one, is a "malformed annotation" naming it. With ``cache`` the
+            segmentations are cached undecoded, in a cache of their own (docs/masks.md).
 
     Attributes:
         categories: names by category id. report: the checks' findings.
@@ -146,17 +146,18 @@ class CocoSource(SampleListSource):
         self.include_iscrowd = include_iscrowd
         self.shard_id = shard_id
         self.num_shards = num_shards
-        if cache and masks:
-            raise DatasetError(f"{annotations_file if self.annotations_file else '<COCO dict>'}: masks=True: the "
-                               "annotation cache does not hold segmentation masks yet; read them with "
-                               "CocoSource(..., masks=True, cache=False)")
         if cache and self.annotations_file is not None:
             from detaug.formats.columnar import coco_view, load_coco_columns
 
             columns = load_coco_columns(self.annotations_file, cache_dir=None if cache is True else cache,
-                                        allow_paths_outside=allow_paths_outside)
+                                        allow_paths_outside=allow_paths_outside, masks=masks)
             view, report = coco_view(columns, self.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)
-            super().__init__(CheckedSamples(view, columns.categories, report, COCO_FIELDS), orientation=orientation)
+            specs = dict(COCO_FIELDS)
+            if columns.keypoints is not None:  # the fields of the fresh parse below
+                specs[KEYPOINTS] = FieldSpec(np.dtype(np.float32), tuple(columns.keypoints.shape[1:]))
+            if masks:
+                specs[MASKS] = FieldSpec(np.dtype(np.uint8), ())
+            super().__init__(CheckedSamples(view, columns.categories, report, specs), orientation=orientation)
             return
         dataset = load_coco(annotations_file, allow_paths_outside=allow_paths_outside, masks=masks)  # checked as parsed
         samples = coco_to_samples(dataset, self.images_dir, include_iscrowd=include_iscrowd, skip_empty=skip_empty)

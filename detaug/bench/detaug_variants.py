@@ -1,7 +1,9 @@
 """The measured detaug variants: the PyTorch iterator and the Keras Sequence.
 
 Both run the recipe of ``settings.recipe`` (:func:`detaug.bench.recipe.detaug_recipe`: the default
-detection recipe, or ``detaug.transforms.yolo_recipe`` for ``"yolo"``) at ``settings.size`` on a
+detection recipe, or ``detaug.transforms.yolo_recipe`` for ``"yolo"``; for ``"masks"`` the
+default recipe on ``CocoSource(..., masks=True)`` of the dataset with an ellipse mask per box,
+:mod:`detaug.bench.mask_data`, the masks in the targets) at ``settings.size`` on a
 shuffled ``CocoSource`` (the ``detaug-list`` variant: a ``SampleListSource`` of the same files,
 boxes and labels; the YOLO recipe's Mosaic and MixUp partners come from the same source). Every other
 setting is the adapters' default for the device (planning workers, DALI threads, Sequence
@@ -12,6 +14,7 @@ user gets.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 
 from detaug.bench.dataset import BenchDataset
@@ -34,14 +37,29 @@ def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: 
     or, with ``sample_list``, on a ``SampleListSource`` of the same samples (file paths);
     ``loader_args`` go to the loader as they are (the training rows' ``targets``)."""
     try:
-        from detaug.sources import CocoSource
-        from detaug.torch import DetectionLoader
+        import detaug.sources  # noqa: F401
+        import detaug.torch  # noqa: F401
     except ImportError as exc:
         raise VariantUnavailable(f"detaug's PyTorch iterator is not importable: {exc}") from exc
     recipe = detaug_recipe(settings.recipe, settings.size)
-    source = CocoSource(
-        str(dataset.annotations_file), str(dataset.images_dir), shuffle=True, seed=settings.seed
-    )
+    if settings.recipe != "masks":
+        yield from _loader_batches(dataset, settings, recipe, str(dataset.annotations_file), sample_list, loader_args)
+        return
+    from detaug.bench.mask_data import write_ellipse_masks
+
+    with tempfile.TemporaryDirectory(prefix="detaug-bench-masks-") as scratch:  # removed when the row ends
+        annotations = write_ellipse_masks(dataset.annotations_file, os.path.join(scratch, "annotations.json"))
+        yield from _loader_batches(dataset, settings, recipe, str(annotations), sample_list,
+                                   {"fields": ["masks"], **loader_args}, masks=True)
+
+
+def _loader_batches(dataset: BenchDataset, settings: BenchSettings, recipe, annotations: str, sample_list: bool,
+                    loader_args: dict, *, masks: bool = False) -> Iterator[tuple]:
+    """:func:`iter_detaug`'s batches: the loader on ``CocoSource(annotations, masks=masks)``."""
+    from detaug.sources import CocoSource
+    from detaug.torch import DetectionLoader
+
+    source = CocoSource(annotations, str(dataset.images_dir), shuffle=True, seed=settings.seed, masks=masks)
     if sample_list:
         from detaug.sources import Sample, SampleListSource
 

@@ -1,7 +1,8 @@
 """The parameters of the benchmarked recipes, shared by every hand-written variant.
 
-Two recipes (:data:`RECIPES`, ``detaug bench --recipes``): ``"default"`` (:class:`RecipeSpec`,
-below) and ``"yolo"`` (:class:`YoloSpec`: ``detaug.transforms.yolo_recipe``). :func:`detaug_recipe`
+The recipes (:data:`RECIPES`, ``detaug bench --recipes``): ``"default"`` (:class:`RecipeSpec`,
+below), ``"yolo"`` (:class:`YoloSpec`: ``detaug.transforms.yolo_recipe``) and ``"masks"`` (the
+default recipe with an instance mask per box: :mod:`detaug.bench.mask_data`). :func:`detaug_recipe`
 builds detaug's ``Compose`` of either; :func:`source_images_per_sample` says how many source
 images one output sample is made of.
 
@@ -46,15 +47,16 @@ __all__ = [
 ]
 
 #: The recipes ``detaug bench --recipes`` knows, in the order they are reported.
-RECIPES: tuple[str, ...] = ("default", "yolo", "yolo-batch")
+RECIPES: tuple[str, ...] = ("default", "yolo", "yolo-batch", "masks")
 #: Output side of each recipe when ``--size`` is not given.
-DEFAULT_SIZES: dict[str, int] = {"default": 512, "yolo": 640, "yolo-batch": 640}
+DEFAULT_SIZES: dict[str, int] = {"default": 512, "yolo": 640, "yolo-batch": 640, "masks": 512}
 #: One line per recipe for the report (``{size}`` filled in).
 RECIPE_TITLES: dict[str, str] = {
     "default": "IoU crop, flip, affine, resize {size}, colour jitter, normalize",
     "yolo": "Mosaic, RandomPerspective, affine, resize {size} (letterbox of the square mosaic), flip, "
             "MixUp, HSV jitter",
     "yolo-batch": "the YOLO recipe with pool='batch': partners are batch-mates, each image decoded once",
+    "masks": "the default recipe with instance masks: each box's inscribed ellipse, rasterised and moved with it",
 }
 
 
@@ -160,11 +162,11 @@ class YoloSpec:
 
 def detaug_recipe(name: str, size: int):
     """detaug's ``Compose`` of recipe ``name`` (:data:`RECIPES`) at output side ``size``:
-    ``default_detection_recipe(size)`` or ``yolo_recipe(size, mixup=..., perspective=...)`` with
-    the numbers of :class:`YoloSpec`."""
+    ``default_detection_recipe(size)`` (also for ``"masks"``: the source carries the masks) or
+    ``yolo_recipe(size, mixup=..., perspective=...)`` with the numbers of :class:`YoloSpec`."""
     from detaug import transforms as T
 
-    if name == "default":
+    if name in ("default", "masks"):
         return T.default_detection_recipe(size=size)
     if name in ("yolo", "yolo-batch"):
         spec = YoloSpec(size=size)
@@ -179,7 +181,7 @@ def source_images_per_sample(name: str, *, mixup: bool = True) -> float:
     samples it blends (``YoloSpec.mixup`` of them: a partner that is not blended is not read),
     ``mixup=False`` for a pipeline without MixUp. detaug decodes only the visible part of each
     tile (ROI decoding); a peer decodes whole images: both count as one image here."""
-    if name in ("default", "yolo-batch"):  # yolo-batch: partners are the batch's own images
+    if name in ("default", "masks", "yolo-batch"):  # yolo-batch: partners are the batch's own images
         return 1.0
     if name == "yolo":
         spec = YoloSpec()

@@ -143,7 +143,7 @@ class BenchReport:
         default recipe; on a GPU the GPU memory."""
         gpu = self.settings.device == "gpu"
         several = len(self.recipes) > 1
-        yolo = any(r.startswith("yolo") for r in self.recipes)
+        yolo = any(r != "default" for r in self.recipes)  # the YOLO and masks recipes' ratios to the default
         columns = ["variant", *(["recipe"] if several else []), "img/s",
                    *(["src img/s", "src vs decode", "vs default"] if yolo else []),
                    "vs decode", "vs best CPU", "per core", "images", "s", *(["GPU MiB"] if gpu else []), "note"]

@@ -30,6 +30,11 @@ Of the YOLO recipe: ``detaug``, ``detaug-list``, ``detaug-cpu`` (the same loader
 ``yolo_recipe(size)``) and ``albumentations-mosaic`` (albumentations' Mosaic and its closest
 transforms in a DataLoader, :func:`detaug.bench.peers.albumentations_mosaic_transform`).
 
+Of the masks recipe (``--recipes masks``, :data:`MASKS_VARIANTS`): ``detaug`` and ``detaug-cpu``
+on ``CocoSource(..., masks=True)`` of the same photos, each box given the ellipse inscribed in it
+as its mask (:mod:`detaug.bench.mask_data`), the masks in the targets; their ratio to the decode
+limit and to the default recipe's same row.
+
 Every variant runs at each batch size (``--batch-sizes``); each row gets its ratio to the decode
 limit and to the best CPU peer, img/s per CPU core for the paths on the CPU, and its peak GPU
 and host memory. ``--scaling`` adds rows at 0.3, 1, 4 and 12 megapixels and at batch 8, 32, 128
@@ -72,7 +77,8 @@ from detaug.bench.recipe import DEFAULT_SIZES, RECIPES
 from detaug.bench.report import RECIPE_TITLE, SCHEMA, BenchReport
 from detaug.bench.session import DEFAULT_MEGAPIXELS, DEFAULT_SCALING_BATCHES, run_bench
 from detaug.bench.variants import (
-    PEER_ORDER, RUN_ORDER, SCALING_VARIANTS, VARIANT_NAMES, VARIANTS, YOLO_BATCH_VARIANTS, YOLO_VARIANTS, Kind, Variant,
+    MASKS_VARIANTS, PEER_ORDER, RUN_ORDER, SCALING_VARIANTS, VARIANT_NAMES, VARIANTS, YOLO_BATCH_VARIANTS,
+    YOLO_VARIANTS, Kind, Variant,
     VariantResult, same_row,
 )
 
@@ -80,6 +86,7 @@ __all__ = [
     "CHECKS",
     "DEFAULTS",
     "VARIANTS",
+    "MASKS_VARIANTS",
     "YOLO_CHECKS",
     "YOLO_VARIANTS",
     "BenchReport",
@@ -164,7 +171,8 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
         help=f"the recipes measured side by side in one run, repeatable or comma-separated: "
         f"{', '.join(RECIPES)} (default: default). yolo: detaug's yolo_recipe (Mosaic, RandomPerspective, "
         "affine, letterbox, flip, MixUp, HSV) through the three detaug iterators and albumentations' "
-        "Mosaic in a DataLoader (albumentations-mosaic); rows and checks are labelled by recipe",
+        "Mosaic in a DataLoader (albumentations-mosaic); masks: the default recipe with an instance mask "
+        "per box (its inscribed ellipse) through the detaug iterators; rows and checks are labelled by recipe",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

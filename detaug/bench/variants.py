@@ -1,5 +1,6 @@
 """The variants ``detaug bench`` measures (:data:`VARIANTS` of the default recipe,
-:data:`YOLO_VARIANTS` of the YOLO recipe), the order they run in, ``--only``'s names, and
+:data:`YOLO_VARIANTS` of the YOLO recipe, :data:`MASKS_VARIANTS` of the masks recipe), the order
+they run in, ``--only``'s names, and
 :class:`VariantResult`, the table row each one gives. What each variant is:
 :mod:`detaug.bench.runner`."""
 
@@ -210,6 +211,13 @@ YOLO_BATCH_VARIANTS: tuple[Variant, ...] = tuple(
             cpu_note=v.cpu_note and v.cpu_note.replace("partners from it", "partners from the batch"))
     for v in YOLO_VARIANTS if v.kind == "detaug"
 )
+#: The default recipe with an instance mask per box (``--recipes masks``; :mod:`detaug.bench.mask_data`):
+#: the COCO-reader iterators, on the device and on the CPU; no peer (none of them moves masks here).
+MASKS_VARIANTS: tuple[Variant, ...] = tuple(
+    replace(v, recipe="masks", note=f"{v.note_for('gpu')}; masks=True: an ellipse mask per box, in the targets",
+            cpu_note=v.cpu_note and f"{v.cpu_note}; masks=True: an ellipse mask per box, in the targets")
+    for v in VARIANTS if v.name in ("detaug", "detaug-cpu")
+)
 VARIANT_NAMES = tuple(dict.fromkeys(v.name for v in (*VARIANTS, *YOLO_VARIANTS)))
 #: Peers first: their DataLoader workers fork before DALI starts threads in this process.
 PEER_ORDER = ("torchvision", "albumentations", "albumentations-mosaic", "torchvision-gpu")
@@ -336,8 +344,8 @@ def _variant(name: str, recipe: str = "default") -> Variant:
 
 def _all_variants() -> tuple[Variant, ...]:
     """Every variant in report order: the default recipe's (the decode limit first), then the YOLO
-    recipe's."""
-    return (*VARIANTS, *YOLO_VARIANTS, *YOLO_BATCH_VARIANTS)
+    recipes', then the masks recipe's."""
+    return (*VARIANTS, *YOLO_VARIANTS, *YOLO_BATCH_VARIANTS, *MASKS_VARIANTS)
 
 
 def same_row(name: str, device: str) -> str:

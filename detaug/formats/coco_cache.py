@@ -25,21 +25,24 @@ from detaug.formats.coco_columns import CocoColumns
 from detaug.formats.coco_stream import CHUNK_BYTES, _by_load_coco, _stream, parse_coco_columns
 from detaug.formats.column_store import _META_BYTES, _read_regular, _write_folder, load_columns
 from detaug.formats.json_stream import _Irregular
+from detaug.keypoints import check_keypoints
 
 
-def cache_folder(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+def cache_folder(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, *, masks: bool = False) -> Path:
     """Where the cache of the COCO file ``path`` lives: ``<file>.detaug-cache/`` next to it, or
-    ``cache_dir/<name>-<hash of the absolute path>/`` (also ``$DETAUG_CACHE_DIR``)."""
+    ``cache_dir/<name>-<hash of the absolute path>/`` (also ``$DETAUG_CACHE_DIR``). With
+    ``masks`` (the file read with its segmentations, which a file without them fails):
+    ``<file>.detaug-cache-masks/``, or ``cache_dir/<name>-masks-<hash>/``."""
     path = Path(path)
     cache_dir = cache_dir if cache_dir is not None else os.environ.get("DETAUG_CACHE_DIR")
     if cache_dir is None:
-        return path.with_name(path.name + ".detaug-cache")
+        return path.with_name(path.name + (".detaug-cache-masks" if masks else ".detaug-cache"))
     tag = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
-    return Path(cache_dir) / f"{path.name}-{tag}"
+    return Path(cache_dir) / f"{path.name}-{'masks-' if masks else ''}{tag}"
 
 
 def load_coco_columns(path: str | os.PathLike, *, cache: bool = True, cache_dir: str | os.PathLike | None = None,
-                      name: str | None = None, allow_paths_outside: bool = False) -> CocoColumns:
+                      name: str | None = None, allow_paths_outside: bool = False, masks: bool = False) -> CocoColumns:
     """The columns of a COCO file: from its cache when the cache provably belongs to this very
     file (the rule above :func:`_file_key`: same size, mtime, ctime, device and inode as at
     build, or the same SHA-256 recorded under this user's MAC; same :data:`CACHE_VERSION`),
@@ -48,25 +51,29 @@ def load_coco_columns(path: str | os.PathLike, *, cache: bool = True, cache_dir:
     written is said with one and the columns are used anyway). Repairs are warned of
     (:meth:`~validation.Report.finish`) each time, as ``load_coco`` does.
     ``allow_paths_outside``: as :func:`~detaug.formats.coco.load_coco`'s (a cache built with it
-    is refused without it, naming the paths)."""
+    is refused without it, naming the paths). ``masks``: also read and cache each box's
+    ``segmentation``, not decoded (``CocoColumns.segments``; as ``load_coco(..., masks=True)``,
+    in memory: the streaming parser reads no segmentations; a cache of its own,
+    :func:`cache_folder`). A keypoints file's keypoints are always read and cached
+    (``CocoColumns.keypoints``; by ``load_coco``, in memory)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: COCO annotations file not found")
-    folder = cache_folder(path, cache_dir)
+    folder = cache_folder(path, cache_dir, masks=masks)
     if not cache:
-        return _parsed(path, name, allow_paths_outside)
-    columns = _open_cache(path, folder)
+        return _parsed(path, name, allow_paths_outside, masks)
+    columns = _open_cache(path, folder, masks)
     if columns is None:
         with _build_lock(folder):  # one build per file and node: the other ranks wait, then open it
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DataWarning)  # said by the first look
-                columns = _open_cache(path, folder)
+                columns = _open_cache(path, folder, masks)
             if columns is None:
                 try:
-                    columns = _build_cache(path, folder, name, allow_paths_outside)
+                    columns = _build_cache(path, folder, name, allow_paths_outside, masks)
                 except OSError as err:
                     _warn(f"{folder}: cannot write the annotation cache ({err}); parsed without it")
-                    columns = _parsed(path, name, allow_paths_outside, warn=False)
+                    columns = _parsed(path, name, allow_paths_outside, masks, warn=False)
                 _warn_repairs(columns.report)
                 return columns
     if getattr(columns, "outside", 0) and not allow_paths_outside:
@@ -82,11 +89,14 @@ def _warn(text: str) -> None:
     warnings.warn(text, DataWarning, stacklevel=v._caller_level())
 
 
-def _parsed(path: Path, name: str | None, allow_paths_outside: bool, *, warn: bool = True) -> CocoColumns:
-    """:func:`parse_coco_columns`, its repairs said once (with ``warn``)."""
+def _parsed(path: Path, name: str | None, allow_paths_outside: bool, masks: bool, *,
+            warn: bool = True) -> CocoColumns:
+    """:func:`parse_coco_columns` (with ``masks``: ``load_coco(..., masks=True)``), its repairs
+    said once (with ``warn``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DataWarning)  # said below, once
-        columns = parse_coco_columns(path, name=name, allow_paths_outside=allow_paths_outside)
+        columns = (_by_load_coco(path, name, allow_paths_outside, masks=True) if masks else
+                   parse_coco_columns(path, name=name, allow_paths_outside=allow_paths_outside))
     columns.report.source = columns.source
     if warn:
         _warn_repairs(columns.report)
@@ -113,16 +123,19 @@ def _build_lock(folder: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _build_cache(path: Path, folder: Path, name: str | None, allow_paths_outside: bool) -> CocoColumns:
+def _build_cache(path: Path, folder: Path, name: str | None, allow_paths_outside: bool, masks: bool) -> CocoColumns:
     """Parse ``path`` into its cache folder and open it. In bounded memory (:func:`_stream`
     into the folder being written: the chunks' columns spilled to files there, the arrays
     written from them, 32 bytes an image in memory); a file the streaming parser does
-    not take is read by ``load_coco`` (in memory) and saved. Nothing but the cache is left
+    not take (a keypoints file), or read with ``masks``, is read by ``load_coco`` (in memory)
+    and saved. Nothing but the cache is left
     behind, also when the file has errors (:class:`DatasetError`)."""
     key = _file_key(path)
 
     def write(tmp: Path) -> dict[str, Any]:
         try:
+            if masks:
+                raise _Irregular("masks")  # the streaming parser reads no segmentations
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DataWarning)  # said by the caller, once
                 columns = _stream(path, name, CHUNK_BYTES, allow_paths_outside, tmp)
@@ -131,14 +144,14 @@ def _build_cache(path: Path, folder: Path, name: str | None, allow_paths_outside
                 leftover.unlink()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DataWarning)
-                columns = _by_load_coco(path, name, allow_paths_outside)
+                columns = _by_load_coco(path, name, allow_paths_outside, masks)
             for array_name, array in columns.arrays().items():
                 np.save(tmp / f"{array_name}.npy", np.ascontiguousarray(array), allow_pickle=False)
         columns.report.source = columns.source
         digest = _file_hash(path)
         unchanged = _file_key(path) == key  # else: cached under a key that will not match
-        return {**columns.meta(), "version": CACHE_VERSION, "key": key if unchanged else [-1] * 5, "sha256": digest,
-                "outside": int(getattr(columns, "outside", 0))}
+        return {**columns.meta(), "masks": masks, "version": CACHE_VERSION, "key": key if unchanged else [-1] * 5,
+                "sha256": digest, "outside": int(getattr(columns, "outside", 0))}
 
     _write_folder(folder, write, _stamp)
     arrays, meta = load_columns(folder)
@@ -148,7 +161,7 @@ def _build_cache(path: Path, folder: Path, name: str | None, allow_paths_outside
     return built
 
 
-def _open_cache(path: Path, folder: Path) -> CocoColumns | None:
+def _open_cache(path: Path, folder: Path, masks: bool) -> CocoColumns | None:
     """The cached columns of ``path`` when its cache provably belongs to it, else ``None``
     (with a :class:`DataWarning` saying why, when there was a cache)."""
     if not os.path.lexists(folder / "meta.json"):
@@ -161,6 +174,8 @@ def _open_cache(path: Path, folder: Path) -> CocoColumns | None:
             _warn(f"{folder}: a cache of another layout (version {str(meta.get('version'))[:20]}, this "
                   f"detaug writes {CACHE_VERSION}): rebuilt")
             return None
+        if meta.get("masks", False) is not masks:  # in the folder of the other kind (moved there?)
+            raise ValueError(f"a cache {'without' if masks else 'with'} segmentation masks")
         trusted = meta.get("trusted")
         if (isinstance(trusted, list) and [_file_key(path), _files_key(folder)] in trusted
                 and _signed_by_us(meta, _secret())):
@@ -202,7 +217,7 @@ def _renew(path: Path, folder: Path, meta: dict[str, Any]) -> str | None:
         return "its arrays changed since it was built"
     arrays, meta = load_columns(folder, mmap_mode=None)
     columns = CocoColumns.from_columns(arrays, meta)
-    _check_cached(columns, bool(meta.get("outside", 0)))
+    _check_cached(columns, bool(meta.get("outside", 0)), bool(meta.get("masks", False)))
     trusted = [k for k in meta.get("trusted", []) if isinstance(k, list)][-(_TRUSTED_KEYS - 1):]
     meta = {**meta, "trusted": [*trusted, [key, _files_key(folder)]]}
     tmp = folder / f"meta.json.tmp-{os.getpid()}"
@@ -215,9 +230,11 @@ def _renew(path: Path, folder: Path, meta: dict[str, Any]) -> str | None:
     return None
 
 
-def _check_cached(columns: CocoColumns, outside_allowed: bool) -> None:
+def _check_cached(columns: CocoColumns, outside_allowed: bool, masks: bool = False) -> None:
     """Check cached columns as any source's (:func:`~validation.check_columns`, the file names
-    inside the images folder unless the cache says some are not, the names' offsets); a
+    inside the images folder unless the cache says some are not, the names' offsets; keypoints
+    by :func:`detaug.keypoints.check_keypoints`, segmentations, present exactly when the cache
+    says ``masks``, by :meth:`~detaug.formats.mask_columns.MaskColumns.check`); a
     :class:`DatasetError` at the first problem (the cache is then rebuilt: nothing is repaired
     in a cache)."""
     t = columns.table
@@ -232,6 +249,16 @@ def _check_cached(columns: CocoColumns, outside_allowed: bool) -> None:
                                   lambda i: report.source)
     if not keep.all() or not np.array_equal(boxes, np.asarray(t.boxes, dtype=np.float32)) or report.total:
         raise DatasetError(f"{report.source}: its arrays do not pass the checks ({dict(report.counts)})")
+    m = len(t.labels)
+    if columns.keypoints is not None:
+        points, why = check_keypoints(np.asarray(columns.keypoints), m)
+        if points is None or np.asarray(columns.keypoints).dtype != np.float32:
+            raise DatasetError(f"{report.source}: its keypoints do not pass the checks ({why or 'not float32'})")
+    if (columns.segments is not None) is not masks:
+        raise DatasetError(f"{report.source}: segmentations {'missing' if masks else 'not asked for'}")
+    why = columns.segments.check(m) if columns.segments is not None else ""
+    if why:
+        raise DatasetError(f"{report.source}: its segmentations do not pass the checks ({why})")
     file_names = [columns.file_name(i) for i in range(n)]
     if not outside_allowed and v.outside_paths(file_names):
         raise DatasetError(f"{report.source}: a file_name outside the images folder")

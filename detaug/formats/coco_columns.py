@@ -18,6 +18,7 @@ from detaug.boxes import box_area
 from detaug.errors import DatasetError
 from detaug.formats import validation as v
 from detaug.formats.column_store import SampleTable, SampleView, load_columns
+from detaug.formats.mask_columns import MaskColumns
 
 
 @dataclass
@@ -34,6 +35,11 @@ class CocoColumns:
         iscrowd: bool ``[M]``; annotation_ids: int64 ``[M]`` (-1 where an annotation has no id).
         categories: names by category id, in the JSON's order.
         report: the checks' findings.
+        keypoints: float32 ``[M, K, 3]`` the boxes' keypoints of a keypoints file
+            (:func:`detaug.keypoints.coco_keypoints`: pixel indices + 0.5), else ``None``.
+        segments: the boxes' ``segmentation`` values, not decoded
+            (:class:`~detaug.formats.mask_columns.MaskColumns`), when read with ``masks=True``,
+            else ``None``.
     """
 
     source: str
@@ -49,6 +55,8 @@ class CocoColumns:
     EXTRA = ("names", "name_starts", "exif", "iscrowd", "annotation_ids")
     #: How it was read: "stream" (the fast path), "load_coco" or "cache".
     parsed_by: str = "cache"
+    keypoints: np.ndarray | None = None
+    segments: MaskColumns | None = None
 
     def __len__(self) -> int:
         return len(self.table)
@@ -58,7 +66,13 @@ class CocoColumns:
         return bytes(self.names[int(self.name_starts[i]):int(self.name_starts[i + 1])]).decode("utf-8")
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {**self.table.arrays(), **{name: getattr(self, name) for name in self.EXTRA}}
+        """Every column by name (as the cache's ``.npy`` files are named)."""
+        out = {**self.table.arrays(), **{name: getattr(self, name) for name in self.EXTRA}}
+        if self.keypoints is not None:
+            out["keypoints"] = self.keypoints
+        if self.segments is not None:
+            out.update(self.segments.arrays())
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
         """Columns read from a cache are pickled as its folder (worker processes map it again)."""
@@ -66,13 +80,15 @@ class CocoColumns:
         if state.get("cache") is not None:
             state["table"] = None
             state.update(dict.fromkeys(self.EXTRA))
+            state.update(keypoints=None, segments=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         if state.get("cache") is not None:
             arrays, meta = load_columns(state["cache"])
-            self.table = CocoColumns.from_columns(arrays, meta).table
+            mapped = CocoColumns.from_columns(arrays, meta)
+            self.table, self.keypoints, self.segments = mapped.table, mapped.keypoints, mapped.segments
             for name in self.EXTRA:
                 setattr(self, name, arrays[name])
 
@@ -87,14 +103,15 @@ class CocoColumns:
         table.known_labels = np.asarray(meta["present_labels"], dtype=np.int64)  # type: ignore[attr-defined]
         table.known_max_boxes = int(meta["max_boxes"])  # type: ignore[attr-defined]
         return cls(meta["source"], table, *(arrays[n] for n in cls.EXTRA),
-                   {int(k): str(n) for k, n in meta["categories"]}, _report_from_json(meta["report"]))
+                   {int(k): str(n) for k, n in meta["categories"]}, _report_from_json(meta["report"]),
+                   keypoints=arrays.get("keypoints"), segments=MaskColumns.from_arrays(arrays))
 
     @classmethod
     def from_dataset(cls, dataset: Any) -> CocoColumns:
-        """The columns of a :class:`~detaug.formats.coco.CocoDataset`."""
+        """The columns of a :class:`~detaug.formats.coco.CocoDataset` (its keypoints and, read
+        with ``masks=True``, its segmentations included); ``DatasetError`` for a segmentation
+        number beyond int64 (a cache cannot hold it)."""
         images = dataset.images
-        if any(getattr(im, "keypoints", None) is not None for im in images):
-            raise DatasetError(_NO_KEYPOINTS.format(source=dataset.source))
         counts = np.array([len(im.boxes) for im in images], dtype=np.int64)
 
         def cat(parts: list[np.ndarray], dtype: Any, shape: tuple[int, ...] = ()) -> np.ndarray:
@@ -108,11 +125,24 @@ class CocoColumns:
             cat([im.boxes for im in images], np.float32, (4,)).reshape(-1, 4),
             cat([im.labels for im in images], np.int32),
         )
+        keypoints = None
+        if any(im.keypoints is not None for im in images):  # a keypoints file: every image has [N, K, 3]
+            k = next(im.keypoints.shape[1] for im in images if im.keypoints is not None)
+            keypoints = cat([im.keypoints if im.keypoints is not None else np.zeros((0, k, 3), np.float32)
+                             for im in images], np.float32, (k, 3)).reshape(-1, k, 3)
+        segments = None
+        if any(im.masks is not None for im in images):  # read with masks=True
+            try:
+                segments = MaskColumns.from_segmentations(
+                    [seg for im in images for seg in (im.masks.segmentations if im.masks is not None else [])])
+            except ValueError as err:
+                raise DatasetError(f"{dataset.source}: {err}: the annotation cache cannot hold it; read it with "
+                                   "CocoSource(..., cache=False)") from None
         return cls(dataset.source, table, np.frombuffer(b"".join(encoded), np.uint8).copy(),
                    np.concatenate([[0], np.cumsum([len(e) for e in encoded])]).astype(np.int64),
                    np.array([im.exif_orientation or 0 for im in images], dtype=np.int8),
                    cat([im.iscrowd for im in images], bool), cat([im.annotation_ids for im in images], np.int64),
-                   dict(dataset.categories), dataset.report)
+                   dict(dataset.categories), dataset.report, keypoints=keypoints, segments=segments)
 
 
 def _report_to_json(report: v.Report) -> dict[str, Any]:
@@ -142,11 +172,6 @@ def _add_many(report: v.Report, reason: str, count: int, example: Callable[[int]
     report.counts[reason] += count - shown
 
 
-#: A keypoints file asked to be cached: said, not dropped silently (issue 41: the cache holds no keypoints yet).
-_NO_KEYPOINTS = ("{source}: a COCO keypoints file (its categories name keypoints): the annotation cache does not "
-                 "hold keypoints yet; read it with CocoSource(..., cache=False)")
-
-
 class _CocoImages:
     """``image_of`` of a COCO view: ``str(images_dir / file_name)``, as ``coco_to_samples``
     (picklable)."""
@@ -160,16 +185,32 @@ class _CocoImages:
 
 class _CocoFields:
     """``fields_of`` of a COCO view: :data:`~detaug.sources.COCO_FIELDS`, as ``coco_to_samples``
-    gives them: ``iscrowd`` from the columns (zeros where the crowd boxes were left out: the
-    view's table is then not the columns'), ``area`` the boxes' (picklable: the columns are
-    pickled as their cache folder)."""
+    gives them: ``iscrowd`` from the columns (zeros where the crowd boxes were left out),
+    ``area`` the boxes', and where the columns hold them ``keypoints`` (float32 ``[N, K, 3]``)
+    and ``masks`` (:class:`~detaug.masks.CocoMasks`, not decoded). ``rows``: int64 the columns'
+    box row of each of the view's table's rows (``None``: the same table). Picklable: the
+    columns are pickled as their cache folder."""
 
-    def __init__(self, columns: CocoColumns, crowd: bool) -> None:
-        self.columns, self.crowd = columns, crowd
+    def __init__(self, columns: CocoColumns, rows: np.ndarray | None) -> None:
+        self.columns, self.rows = columns, rows
 
     def __call__(self, start: int, end: int, boxes: np.ndarray) -> dict[str, np.ndarray]:
-        crowd = np.asarray(self.columns.iscrowd[start:end], dtype=np.int64) if self.crowd else np.zeros(end - start, np.int64)
-        return {"iscrowd": crowd, "area": box_area(boxes, np.float32)}
+        from detaug.keypoints import KEYPOINTS
+        from detaug.masks import MASKS, CocoMasks
+
+        c = self.columns
+        rows = np.arange(start, end) if self.rows is None else np.asarray(self.rows[start:end], dtype=np.int64)
+        if self.rows is None:
+            crowd = np.asarray(c.iscrowd[start:end], dtype=np.int64)
+        else:  # the crowd boxes were left out
+            crowd = np.zeros(end - start, np.int64)
+        fields: dict[str, Any] = {"iscrowd": crowd, "area": box_area(boxes, np.float32)}
+        if c.keypoints is not None:
+            points = c.keypoints[start:end] if self.rows is None else c.keypoints[rows]
+            fields[KEYPOINTS] = np.array(points, dtype=np.float32).reshape(len(rows), *c.keypoints.shape[1:])
+        if c.segments is not None:
+            fields[MASKS] = CocoMasks([c.segments.segmentation(int(j)) for j in rows])
+        return fields
 
 
 def coco_view(columns: CocoColumns, images_dir: str | os.PathLike, *, include_iscrowd: bool = True,
@@ -180,7 +221,7 @@ def coco_view(columns: CocoColumns, images_dir: str | os.PathLike, *, include_is
     those notes."""
     report = columns.report
     table = columns.table
-    rows = None
+    rows = kept_rows = None
     crowd = np.asarray(columns.iscrowd)
     if not include_iscrowd and crowd.any():
         starts = np.asarray(table.box_starts)
@@ -190,6 +231,7 @@ def coco_view(columns: CocoColumns, images_dir: str | os.PathLike, *, include_is
             f"{columns.source}: {columns.file_name(int(owner[left[k]]))}", int(table.image_ids[owner[left[k]]]),
             None if columns.annotation_ids[left[k]] == -1 else int(columns.annotation_ids[left[k]])))
         keep = ~crowd
+        kept_rows = np.flatnonzero(keep).astype(np.int64)
         table = SampleTable(table.image_ids, table.sizes,
                             np.concatenate([[0], np.cumsum(np.bincount(owner[keep], minlength=len(table)))]).astype(np.int64),
                             np.asarray(table.boxes)[keep], np.asarray(table.labels)[keep])
@@ -201,7 +243,7 @@ def coco_view(columns: CocoColumns, images_dir: str | os.PathLike, *, include_is
         rows = np.flatnonzero(counts > 0).astype(np.int64)
     if table is not columns.table:
         columns.cache = None  # type: ignore[attr-defined]  # the view holds its own arrays: pickled as they are
-    view = SampleView(table, _CocoImages(columns, Path(images_dir)), rows, _CocoFields(columns, table is columns.table))
+    view = SampleView(table, _CocoImages(columns, Path(images_dir)), rows, _CocoFields(columns, kept_rows))
     report.images = len(view)
     report.boxes = int(table.box_starts[-1]) if rows is None else int(np.diff(np.asarray(table.box_starts))[rows].sum())
     if not len(view):

@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from detaug.errors import DatasetError
 from detaug.formats import validation as v
 from detaug.formats.box_formats import xywh_to_xyxy
-from detaug.formats.coco_columns import CocoColumns, _NO_KEYPOINTS, _add_many
+from detaug.formats.coco_columns import CocoColumns, _add_many
 from detaug.formats.column_store import SampleTable
 from detaug.formats.json_stream import _File, _Irregular, _plain, _top_level
 
@@ -220,7 +219,7 @@ class _Collector:
     def annotations(self, items: list[Any]) -> None:
         _plain(items, (dict,))
         if any("keypoints" in a for a in items):
-            raise _Irregular("keypoints")  # load_coco reads them; the cache then refuses them (_NO_KEYPOINTS)
+            raise _Irregular("keypoints")  # load_coco reads them (CocoColumns.keypoints)
         aid = [a.get("id", -1) for a in items]
         iid = [a.get("image_id") for a in items]
         cid = [a.get("category_id") for a in items]
@@ -282,11 +281,12 @@ def parse_coco_columns(path: str | os.PathLike, *, name: str | None = None, chun
     return columns
 
 
-def _by_load_coco(path: Path, name: str | None, allow_paths_outside: bool) -> CocoColumns:
-    """The columns of a file the streaming parser does not take, read by ``load_coco``."""
+def _by_load_coco(path: Path, name: str | None, allow_paths_outside: bool, masks: bool = False) -> CocoColumns:
+    """The columns of a file the streaming parser does not take (or read with ``masks``: the
+    streaming parser reads no segmentations), read by ``load_coco``."""
     from detaug.formats.coco import load_coco
 
-    columns = CocoColumns.from_dataset(load_coco(path, name=name, allow_paths_outside=allow_paths_outside))
+    columns = CocoColumns.from_dataset(load_coco(path, name=name, allow_paths_outside=allow_paths_outside, masks=masks))
     columns.parsed_by = "load_coco"
     columns.outside = _count_outside(columns)  # type: ignore[attr-defined]
     return columns
@@ -333,7 +333,7 @@ def _finish(source: str, found: dict[str, Any], c: _Collector, out: _Out, group_
     if not isinstance(categories_raw, list) and not (categories_raw is None and not c.ann["id"].rows):
         raise _Irregular("categories are not a list")
     if any(isinstance(cat, dict) and "keypoints" in cat for cat in categories_raw or []):
-        raise DatasetError(_NO_KEYPOINTS.format(source=source))
+        raise _Irregular("keypoints")  # a keypoints file: load_coco reads it (CocoColumns.keypoints)
     parser = _Parser(source)
     categories = parser.categories(categories_raw or [])
     report = parser.report

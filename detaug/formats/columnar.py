@@ -9,7 +9,9 @@ A dataset of ``n`` images and ``M`` boxes is held as (:class:`SampleTable`)::
     labels     int32   [M]        category ids (handed out as int64)
 
 plus, for COCO (:class:`CocoColumns`), the file names as one UTF-8 blob with offsets, the EXIF
-orientation entries, crowd flags and annotation ids. A table is written as a folder of ``.npy``
+orientation entries, crowd flags and annotation ids, a keypoints file's keypoints (float32
+``[M, K, 3]``) and, read with ``masks=True``, the boxes' segmentations undecoded
+(:mod:`detaug.formats.mask_columns`: number arrays with offsets, no pickle). A table is written as a folder of ``.npy``
 files and a ``meta.json`` (:func:`save_columns`) and opened memory-mapped (:func:`load_columns`):
 opening costs the same for 1k and 10M images, and a process touches (keeps resident) only the
 pages of the samples it reads; processes on one host share them through the page cache.
@@ -34,6 +36,7 @@ Modules (their public names are importable from here):
 * :mod:`detaug.formats.coco_columns`: :class:`CocoColumns` and :func:`coco_view`.
 * :mod:`detaug.formats.json_stream` and :mod:`detaug.formats.coco_stream`: the streaming parser
   (:func:`parse_coco_columns`).
+* :mod:`detaug.formats.mask_columns`: :class:`~detaug.formats.mask_columns.MaskColumns`, the segmentations.
 * :mod:`detaug.formats.cache_trust`: when a cache is this file's (keys, hashes, signature).
 * :mod:`detaug.formats.coco_cache`: the cache (:func:`load_coco_columns`, :func:`cache_folder`).
 """

@@ -744,7 +744,7 @@ def test_recipe_sizes_and_options(tmp_path, dataset, capsys):
     assert runner.run_bench.__kwdefaults__["size"] is None
     from detaug.bench.recipe import DEFAULT_SIZES
 
-    assert DEFAULT_SIZES == {"default": 512, "yolo": 640, "yolo-batch": 640}
+    assert DEFAULT_SIZES == {"default": 512, "yolo": 640, "yolo-batch": 640, "masks": 512}
     with pytest.raises(SystemExit) as stop:
         main(["--recipes", "default,bogus", "--device", "cpu"])
     assert stop.value.code == 2 and "unknown recipe(s) ['bogus']" in capsys.readouterr().err

@@ -398,20 +398,21 @@ def test_coco_keypoints_are_read_at_their_pixel_centres_and_moved(tmp_path):
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["categories name keypoints", "annotations only"])
-def test_a_cached_coco_keypoints_file_is_refused_not_read_without_them(tmp_path, named):
-    """The annotation cache holds no keypoints yet: cache=True on a keypoints file is a
-    DatasetError naming the file (nothing silent), however the file is parsed."""
+def test_a_cached_coco_keypoints_file_keeps_its_keypoints(tmp_path, named):
+    """The annotation cache holds keypoints (tests/detaug/formats/test_coco_cache_fields.py
+    compares every sample with the fresh parse): cache=True never reads a keypoints file
+    without them, however the file is parsed."""
     import json
 
-    doc, _ = coco_doc(tmp_path, lambda j, flat: {"keypoints": flat})
+    doc, points = coco_doc(tmp_path, lambda j, flat: {"keypoints": flat})
     if not named:  # only the annotations carry them: the streaming parser hands the file to load_coco
         del doc["categories"][0]["keypoints"]
     path = tmp_path / "keypoints.json"
     path.write_text(json.dumps(doc))
-    with pytest.raises(DatasetError, match="keypoints.json.*does not hold keypoints yet"):
-        CocoSource(path, tmp_path, cache=True)
-    if named:
-        assert CocoSource(path, tmp_path).field_specs["keypoints"][1] == (K, 3)  # cache=False reads them
+    for _ in range(2):  # built, then opened
+        cached = CocoSource(path, tmp_path, cache=True)
+        assert cached.field_specs["keypoints"][1] == (K, 3)
+        np.testing.assert_array_equal(cached.samples[0].fields["keypoints"], points)
 
 
 def test_keypoints_go_through_shards_as_any_per_box_field(tmp_path):
@@ -431,6 +432,24 @@ def test_keypoints_go_through_shards_as_any_per_box_field(tmp_path):
     theirs.close()
     np.testing.assert_array_equal(a[0]["keypoints"].cpu().numpy(), b[0]["keypoints"].cpu().numpy())
     assert (a[0]["keypoints"][..., 2] > 0).sum() == (points[..., 2] > 0).sum()
+
+
+def test_a_shard_manifest_with_keypoints_that_fail_the_checks_is_named(tmp_path):
+    """The manifest's keypoints column is checked as a sample's keypoints are (an edited one is
+    a DatasetError naming the manifest and the field), as its boxes are."""
+    from detaug.shards import ShardSource, write_shards
+
+    doc, _ = coco_doc(tmp_path, lambda j, flat: {"keypoints": flat})
+    doc["images"] = doc["images"][:1]
+    write_shards(CocoSource(doc, tmp_path), tmp_path / "shards", progress=False)
+    names = [f[0] for f in json.loads((tmp_path / "shards" / "dataset.json").read_text())["fields"]]
+    column = tmp_path / "shards" / "manifest" / f"field_{names.index('keypoints')}.npy"
+    points = np.load(column)
+    ShardSource(tmp_path / "shards")  # as written: passes
+    points[0, 1, 2] = 5
+    np.save(column, points)
+    with pytest.raises(DatasetError, match=r"manifest: field 'keypoints' does not pass the checks.*visibility 5"):
+        ShardSource(tmp_path / "shards")
 
 
 def test_coco_keypoint_errors_name_the_annotation(tmp_path):

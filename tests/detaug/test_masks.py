@@ -306,7 +306,7 @@ def test_coco_polygons_and_rle_become_masks_that_move_with_their_shapes(tmp_path
         assert np.median(check_masks_on_pixels(eager[i])) >= 0.98
 
 
-def test_coco_masks_are_named_errors_and_refused_by_the_cache(tmp_path):
+def test_coco_masks_are_named_errors_also_for_the_cache(tmp_path):
     import json
 
     from detaug.sources import CocoSource
@@ -320,8 +320,9 @@ def test_coco_masks_are_named_errors_and_refused_by_the_cache(tmp_path):
     with pytest.raises(DatasetError, match=r"(?s)annotation_id 2.*not a flat list.*annotation_id 3.*no segmentation"):
         CocoSource(bad, root, masks=True)
     CocoSource(bad, root)  # without masks the segmentations are not read
-    with pytest.raises(DatasetError, match="cache does not hold segmentation masks"):
-        CocoSource(path, root, masks=True, cache=tmp_path / "cache")
+    with pytest.raises(DatasetError, match=r"(?s)annotation_id 2.*not a flat list.*annotation_id 3.*no segmentation"):
+        CocoSource(bad, root, masks=True, cache=tmp_path / "cache")  # the cache reads them as load_coco does
+    CocoSource(bad, root, cache=tmp_path / "cache")
 
 
 def test_torch_targets_carry_masks_on_the_images_device():
@@ -389,16 +390,102 @@ def test_keras_targets_pad_masks_with_minus_one():
         assert (targets["masks"][k, n:] == -1).all()
 
 
-def test_shards_refuse_masks_by_name(tmp_path):
+def _same_loader_batches(a, b, recipe) -> None:
+    from detaug.torch import DetectionLoader
+
+    loaders = [DetectionLoader(s, recipe, 2, device=DEVICE, num_threads=1, fields=["masks"], seed=4) for s in (a, b)]
+    try:
+        for (images_a, targets_a), (images_b, targets_b) in zip(*loaders):
+            for x, y in zip(images_a, images_b):
+                np.testing.assert_array_equal(x.cpu().numpy(), y.cpu().numpy())
+            for ta, tb in zip(targets_a, targets_b):
+                for key in ("boxes", "labels", "masks"):
+                    np.testing.assert_array_equal(ta[key].cpu().numpy(), tb[key].cpu().numpy())
+                assert ta["masks"].shape[0] == len(ta["boxes"])
+    finally:
+        for loader in loaders:
+            loader.close()
+
+
+def test_masks_go_through_shards_and_their_rebuilt_manifest(tmp_path):
+    """Dense masks of a sample list are written as compressed RLE (the same pixels), COCO
+    segmentations as they are; a shard source gives the source's masks and loader batches."""
+    import shutil
+
     from PIL import Image
 
-    from detaug.shards import write_shards
+    from detaug.shards import ShardSource, write_shards
+    from detaug.sources import CocoSource
+
+    samples = []
+    for seed in range(3):
+        s = scene(seed)
+        Image.fromarray(s.image).save(tmp_path / f"{seed}.png")
+        samples.append(Sample(str(tmp_path / f"{seed}.png"), s.boxes, s.labels, image_id=seed + 1, size=HW,
+                              fields=s.fields))
+    listed = SampleListSource(samples, categories={int(k): f"c{k}" for s in samples for k in s.labels})
+    write_shards(listed, tmp_path / "shards", progress=False)
+    shards = ShardSource(tmp_path / "shards")
+    assert shards.field_specs["masks"].dtype == np.uint8
+    for sample, written in zip(samples, shards.samples):
+        assert isinstance(written.fields["masks"], CocoMasks)
+        np.testing.assert_array_equal(written.fields["masks"].decode(HW)[0], sample.fields["masks"])
+    recipe = T.Compose([T.RandomAffine(degrees=20, scale=(0.8, 1.1)), T.RandomHorizontalFlip(), T.Resize((72, 96))])
+    _same_loader_batches(listed, shards, recipe)
+    shutil.rmtree(tmp_path / "shards" / "manifest")  # rebuilt from the samples' JSONs
+    rebuilt = ShardSource(tmp_path / "shards")
+    assert [s.fields["masks"] for s in rebuilt.samples] == [s.fields["masks"] for s in shards.samples]
+
+    coco_dir = tmp_path / "coco"
+    coco_dir.mkdir()
+    path, root, _ = coco_scene(coco_dir)
+    coco = CocoSource(path, root, masks=True)
+    write_shards(coco, tmp_path / "coco-shards", progress=False)
+    from_coco = ShardSource(tmp_path / "coco-shards")
+    assert [s.fields["masks"] for s in from_coco.samples] == [s.fields["masks"] for s in coco.samples]
+    _same_loader_batches(coco, from_coco, recipe)
+
+
+def test_a_sample_whose_masks_cannot_be_written_is_named_and_skipped(tmp_path):
+    from detaug.shards import ShardSource, write_shards
+    from detaug.sources import CocoSource
+
+    path, root, _ = coco_scene(tmp_path)
+    coco = CocoSource(path, root, masks=True)
+    coco.samples[1].fields["masks"] = CocoMasks([[[1, 2, 3]]] * len(coco.samples[1].boxes))  # spoilt after the checks
+    summary = write_shards(coco, tmp_path / "shards", progress=False)
+    assert summary.samples == 2 and len(summary.skipped) == 1
+    skipped = summary.skipped[0]
+    assert skipped["image_id"] == 2 and skipped["file"].endswith("1.png") and "box 0: polygon" in skipped["reason"]
+    with pytest.warns(Warning, match="1 image"):
+        assert [s.image_id for s in ShardSource(tmp_path / "shards").samples] == [1, 3]
+
+
+def test_bad_masks_in_shards_are_named(tmp_path):
+    import json
+    import shutil
+
+    from PIL import Image
+
+    from detaug.shards import ShardSource, write_shards
 
     s = scene(0)
     Image.fromarray(s.image).save(tmp_path / "a.png")
-    source = SampleListSource([Sample(str(tmp_path / "a.png"), s.boxes, s.labels, image_id=1, fields=s.fields)])
-    with pytest.raises(DatasetError, match="shards do not hold masks yet"):
-        write_shards(source, tmp_path / "shards")
+    write_shards(SampleListSource([Sample(str(tmp_path / "a.png"), s.boxes, s.labels, image_id=1, fields=s.fields)],
+                                  categories={int(k): f"c{k}" for k in s.labels}), tmp_path / "shards", progress=False)
+    manifest = tmp_path / "shards" / "manifest"
+    kind = np.load(manifest / "seg_kind.npy")
+    np.save(manifest / "seg_kind.npy", np.full_like(kind, 7))  # an edited manifest: its checks name it
+    with pytest.raises(DatasetError, match=r"manifest: its masks do not pass the checks \(a seg_kind other"):
+        ShardSource(tmp_path / "shards")
+    shutil.rmtree(manifest)
+    dataset = json.loads((tmp_path / "shards" / "dataset.json").read_text())
+    assert dataset["masks"] is True and "masks" not in [f[0] for f in dataset["fields"]]
+    import tarfile
+
+    with tarfile.open(tmp_path / "shards" / "shard-000000.tar") as tar:
+        record = json.loads(tar.extractfile("000000000.json").read())
+    assert len(record["masks"]) == len(s.boxes) and isinstance(record["masks"][0]["counts"], str)
 
 
 def test_batches_planned_together_move_masks_as_alone():

@@ -96,7 +96,7 @@ def test_a_cache_built_in_tiny_blocks_is_the_in_memory_parse(tmp_path, monkeypat
 @pytest.mark.parametrize("spoil", [
     lambda d: d["annotations"][-1].update(bbox=[1e39, 0, 1, 1]),  # beyond float32: a non-finite box, an error
     lambda d: d["annotations"][-2].update(image_id=123456),  # an unknown image: load_coco names it
-    lambda d: d["categories"].append({"id": 9, "name": "person", "keypoints": ["nose"]}),  # no keypoints cached
+    lambda d: d["categories"].append({"id": 3, "name": "again"}),  # a duplicate category id, found at the end
 ])
 def test_a_build_that_fails_midway_leaves_nothing_behind(tmp_path, monkeypatch, spoil):
     doc = coco_doc()
