@@ -13,7 +13,9 @@ finished batches in a queue. On a CUDA device the thread makes its tensors on a 
 Errors raised by the generator come out of :meth:`BackgroundFeed.take` at the position where
 they happened (after the batches made before them). :meth:`BackgroundFeed.stop` ends the thread
 and closes the generator *in that thread* (its ``finally`` blocks run there), whatever it was
-doing; feeds still running when the interpreter exits are stopped first (``atexit``).
+doing; feeds still running when the interpreter exits are stopped first (``atexit``, registered
+with the first feed: after DALI's own exit hook, so that it runs before DALI shuts its pipelines
+down).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ _ITEM, _END, _ERROR = "item", "end", "error"
 
 #: Feeds whose thread may still run: stopped at exit, before DALI's and CUDA's own clean-up.
 _LIVE: weakref.WeakSet[BackgroundFeed] = weakref.WeakSet()
+_EXIT_STOP: list[Any] = []  # the exit hook, once registered (atexit runs the last registered first)
 
 
 class BackgroundFeed:
@@ -54,6 +57,8 @@ class BackgroundFeed:
         self._done = False
         self._thread = threading.Thread(target=self._run, args=(produce,), name="detaug-feed", daemon=True)
         self._thread.start()
+        if not _EXIT_STOP:  # registered after DALI's own exit hook (DALI comes with the first pipeline): runs first
+            _EXIT_STOP.append(atexit.register(_stop_live_feeds))
         _LIVE.add(self)
 
     def _run(self, produce: Callable[[], Iterator[Any]]) -> None:
@@ -123,7 +128,6 @@ class BackgroundFeed:
         return self._thread.is_alive()
 
 
-@atexit.register
 def _stop_live_feeds() -> None:
     for feed in list(_LIVE):
         feed.stop()

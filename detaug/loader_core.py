@@ -1,9 +1,22 @@
-"""The loader core: plans fed to DALI ahead, its outputs collected, batches carried between epochs.
+"""The loader core: what both faces resolve alike, plans fed to DALI ahead, outputs collected,
+batches carried between epochs.
 
-:class:`~detaug.torch.DetectionLoader` is the PyTorch face (arguments, target forms, state,
-the iteration protocol); the functions here are the machinery under it, free of any framework
-but for one call: ``loader._to_torch(images, planned)``, the hand-over of a batch's DALI
-outputs. Each takes the loader (its :class:`LoaderState`) as its first argument.
+Two faces stand on it: :class:`~detaug.torch.DetectionLoader` (PyTorch: arguments, target forms,
+state, the iteration protocol) and :class:`~detaug.keras.DetectionSequence` (Keras: random access
+``seq[i]``). Both take from here, free of any framework:
+
+* the checks and defaults of their common arguments (:func:`check_count`,
+  :func:`resolve_device_once`, :func:`resolve_shard`, :func:`resolve_shuffle`,
+  :func:`planning_workers`, :func:`pipeline_threads`, :func:`epoch_spec`), so that one argument
+  means and defaults to the same on both (the recipe's type is checked by each face: this
+  engine module reads a recipe only through its methods);
+* the bookkeeping of skipped and repaired images (:func:`record`, :func:`skip_undecodable`,
+  :func:`plan_here`): a batch DALI fails on is planned again without its culprits, named once.
+
+The rest is the machinery of the iterator face (the Sequence runs its batches through
+:mod:`detaug.keras.pipeline_queue` instead: docs/keras.md says why), free of any framework but
+for one call: ``loader._to_torch(images, planned)``, the hand-over of a batch's DALI outputs.
+Each takes the loader (its :class:`LoaderState`) as its first argument.
 
 In the background feed's thread (:mod:`detaug.feeder`) the loader is a weak proxy
 (``weakref.proxy``), so that a loader nobody holds is collected, and its feed stopped, even
@@ -23,21 +36,130 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Protocol
 
+import numpy as np
+
+from detaug.decoding import default_planning_workers, threads_beside
+from detaug.epochs import check_shard
 from detaug.errors import ImageError
-from detaug.pipeline import build_pipeline, feed, feed_first_run
+from detaug.pipeline import build_pipeline, feed, feed_first_run, pick_device, resolve_device
 from detaug.plan_ahead import PlanPool, batches_ahead, group_size
 from detaug.decode_failures import DecodeFailure, undecodable
-from detaug.epochs import EpochSpec
+from detaug.epochs import EpochSpec, source_groups
 from detaug.planned_batch import PlannedBatch
 from detaug.planning import BatchPlanner
 
 if TYPE_CHECKING:
     from detaug.feeder import BackgroundFeed
 
-__all__ = ["Carry", "LoaderState", "build", "discard", "discard_carry", "drain", "feed_batches", "outputs",
-           "produce", "produce_on", "rebuild", "result", "stop_feed", "stop_feeds", "take_carry", "take_feed"]
+__all__ = ["Carry", "LoaderState", "build", "check_count", "discard", "discard_carry", "drain",
+           "epoch_spec", "feed_batches", "outputs", "pipeline_threads", "plan_here", "planning_workers", "produce",
+           "produce_on", "rebuild", "record", "resolve_device_once", "resolve_shard", "resolve_shuffle", "result",
+           "skip_undecodable", "stop_feed", "stop_feeds", "take_carry", "take_feed"]
+
+
+# -- what both faces resolve alike -------------------------------------------------------------------
+
+
+def check_count(name: str, value: Any, minimum: int, *, none_ok: bool = False) -> int | None:
+    """``value`` as an ``int`` (``None`` kept where ``none_ok``), else a ``ValueError`` naming
+    the argument: an integer (NumPy's too, not a ``bool``) ``>= minimum``."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}{' or None' if none_ok else ''}, got {value!r}")
+    return int(value)
+
+
+def resolve_device_once(device: str, device_id: int | None,
+                        default_gpu: Callable[[], int] | None = None) -> tuple[str, int | None]:
+    """``(device, device_id)``, resolved once when the face is built: ``device`` ``"gpu"`` or
+    ``"cpu"`` (``"auto"`` picked and said once, :func:`detaug.pipeline.pick_device`; ``"gpu"``
+    without one is a :class:`~detaug.DeviceError`), ``device_id`` DALI's GPU (``None`` on the
+    CPU; unset: ``default_gpu()``, else 0)."""
+    device = pick_device(device)
+    if device == "gpu" and device_id is None and default_gpu is not None:
+        device_id = default_gpu()
+    return device, resolve_device(device, device_id)
+
+
+def resolve_shard(source: Any, shard_id: int | None, num_shards: int | None,
+                  default: tuple[int, int] = (0, 1)) -> tuple[int, int]:
+    """``(shard_id, num_shards)``: those given, else the source's, else ``default`` (the PyTorch
+    face's: ``torch.distributed``'s rank); checked (:func:`detaug.epochs.check_shard`)."""
+    shard_id = getattr(source, "shard_id", None) if shard_id is None else shard_id
+    num_shards = getattr(source, "num_shards", None) if num_shards is None else num_shards
+    return check_shard(default[0] if shard_id is None else shard_id, default[1] if num_shards is None else num_shards)
+
+
+def resolve_shuffle(source: Any, shuffle: bool | None) -> bool:
+    """``shuffle``, or where ``None`` the source's flag (a ``CocoSource`` has one), else ``False``."""
+    return bool(getattr(source, "shuffle", False)) if shuffle is None else bool(shuffle)
+
+
+def planning_workers(name: str, workers: Any, device_id: int | None) -> int:
+    """The planning processes (``num_workers`` / ``plan_workers``, named ``name``): as given, or
+    for ``None`` 0 on the CPU, else half the CPUs of this rank, 1 to 16
+    (:func:`detaug.decoding.default_planning_workers`)."""
+    workers = check_count(name, workers, 0, none_ok=True)
+    return default_planning_workers(on_gpu=device_id is not None) if workers is None else workers
+
+
+def pipeline_threads(num_threads: int | None, workers: int) -> int:
+    """DALI's CPU threads: as given, or for ``None`` the CPUs of this rank that ``workers``
+    planning processes leave (:func:`detaug.decoding.threads_beside`)."""
+    return threads_beside(workers) if num_threads is None else int(num_threads)
+
+
+def epoch_spec(source: Any, batch_size: int, shard: tuple[int, int], *, shuffle: bool, drop_last: bool,
+               seed: int) -> EpochSpec:
+    """The epoch rules (:mod:`detaug.epochs`) of ``source`` for this shard ``(shard_id, num_shards)``."""
+    return EpochSpec(n=len(source), batch_size=batch_size, shard_id=shard[0], num_shards=shard[1], shuffle=shuffle,
+                     drop_last=drop_last, seed=seed, groups=source_groups(source))
+
+
+class Bookkeeper(Protocol):
+    """What :func:`record`, :func:`skip_undecodable` and :func:`plan_here` read and write on a face."""
+
+    source: Any
+    planner: BatchPlanner
+    on_error: str
+    skipped: list[dict[str, Any]]
+    repaired: list[dict[str, Any]]
+    _warned: set[tuple[str, str]]
+    _bad: dict[int, str]  # positions whose image failed in DALI -> reason
+
+
+def record(face: Bookkeeper, planned: PlannedBatch) -> list[str]:
+    """Keep the batch's skipped images and repaired boxes (``face.skipped``, ``face.repaired``);
+    the messages of the findings not said before (once per file and reason), for the face to
+    warn in its caller's thread."""
+    face.skipped.extend(planned.skipped)
+    face.repaired.extend(planned.repaired)
+    return planned.new_findings(face._warned)
+
+
+def skip_undecodable(face: Bookkeeper, failure: DecodeFailure, cause: BaseException | None,
+                     lock: ContextManager[Any] | None = None) -> dict[int, str]:
+    """The images DALI failed on in ``failure``'s batch (found by decoding them one by one on
+    the CPU), added to ``face._bad`` (under ``lock``) so that every later plan skips them; the
+    error naming them (from ``cause``) with ``on_error="raise"``, or when none is found."""
+    culprits = undecodable(failure.planned)
+    if not culprits or face.on_error == "raise":
+        raise failure.error(face.source, culprits) from cause
+    with lock if lock is not None else contextlib.nullcontext():
+        face._bad.update(culprits)  # (position, reason) pairs
+    return culprits
+
+
+def plan_here(face: Bookkeeper, epoch: int, step: int, bad: dict[int, str]) -> PlannedBatch:
+    """Batch ``step`` of ``epoch`` planned in this thread, skipping the positions ``bad``, with
+    its image data (read here)."""
+    planned = face.planner.plan(epoch, step, bad=bad)
+    if planned.data is None or planned.partners is None:
+        face.planner.fill_data(planned)
+    return planned
 
 
 class LoaderState(Protocol):
@@ -226,7 +348,7 @@ def result(loader: LoaderState, epoch: int, step: int, future: Any) -> PlannedBa
     if planned is not None:  # a worker's: its image bytes size the look-ahead (batches_ahead)
         loader._batch_bytes = max(loader._batch_bytes or 0, sum(int(a.nbytes) for a in planned.image_arrays()))
     if planned is None:
-        planned = loader.planner.plan(epoch, step, bad=loader._bad)
+        return plan_here(loader, epoch, step, loader._bad)
     if planned.data is None or planned.partners is None:
         loader.planner.fill_data(planned)
     return planned
@@ -261,12 +383,12 @@ def outputs(loader: LoaderState, inflight: deque[PlannedBatch | None]) -> tuple[
             return images, inflight.popleft()
         except (RuntimeError, IndexError) as err:  # IndexError: DALI's "critical error"
             failure = DecodeFailure(inflight[0], err)
-            culprits = undecodable(failure.planned)
-            if not culprits or loader.on_error == "raise":
+            try:
+                skip_undecodable(loader, failure, err)
+            except Exception:
                 inflight.clear()
                 rebuild(loader, inflight)
-                raise failure.error(loader.source, culprits) from err
-            loader._bad.update(culprits)  # (position, reason) pairs
+                raise
             inflight[0] = result(loader, failure.planned.epoch, failure.planned.step, None)
             rebuild(loader, inflight)
 

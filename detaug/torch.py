@@ -7,22 +7,18 @@ import warnings
 import weakref
 from typing import Any, Iterator
 
-import numpy as np
 import torch
 
 from detaug import loader_core as core
-from detaug.decoding import default_planning_workers, threads_beside
 from detaug.errors import DataWarning
 from detaug.feeder import BackgroundFeed
 from detaug.handover import TARGET_FORMS, build_targets, dali_images_to_torch
 from detaug.labels import LabelMap
 from detaug.masks import MASKS
 from detaug.plan_ahead import PlanPool
-from detaug.pipeline import outputs_outlive_runs, pick_device, resolve_device
-from detaug.epochs import EpochSpec, source_groups
+from detaug.pipeline import outputs_outlive_runs
 from detaug.planned_batch import PlannedBatch, batch_columns
 from detaug.planning import BatchPlanner
-from detaug.epochs import check_shard
 from detaug.transforms import Compose
 
 __all__ = ["DetectionLoader", "distributed_shard", "dali_images_to_torch"]
@@ -31,6 +27,11 @@ Target = dict[str, Any]
 
 #: Keys of :meth:`DetectionLoader.state_dict` that must match when a state is loaded.
 _STATE_CHECKED = ("dataset_size", "batch_size", "shard_id", "num_shards", "shuffle", "drop_last", "seed")
+
+
+def _local_gpu() -> int:
+    """The GPU of this rank where none is named: torchrun's ``LOCAL_RANK``, else torch's current one."""
+    return int(os.environ.get("LOCAL_RANK", torch.cuda.current_device() if torch.cuda.is_available() else 0))
 
 
 def distributed_shard() -> tuple[int, int]:
@@ -175,57 +176,40 @@ class DetectionLoader:
         max_boxes: int | None = None,
         ready_batches: int = 2,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        core.check_count("batch_size", batch_size, 1)
         if not isinstance(transforms, Compose):
             raise TypeError(f"transforms must be a detaug.transforms.Compose, got {type(transforms).__name__}")
         if targets not in TARGET_KINDS:
             raise ValueError(f"targets must be one of {', '.join(map(repr, TARGET_KINDS))}, got {targets!r}")
         if targets == "tv_tensors":
             _tv_tensors()  # said now, not at the first batch
-        if max_boxes is not None and (isinstance(max_boxes, bool) or not isinstance(max_boxes, (int, np.integer))
-                                      or max_boxes < 0):
-            raise ValueError(f"max_boxes must be an integer >= 0 or None, got {max_boxes!r}")
-        if isinstance(ready_batches, bool) or not isinstance(ready_batches, (int, np.integer)) or ready_batches < 0:
-            raise ValueError(f"ready_batches must be an integer >= 0, got {ready_batches!r}")
+        core.check_count("max_boxes", max_boxes, 0, none_ok=True)
+        core.check_count("ready_batches", ready_batches, 0)
         self.targets, self.max_boxes, self.ready_batches = targets, max_boxes, int(ready_batches)
         self.label_map = label_map
         self.label_mapping = LabelMap.from_source(source, label_map, first=1)  # before any pipeline
         if num_classes is not None:
             self.label_mapping.check_num_classes(num_classes, adapter="DetectionLoader")
         self.num_classes = num_classes
-        rank, world = distributed_shard()
-        shard_id = getattr(source, "shard_id", None) if shard_id is None else shard_id
-        num_shards = getattr(source, "num_shards", None) if num_shards is None else num_shards
-        shard_id, num_shards = check_shard(rank if shard_id is None else shard_id, world if num_shards is None else num_shards)
-        if shuffle is None:
-            shuffle = bool(getattr(source, "shuffle", False))
-        device = pick_device(device)
-        if device == "gpu" and device_id is None:
-            device_id = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device() if torch.cuda.is_available() else 0))
-        self.device_id = resolve_device(device, device_id)
+        shard_id, num_shards = core.resolve_shard(source, shard_id, num_shards, default=distributed_shard())
+        shuffle = core.resolve_shuffle(source, shuffle)
+        device, self.device_id = core.resolve_device_once(device, device_id, default_gpu=_local_gpu)
         self.device = torch.device("cpu") if self.device_id is None else torch.device("cuda", self.device_id)
         self.source, self.transforms, self.batch_size = source, transforms, int(batch_size)
         self.shuffle, self.drop_last, self.seed = bool(shuffle), bool(drop_last), int(seed)
         self.shard_id, self.num_shards = shard_id, num_shards
         self.categories = source.categories
         self._stacked = transforms.output_size() is not None  # else a list, also for one image
-        self.spec = EpochSpec(n=len(source), batch_size=self.batch_size, shard_id=shard_id, num_shards=num_shards,
-                              shuffle=self.shuffle, drop_last=self.drop_last, seed=self.seed,
-                              groups=source_groups(source))
+        self.spec = core.epoch_spec(source, self.batch_size, (shard_id, num_shards), shuffle=self.shuffle,
+                                    drop_last=self.drop_last, seed=self.seed)
         self.planner = BatchPlanner(source, transforms, self.spec, on_error, fields=fields)
         self.fields = self.planner.fields  # the names each target carries, in order
         self.on_error = on_error
-        if num_workers is None:
-            num_workers = default_planning_workers(on_gpu=self.device_id is not None)
-        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
-            raise ValueError(f"num_workers must be an integer >= 0 or None, got {num_workers!r}")
-        self.num_workers = int(num_workers)
+        self.num_workers = core.planning_workers("num_workers", num_workers, self.device_id)
         self._pool = PlanPool(self.planner, self.num_workers) if self.num_workers else None
         if self._pool is not None:
             self._pool.deferred = []  # said by _record, in the caller's thread
-        if num_threads is None:  # the rank's CPUs the planning workers leave
-            num_threads = threads_beside(self.num_workers)
+        num_threads = core.pipeline_threads(num_threads, self.num_workers)  # None: the CPUs the workers leave
         self._pipeline_args = dict(batch_size=self.batch_size, device=device, device_id=self.device_id,
                                    num_threads=num_threads, seed=self.seed, prefetch_queue_depth=prefetch_queue_depth)
         self._depth = max(1, int(prefetch_queue_depth))
@@ -382,9 +366,7 @@ class DetectionLoader:
     def _record(self, planned: PlannedBatch) -> None:
         while self._pool is not None and self._pool.deferred:
             warnings.warn(self._pool.deferred.pop(0), RuntimeWarning, stacklevel=4)
-        self.skipped.extend(planned.skipped)
-        self.repaired.extend(planned.repaired)
-        for message in planned.new_findings(self._warned):
+        for message in core.record(self, planned):
             warnings.warn(message, DataWarning, stacklevel=4)
 
     def _to_torch(self, images: Any, planned: PlannedBatch) -> tuple[torch.Tensor | list[torch.Tensor], Any]:

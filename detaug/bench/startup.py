@@ -5,7 +5,7 @@ For each size (default 100k, 1M and 10M images, 2 boxes each) it generates the a
 (a COCO JSON, and a shard folder whose ``manifest/`` holds the same samples and whose tar files
 are sparse placeholders: start-up reads no image), then starts one fresh Python process per
 source that builds the source and does what a rank does before its first batch: the epoch's
-order and its rank's share (:class:`detaug.planning.EpochSpec`, ``shuffle=True``, rank 0 of
+order and its rank's share (:class:`detaug.epochs.EpochSpec`, ``shuffle=True``, rank 0 of
 ``--ranks``), the labels present (``LabelMap``'s input) and the annotations of its first 64
 samples. Measured in that process: the seconds from before the source is built to after that,
 and the peak resident memory of the whole process (``VmHWM``, the high-water mark the kernel

@@ -5,11 +5,15 @@ The package, one job a module:
 
 * :mod:`detaug.keras.sequence`: the Keras face, :class:`DetectionSequence` (arguments, epochs,
   ``seq[i]``, errors), the only module that imports Keras;
+* :mod:`detaug.keras.batches`: ``SequenceBatches``, how batch ``i`` is made (plan, pipeline,
+  prefetch, targets), on the argument rules and bookkeeping shared with the PyTorch loader
+  (:mod:`detaug.loader_core`);
 * :mod:`detaug.keras.plan_ahead`: ``PlanAhead``, worker processes planning the batches of the
   current and the next epoch before they are asked for (also importable as ``detaug.keras.prefetch``,
   its former name: the same module);
 * :mod:`detaug.keras.pipeline_queue`: ``PipelineQueue``, the DALI pipeline that Keras' ``workers``
-  share, two batches at once, and the batch prefetched for a sequential reader;
+  share, two batches at once, and the batches prefetched for a sequential reader, collected in
+  a background thread;
 * :mod:`detaug.keras.targets`: Keras box formats and the padded targets;
 * :mod:`detaug.keras.flavor`: which Keras (Keras 3, or legacy ``tf_keras``), read from the
   environment when this package is first imported;

@@ -17,13 +17,13 @@ does for decoded arrays), so a whole epoch planned ahead does not hold the datas
 
 from __future__ import annotations
 
-from concurrent.futures import BrokenExecutor, Future
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Future, wait
 
 from detaug.plan_ahead import PlanPool
 from detaug.planned_batch import PlannedBatch
 from detaug.planning import BatchPlanner
 
-__all__ = ["PLAN_AHEAD_BATCHES", "PLAN_AHEAD_DATA_BYTES", "PlanAhead"]
+__all__ = ["PLAN_AHEAD_BATCHES", "PLAN_AHEAD_DATA_BYTES", "PlanAhead", "any_planned"]
 
 #: Planned batches (done or in flight) held at most, per sequence: the current and the next epoch
 #: are planned ahead whole up to this many batches; past it, further plans wait for the held ones
@@ -161,3 +161,12 @@ class PlanAhead:
             if keep_data:
                 self.with_data.add((epoch, j))
             self.in_flight.append(future)
+
+
+def any_planned(futures: list[Future], timeout: float | None) -> bool:
+    """Whether one of the jobs ``futures`` (:meth:`PlanAhead.start`'s) planned its batch within
+    ``timeout`` seconds: the workers are up (``False`` for none, or when they could not start)."""
+    if not futures:
+        return False
+    done, _ = wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
+    return any(not f.cancelled() and not isinstance(f.exception(), BrokenExecutor) for f in done)

@@ -10,38 +10,12 @@ pipeline's external sources and runs it once. The same ``i`` in the same epoch t
 gives the same samples and the same augmentation; a new epoch gives a new order
 (``shuffle=True``) and new augmentations.
 
-Access pattern, concurrency and prefetching (the pipeline: :mod:`detaug.keras.pipeline_queue`):
-
-1. ``seq[i]`` right after ``seq[i - 1]`` (or ``seq[0]`` first in an epoch), with no other call in
-   progress, is *sequential*: once batch ``i`` is out of the pipeline, the next
-   ``detaug.keras.pipeline_queue.PIPELINE_DEPTH`` batches (two) are in it, and DALI prepares them while the
-   caller trains on batch ``i``, as the PyTorch loader does. This is how ``fit(seq,
-   shuffle=False)`` asks with the default ``workers=1`` (the sequence shuffles its samples every
-   epoch itself; docs/keras.md says why Keras' own threads are not the default);
-2. ``seq[i]`` may be called from several threads at once (Keras' ``workers > 1``, or your own):
-   the sequence runs their batches through one DALI pipeline in the order they come, two at
-   once, in one pipeline's memory (batch ``i``'s result does not depend on what ran beside it);
-3. a prefetched batch that is not asked for next is dropped (``prefetch_wasted`` counts them):
-   in a random order (``fit(seq)``, which shuffles the batch order), with one caller, each batch
-   runs alone;
-4. the last batches of an epoch prefetch the first of the next one, so that the pipeline does
-   not run dry between epochs; ``on_epoch_end()`` moves to the next epoch (and keeps them),
-   ``set_epoch(e)`` to another epoch drops them.
-
-Planning ahead (:mod:`detaug.keras.plan_ahead`): the samples and seeds of every batch of an epoch
-(and of the next one) are known in advance, so with ``plan_workers > 0`` the host-side work
-(reading the image files and their headers, ``Compose.plan_batch``) runs in worker processes,
-ahead of the ``seq[i]`` calls, from :meth:`DetectionSequence.start_workers` or the first
-``seq[i]`` of an epoch on, for the rest of that epoch and then the next; ``seq[i]`` then only
-feeds and runs a pipeline and copies out the images (little Python in the calling threads, which
-share one interpreter lock with Keras'). A batch whose plan is not ready is planned in the
-calling thread, as with ``plan_workers=0``: the results are the same either way.
-
-Targets (:mod:`detaug.keras.targets`) are ``{"boxes", "labels"}`` padded to ``max_boxes`` with
-``-1``, as Keras 3 and KerasHub detectors take them; per-box fields only when asked for
-(``fields=``). A sample with more boxes than ``max_boxes`` is handled by ``overflow``:
-``"raise"`` (default), ``"warn"`` or ``"truncate"`` (both keep the first ``max_boxes`` boxes,
-in annotation order, and count what they cut).
+How batch ``i`` is made (:mod:`detaug.keras.batches`): the plan, by the rules and bookkeeping
+it shares with the PyTorch loader (:mod:`detaug.loader_core`), or ahead by the planning workers
+(``plan_workers``, :mod:`detaug.keras.plan_ahead`); one DALI pipeline that concurrent calls
+share (:mod:`detaug.keras.pipeline_queue`); for sequential calls, the next batches prefetched
+and collected in the background while the caller trains on this one; a prefetch not asked for
+next is dropped (an out-of-order ``seq[i]`` is made on demand).
 
 Importing this module imports the Keras that :data:`~detaug.keras.flavor.KERAS_FLAVOR` names
 (its base class is chosen here); :mod:`detaug.keras` imports it when ``DetectionSequence`` is
@@ -50,35 +24,21 @@ first asked for.
 
 from __future__ import annotations
 
-import operator
 import threading
 import warnings
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, wait
 from typing import Any
 
 import numpy as np
 
-from detaug.decoding import default_planning_workers, threads_beside
-from detaug.epochs import check_shard
-from detaug.errors import DataWarning
+from detaug import loader_core as core
+from detaug.keras.batches import SequenceBatches
 from detaug.keras.flavor import keras_backend, keras_base, keras_module
 from detaug.keras.pipeline_queue import DLPACK_BACKENDS, PIPELINE_DEPTH, PipelineQueue
-from detaug.keras.plan_ahead import PlanAhead
-from detaug.keras.targets import (
-    OVERFLOW_POLICIES,
-    BoxOverflowWarning,
-    check_box_format,
-    keras_field_spec,
-    overflowing,
-    pad_targets,
-)
+from detaug.keras.plan_ahead import PlanAhead, any_planned
+from detaug.keras.targets import OVERFLOW_POLICIES, check_box_format, keras_field_spec
 from detaug.labels import LabelMap
-from detaug.pipeline import build_pipeline, pick_device, resolve_device
-from detaug.decode_failures import DecodeFailure, undecodable
-from detaug.epochs import EpochSpec, source_groups
 from detaug.field_selection import field_outputs
-from detaug.planned_batch import PlannedBatch, batch_columns
 from detaug.planning import BatchPlanner
 from detaug.transforms import Compose
 
@@ -87,9 +47,11 @@ __all__ = ["DetectionSequence"]
 #: The class ``DetectionSequence`` subclasses: Keras 3's ``PyDataset``, ``tf_keras.utils.Sequence``
 #: or ``object`` (see :mod:`detaug.keras.flavor`).
 _Base = keras_base()
+#: Its bases: the Keras class first (``DetectionSequence.__mro__[1]``), then the batches' half.
+_BASES = (SequenceBatches,) if _Base is object else (_Base, SequenceBatches)
 
 
-class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
+class DetectionSequence(*_BASES):  # type: ignore[misc]
     """Augmented detection batches by index, for ``model.fit(seq)`` (and ``fit_generator``).
 
     Args:
@@ -124,45 +86,39 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             counted in ``boxes_truncated`` / ``samples_truncated`` either way.
         drop_last: leave out the last, smaller batch of an epoch.
         device_id: the GPU (``None``: 0).
-        num_threads: DALI CPU threads of the pipeline; ``None``: the CPUs of this rank (those
-            this process may use divided by the ranks on the host, ``LOCAL_WORLD_SIZE``) that
-            ``plan_workers`` leaves, 1 to 16 (:func:`detaug.decoding.threads_beside`: 8 beside
-            8 planning workers on 16 cores).
+        num_threads: DALI CPU threads of the pipeline; ``None``: the CPUs of this rank that
+            ``plan_workers`` leaves, as the PyTorch loader's (:func:`detaug.loader_core.pipeline_threads`).
         shard_id, num_shards: serve one shard of every epoch (the rules of
             :mod:`detaug.epochs`, as the PyTorch loader's: equal shards, padded).
         prefetch: prepare batches ``i + 1`` and ``i + 2`` (``PIPELINE_DEPTH``) while batch ``i``
-            is used, when access is sequential.
+            is used, when access is sequential: fed to DALI and collected (images copied out)
+            in a background thread (:mod:`detaug.keras.batches`).
         plan_workers: processes that plan the batches of the current and the next epoch ahead of
-            the ``seq[i]`` calls (read the image headers, run ``Compose.plan_batch``); ``None``: 0 with
-            ``device="cpu"`` (DALI needs the cores), else half the CPUs of this rank, 1 to 16
-            (:func:`detaug.decoding.default_planning_workers`); 0 plans
-            each batch in the calling thread when it is asked for. Started (``spawn``) by
-            :meth:`start_workers` or the first ``seq[i]`` (batches are planned in the calling
-            thread until they are up, a few seconds when the main script imports Keras);
-            stopped by :meth:`close` or when the sequence is collected.
+            the ``seq[i]`` calls (read the image headers, run ``Compose.plan_batch``); ``None``:
+            as the PyTorch loader's ``num_workers`` (:func:`detaug.loader_core.planning_workers`:
+            0 on the CPU); 0 plans each batch in the calling thread when it is asked for.
+            Started by :meth:`start_workers` or the first ``seq[i]``; stopped by :meth:`close`
+            or when the sequence is collected.
         images_on_device: return the images as a float32 ``[B, H, W, 3]`` tensor on the GPU of
             Keras' backend instead of a NumPy array: a ``torch`` CUDA tensor (torch backend), a
             TensorFlow or JAX GPU tensor handed over through DLPack (the same GPU memory, no host
-            copy); the targets too, copied in the calling thread (Keras' ``fit`` would copy them
-            in its main thread, behind the model's work). ``None``: on with ``device="gpu"`` when
-            Keras runs on torch, TensorFlow or JAX (each would otherwise copy each NumPy batch back
-            to the GPU itself, ~100 ms for 64 float images of 512x512), else off.
+            copy); the targets too. ``None``: on with ``device="gpu"`` when Keras runs on torch,
+            TensorFlow or JAX (each would otherwise copy each NumPy batch back to the GPU), else
+            off (docs/keras.md).
         workers: Keras' ``PyDataset`` argument: the threads that call ``seq[i]``. ``None``: 1,
             Keras' own loop calls ``seq[i]`` and the sequence prepares the next batches itself
             (sequential access, above). With ``workers > 1`` Keras' ordered enqueuer calls from
-            that many threads, whose batches share the sequence's pipeline in turn; it also
-            costs 0.1 s at the end of every epoch (Keras 3.15's enqueuer waits out a queue
-            timeout when it stops), which a small dataset's epochs feel (docs/keras.md).
+            that many threads, whose batches share the sequence's pipeline in turn (its cost:
+            docs/keras.md).
         max_queue_size: Keras' ``PyDataset`` argument: batches Keras requests ahead with
-            ``workers > 1``, each held until ``fit`` takes it (on the GPU with
-            ``images_on_device``: 200 MB for 64 float images of 512x512). ``None``: ``workers``
-            (Keras' own default is 10), enough to keep the pipeline full.
+            ``workers > 1``, each held until ``fit`` takes it. ``None``: ``workers`` (Keras' own
+            default is 10), enough to keep the pipeline full.
         use_multiprocessing: must stay ``False``: a DALI pipeline cannot be forked or pickled.
         on_error: an image that cannot be read or decoded: ``"skip"`` replaces it by the next
             readable sample of the shard's epoch order (named in a :class:`~detaug.DataWarning`
             and listed in :attr:`skipped`), ``"raise"`` raises :class:`~detaug.ImageError`.
         fields: the per-box fields the targets carry besides boxes and labels
-            (:func:`detaug.planning.select_fields`): ``"none"`` (default) none, the targets are
+            (:func:`detaug.field_selection.select_fields`): ``"none"`` (default) none, the targets are
             ``{"boxes", "labels"}`` only, the structure of a detector's outputs that Keras'
             ``fit`` compares them with; ``"all"`` every field of the source (a ``CocoSource``:
             ``iscrowd`` and ``area``; a ``VocSource``: ``iscrowd`` and ``difficult``; a sample
@@ -232,23 +188,17 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         num_classes: int | None = None,
         fields: Any = "none",
     ) -> None:
-        # 1. Arguments.
-        device = pick_device(device)
-        if workers is None:
-            workers = 1
-        if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
-            raise ValueError(f"workers must be an integer >= 1 or None, got {workers!r}")
-        if max_queue_size is None:
-            max_queue_size = int(workers)
-        if isinstance(max_queue_size, bool) or not isinstance(max_queue_size, (int, np.integer)) or max_queue_size < 1:
-            raise ValueError(f"max_queue_size must be an integer >= 1 or None, got {max_queue_size!r}")
+        # 1. Arguments (the checks and defaults the PyTorch loader shares: detaug.loader_core).
+        device, device_id = core.resolve_device_once(device, device_id)
+        workers = core.check_count("workers", 1 if workers is None else workers, 1, none_ok=True)
+        max_queue_size = core.check_count("max_queue_size", workers if max_queue_size is None else max_queue_size, 1,
+                                          none_ok=True)
         if getattr(_Base, "__name__", "") == "PyDataset":
             super().__init__(workers=int(workers), use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size)
         else:
             super().__init__()
             self.workers, self.use_multiprocessing, self.max_queue_size = int(workers), use_multiprocessing, max_queue_size
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        core.check_count("batch_size", batch_size, 1)
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow must be one of {', '.join(map(repr, OVERFLOW_POLICIES))}, got {overflow!r}")
         if use_multiprocessing:
@@ -261,10 +211,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         if images_on_device is None:
             images_on_device = device != "cpu" and keras_backend() in DLPACK_BACKENDS
         self.images_on_device = bool(images_on_device)
-        if plan_workers is not None and (
-            isinstance(plan_workers, bool) or not isinstance(plan_workers, (int, np.integer)) or plan_workers < 0
-        ):
-            raise ValueError(f"plan_workers must be an integer >= 0 or None, got {plan_workers!r}")
+        core.check_count("plan_workers", plan_workers, 0, none_ok=True)
         if not isinstance(transforms, Compose):
             raise TypeError(f"transforms must be a detaug.transforms.Compose, got {type(transforms).__name__}")
         self.bounding_box_format = check_box_format(bounding_box_format)
@@ -272,16 +219,11 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         # 2. Source, shard and shuffle flag (the epoch rules of detaug.epochs, as the PyTorch loader's).
         if not hasattr(source, "samples") or not hasattr(source, "load"):
             raise TypeError(f"source must be a CocoSource, VocSource or SampleListSource, got {type(source).__name__}")
-        shuffle = bool(getattr(source, "shuffle", False)) if shuffle is None else bool(shuffle)
-        shard_id = getattr(source, "shard_id", None) if shard_id is None else shard_id
-        num_shards = getattr(source, "num_shards", None) if num_shards is None else num_shards
-        shard_id, num_shards = check_shard(0 if shard_id is None else shard_id, 1 if num_shards is None else num_shards)
+        shuffle = core.resolve_shuffle(source, shuffle)
+        shard_id, num_shards = core.resolve_shard(source, shard_id, num_shards)
 
         most = int(source.max_boxes())  # columnar sources answer without a pass over the samples
-        if max_boxes is None:
-            max_boxes = max(most, 1)
-        if isinstance(max_boxes, bool) or not isinstance(max_boxes, (int, np.integer)) or max_boxes < 1:
-            raise ValueError(f"max_boxes must be an integer >= 1 or None, got {max_boxes!r}")
+        max_boxes = core.check_count("max_boxes", max(most, 1) if max_boxes is None else max_boxes, 1, none_ok=True)
 
         # 3. Class indices (before any pipeline is built).
         self.label_map = label_map
@@ -290,28 +232,15 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             self.label_mapping.check_num_classes(num_classes, adapter="DetectionSequence")
         self.num_classes = num_classes
 
-        self.source = source
-        self.categories = source.categories
-        self.transforms = transforms
-        self.batch_size = int(batch_size)
-        self.max_boxes = int(max_boxes)
-        self.most_source_boxes = most
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.device = device
-        self.device_id = resolve_device(device, device_id)
-        self.overflow = overflow
-        self.drop_last = bool(drop_last)
-        self.prefetch = bool(prefetch)
-        if plan_workers is None:
-            plan_workers = default_planning_workers(on_gpu=self.device_id is not None)
-        self.plan_workers = int(plan_workers)
-        # None: the rank's CPUs the planning workers leave
-        self.num_threads = threads_beside(self.plan_workers) if num_threads is None else int(num_threads)
+        self.source, self.categories, self.transforms = source, source.categories, transforms
+        self.batch_size, self.max_boxes, self.most_source_boxes = int(batch_size), max_boxes, most
+        self.shuffle, self.seed, self.device, self.device_id = bool(shuffle), int(seed), device, device_id
+        self.overflow, self.drop_last, self.prefetch = overflow, bool(drop_last), bool(prefetch)
+        self.plan_workers = core.planning_workers("plan_workers", plan_workers, self.device_id)
+        self.num_threads = core.pipeline_threads(num_threads, self.plan_workers)  # None: the CPUs the workers leave
         self.shard_id, self.num_shards = shard_id, num_shards
-        self.spec = EpochSpec(n=len(source), batch_size=self.batch_size, shard_id=shard_id, num_shards=num_shards,
-                              shuffle=self.shuffle, drop_last=self.drop_last, seed=self.seed,
-                              groups=source_groups(source))
+        self.spec = core.epoch_spec(source, self.batch_size, (shard_id, num_shards), shuffle=self.shuffle,
+                                    drop_last=self.drop_last, seed=self.seed)
         self.planner = BatchPlanner(source, transforms, self.spec, on_error, fields=fields)
         self.fields = self.planner.fields
         self._field_outputs = field_outputs(source, self.fields)
@@ -328,11 +257,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
         self._warned: set[tuple[str, str]] = set()
         self._bad: dict[int, str] = {}  # positions whose image failed in DALI -> reason
 
-        self.boxes_truncated = 0
-        self.samples_truncated = 0
-        self.prefetch_hits = 0
-        self.planned_ahead = 0
-        self.planned_inline = 0
+        self.boxes_truncated = self.samples_truncated = self.prefetch_hits = self.planned_ahead = self.planned_inline = 0
         self._lock = threading.Condition()  # guards the counters, the epoch and the pipeline queue
         self._planner = (
             PlanAhead(self.planner, self.plan_workers, num_batches=len(self)) if self.plan_workers and len(self) > 1 else None
@@ -388,18 +313,9 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             elif queue.prefetched:  # asked for another batch next: the prefetch is not wanted
                 queue.drop_prefetched()
         try:
-            if ticket is None:
-                ticket = queue.submit(self._plan(i, epoch))
-            while True:
-                try:
-                    images = queue.result(ticket)
-                    break
-                except DecodeFailure as failure:  # DALI failed on an image whose header was fine
-                    ticket = queue.submit(self._without_undecodable(ticket.planned, failure))
+            ticket, images = self._run(ticket, i, epoch)
             if self.prefetch and sequential:  # the next batches, into the next epoch at the end of this one
-                for ahead in range(1, 1 + PIPELINE_DEPTH):
-                    next_epoch, j = self.spec.after(epoch, i, ahead)
-                    self._prefetch_next(j, next_epoch)
+                self._prefetch_after(i, epoch)
             self._record(ticket.planned)
             targets = self._targets(i, epoch, ticket.planned, images)
             return images, queue.to_device(targets) if self.images_on_device else targets
@@ -444,10 +360,7 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             if self._planner is None:
                 return False
             futures = self._planner.start(self.epoch)
-        if not futures:
-            return False
-        done, _ = wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
-        return any(not f.cancelled() and not isinstance(f.exception(), BrokenExecutor) for f in done)
+        return any_planned(futures, timeout)
 
     def batch_indices(self, index: int) -> np.ndarray:
         """int64 ``[B]`` source positions of batch ``index`` in the current epoch (before any
@@ -485,130 +398,3 @@ class DetectionSequence(_Base):  # type: ignore[misc, valid-type]
             f"{len(self)} batches, max_boxes={self.max_boxes}, shuffle={self.shuffle}, seed={self.seed}, "
             f"device={self.device!r}, epoch={self.epoch})"
         )
-
-    # -- plans and the pipeline ----------------------------------------------------------------------
-
-    def _build(self) -> Any:
-        pipe = build_pipeline(
-            self.source, self.transforms, batch_size=self.batch_size, device=self.device,
-            device_id=self.device_id, num_threads=self.num_threads, seed=self.seed, layout="HWC",
-            prefetch_queue_depth=PIPELINE_DEPTH,  # the batches of the calls waiting, in turn (detaug.keras.pipeline_queue)
-        )
-        pipe.build()
-        return pipe
-
-    def _check_index(self, index: Any) -> int:
-        try:
-            i = operator.index(index)
-        except TypeError:
-            raise TypeError(f"batch indexes must be integers, got {type(index).__name__}") from None
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"batch index {index} out of range for a sequence of {n} batches")
-        return i + n if i < 0 else i
-
-    def _plan(self, i: int, epoch: int) -> PlannedBatch:
-        """Batch ``i`` of ``epoch``, planned, with its image data: a worker's plan (the image
-        bytes it read, or, when it left them out, read here; decoded arrays are taken here), or,
-        where its job has not started (or there is none), planned here."""
-        with self._lock:
-            # a call that began before set_epoch plans its own batch; the next epoch's are planned ahead too
-            plannable = self._planner is not None and self._plans_ahead_for(epoch)
-            planned = self._planner.take(i, epoch) if plannable else None  # raises the job's error
-        ahead = planned is not None
-        if planned is None:
-            with self._lock:
-                bad = dict(self._bad)
-            planned = self.planner.plan(epoch, i, bad=bad)  # reads and plans before feeding
-        with self._lock:
-            if ahead:
-                self.planned_ahead += 1
-            else:
-                self.planned_inline += 1
-        if planned.data is None or planned.partners is None:  # decoded arrays, or a plan made without the bytes
-            self.planner.fill_data(planned)
-        return planned
-
-    def _plans_ahead_for(self, epoch: int) -> bool:
-        """Whether ``epoch``'s batches are planned ahead (and prefetched): the current epoch's and
-        the next one's (called under the lock)."""
-        return epoch in (self.epoch, self.epoch + 1)
-
-    def _without_undecodable(self, planned: PlannedBatch, failure: DecodeFailure) -> PlannedBatch:
-        """Batch ``planned`` planned again without the images DALI failed on (``on_error="skip"``),
-        or the error naming the culprit (``"raise"``, or no culprit found)."""
-        culprits = undecodable(planned)
-        if not culprits or self.on_error == "raise":
-            raise failure.error(self.source, culprits) from failure.__cause__
-        with self._lock:
-            self._bad.update(culprits)  # (position, reason) pairs
-            bad = dict(self._bad)
-        replanned = self.planner.plan(planned.epoch, planned.step, bad=bad)
-        if replanned.data is None or replanned.partners is None:
-            self.planner.fill_data(replanned)
-        return replanned
-
-    def _record(self, planned: PlannedBatch) -> None:
-        """Keep the batch's skipped images and repaired boxes (:attr:`skipped`,
-        :attr:`repaired`); warn once per file and reason."""
-        if not planned.skipped and not planned.repaired:
-            return
-        with self._lock:
-            self.skipped.extend(planned.skipped)
-            self.repaired.extend(planned.repaired)
-            messages = planned.new_findings(self._warned)
-        for message in messages:
-            warnings.warn(message, DataWarning, stacklevel=3)
-
-    def _prefetch_next(self, i: int, epoch: int) -> None:
-        """Submit batch ``i`` for a later call, unless one is held for it already, and feed it now
-        if the pipeline is free. Errors are not this call's: batch ``i`` raises them when it is
-        asked for."""
-        with self._lock:
-            if (epoch, i) in self._queue.prefetched:
-                return
-        try:
-            planned = self._plan(i, epoch)
-        except Exception:  # noqa: BLE001 - batch i's error, raised again when batch i is asked for
-            return
-        with self._lock:
-            if not self._plans_ahead_for(epoch):  # the sequence moved on meanwhile
-                return
-            self._queue.hold((epoch, i), self._queue.submit(planned))
-        self._queue.feed_waiting()
-
-    # -- Keras targets ----------------------------------------------------------------------------
-
-    def _targets(self, i: int, epoch: int, planned: PlannedBatch, images: Any) -> dict[str, np.ndarray]:
-        """The batch's boxes (xyxy ``[N_k, 4]`` per sample, the plan's: the pipeline only moves
-        pixels), labels and fields padded to ``max_boxes`` rows
-        (:func:`~detaug.keras.targets.pad_targets`), after the ``overflow`` policy."""
-        over = overflowing(planned.boxes, self.max_boxes)
-        if over:
-            self._overflow(i, epoch, planned.image_ids, over, planned.boxes)
-        height, width = images.shape[1:3]
-        return pad_targets(batch_columns(planned), self.max_boxes, self.bounding_box_format, (height, width),
-                           self.label_mapping, self._field_outputs)
-
-    def _overflow(self, i: int, epoch: int, image_ids: np.ndarray, over: list[int], boxes: list[np.ndarray]) -> None:
-        detail = ", ".join(
-            f"image_id {image_ids[k]}: {len(boxes[k])}" for k in over[:5]
-        ) + (", ..." if len(over) > 5 else "")
-        if self.overflow == "raise":
-            raise ValueError(
-                f"batch {i} (epoch {epoch}): {len(over)} sample(s) have more than max_boxes={self.max_boxes} "
-                f"boxes ({detail}); raise max_boxes (the largest source sample has {self.most_source_boxes}, "
-                "max_boxes=None uses that) or pass overflow='warn' or 'truncate' to keep the first max_boxes"
-            )
-        cut = sum(len(boxes[k]) - self.max_boxes for k in over)
-        with self._lock:
-            self.boxes_truncated += cut
-            self.samples_truncated += len(over)
-            so_far = self.boxes_truncated
-        if self.overflow == "warn":
-            warnings.warn(
-                f"batch {i} (epoch {epoch}): cut {cut} box(es) beyond max_boxes={self.max_boxes} "
-                f"from {len(over)} sample(s) ({detail}); {so_far} cut so far",
-                BoxOverflowWarning,
-                stacklevel=5,  # the caller of seq[i]: _overflow < _targets < batch < __getitem__
-            )

@@ -108,7 +108,7 @@ def pad_targets(
     """A batch's targets as Keras takes them: whole-batch array operations, none per sample.
 
     Args:
-        columns: the batch's boxes as columns, :func:`detaug.planning.batch_columns`:
+        columns: the batch's boxes as columns, :func:`detaug.planned_batch.batch_columns`:
             ``(counts, boxes, labels, fields)``, ``counts[k]`` sample ``k``'s boxes, ``boxes``
             float32 ``[N, 4]`` absolute xyxy on the output image, ``labels`` int64 ``[N]``
             category ids, ``fields`` ``{name: [N, ...]}`` (every field of ``specs``), in
@@ -118,7 +118,7 @@ def pad_targets(
         bounding_box_format: a Keras format (:data:`KERAS_BOX_FORMATS`).
         canvas_size: the output image's ``(height, width)``, for the ``rel_*`` formats.
         label_mapping: a :class:`~detaug.labels.LabelMap`: category ids -> class indices.
-        specs: ``{name: FieldSpec}`` (:func:`detaug.planning.field_outputs`): the fields to
+        specs: ``{name: FieldSpec}`` (:func:`detaug.field_selection.field_outputs`): the fields to
             pad, in order, with their dtype and trailing shape; ``None``: none.
 
     Returns:

@@ -59,3 +59,29 @@ def test_stop_closes_the_generator_in_the_feeds_thread_and_keeps_depth_items_at_
 def test_depth_is_checked():
     with pytest.raises(ValueError, match="depth must be >= 1"):
         BackgroundFeed(lambda: iter(()), 0, CPU)
+
+
+def test_an_exit_while_a_loaders_feed_runs_is_clean(tmp_path):
+    """The feeds are stopped at exit before DALI shuts its pipelines down (the exit hook is
+    registered with the first feed, after DALI's, so it runs first): no DALI assertion."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import detaug.transforms as T\n"
+        "from detaug.synthetic import write_voc_dataset\n"
+        "from detaug.sources import VocSource\n"
+        "from detaug.torch import DetectionLoader\n"
+        f"write_voc_dataset({str(tmp_path)!r}, num_images=24, size=((480, 640), (400, 560)), image_format='png',\n"
+        "                  splits={'train': 1.0})\n"
+        f"loader = DetectionLoader(VocSource({str(tmp_path)!r}, 'train'), T.Compose([T.Resize((256, 256))]), 4,\n"
+        "                         device='cpu', num_threads=1)\n"
+        "print(tuple(next(iter(loader))[0].shape))\n"
+    )
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert run.returncode == 0 and run.stdout.split("\n")[0] == "(4, 3, 256, 256)", run.stderr[-3000:]
+    assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr, run.stderr[-3000:]

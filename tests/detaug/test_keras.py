@@ -360,6 +360,54 @@ class TestPrefetch:
         seq.set_epoch(0)
 
 
+    def test_the_batches_expected_next_are_collected_in_the_background(self, source, epoch0):
+        """After a sequential ``seq[i]`` the next batches are fed and collected (images copied
+        out) by a background thread before they are asked for; they are the batches made on demand."""
+        seq = make_sequence(source)
+        assert_batches_equal(seq[0], epoch0[0])
+        held = dict(seq._queue.prefetched)
+        assert sorted(held) == [(0, 1), (0, 2)]
+        collector = seq._queue._collector
+        if collector is not None:  # else it has ended: nothing was left to collect
+            collector.join(timeout=120)
+        assert all(t.done and t.error is None and t.images is not None for t in held.values())
+        assert_batches_equal(seq[1], epoch0[1])
+        assert_batches_equal(seq[2], epoch0[2])
+        assert (seq.prefetch_hits, seq.prefetch_wasted) == (2, 0)
+
+    def test_close_waits_for_the_background_collection(self, source, epoch0):
+        seq = make_sequence(source)
+        seq[0]  # sequential: batches 1 and 2 are collected in the background
+        seq.close()
+        assert seq._queue._collector is None and seq._queue.pipe is None
+        assert seq.prefetch_wasted == 2
+        assert_batches_equal(seq[1], epoch0[1])  # on demand, from a new pipeline
+
+
+    def test_exit_right_after_a_sequential_call_is_clean(self, voc_root):
+        """The interpreter may exit while the background thread collects: it is waited for
+        before DALI shuts its pipelines down (else DALI's exit hook fails, or worse)."""
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        code = (
+            "import detaug.transforms as T\n"
+            "from detaug.keras import DetectionSequence\n"
+            "from detaug.sources import VocSource\n"
+            f"seq = DetectionSequence(VocSource({str(voc_root)!r}, 'train'), T.Compose([T.Resize((32, 32))]), 2,\n"
+            "                         device='cpu', num_threads=1, images_on_device=False)\n"
+            "print(seq[0][0].shape, sorted(seq._queue.prefetched))\n"
+        )
+        repo = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "KERAS_BACKEND": "torch",
+               "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                             check=False)
+        assert run.returncode == 0 and run.stdout.split("\n")[0] == "(2, 32, 32, 3) [(0, 1), (0, 2)]", run.stderr[-3000:]
+        assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr, run.stderr[-3000:]
+
+
 class TestConstruction:
     def test_argument_errors(self, source):
         with pytest.raises(ValueError, match="overflow must be one of"):
