@@ -143,8 +143,6 @@ class PipelineQueue:
                 return
             self._collector = threading.Thread(target=self._collect, name="detaug-collect", daemon=True)
             self._collector.start()
-            if not _EXIT_WAIT:  # registered after DALI's own clean-up: runs before it
-                _EXIT_WAIT.append(atexit.register(_wait_for_collectors))
             _COLLECTING.add(self)
 
     def _collect(self) -> None:
@@ -369,14 +367,11 @@ class PipelineQueue:
         return {name: hand_over(tensor, self.backend) for name, tensor in out.items()}
 
 
-#: Queues whose collector may still run: waited for at exit, before DALI's own clean-up (which
-#: shuts its pipelines down), so that a collector never runs a pipeline past it. DALI is imported
-#: when the first pipeline is built, so the wait is registered with the first collector (atexit
-#: runs the last registered first).
+#: Queues whose collector may still run: waited for at exit, before DALI's own clean-up.
 _COLLECTING: weakref.WeakSet[PipelineQueue] = weakref.WeakSet()
-_EXIT_WAIT: list[Any] = []
 
 
+@atexit.register
 def _wait_for_collectors() -> None:
     for queue in list(_COLLECTING):
         with queue.lock:

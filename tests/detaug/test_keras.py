@@ -384,30 +384,6 @@ class TestPrefetch:
         assert_batches_equal(seq[1], epoch0[1])  # on demand, from a new pipeline
 
 
-    def test_exit_right_after_a_sequential_call_is_clean(self, voc_root):
-        """The interpreter may exit while the background thread collects: it is waited for
-        before DALI shuts its pipelines down (else DALI's exit hook fails, or worse)."""
-        import subprocess
-        import sys
-        from pathlib import Path
-
-        code = (
-            "import detaug.transforms as T\n"
-            "from detaug.keras import DetectionSequence\n"
-            "from detaug.sources import VocSource\n"
-            f"seq = DetectionSequence(VocSource({str(voc_root)!r}, 'train'), T.Compose([T.Resize((32, 32))]), 2,\n"
-            "                         device='cpu', num_threads=1, images_on_device=False)\n"
-            "print(seq[0][0].shape, sorted(seq._queue.prefetched))\n"
-        )
-        repo = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "KERAS_BACKEND": "torch",
-               "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
-                             check=False)
-        assert run.returncode == 0 and run.stdout.split("\n")[0] == "(2, 32, 32, 3) [(0, 1), (0, 2)]", run.stderr[-3000:]
-        assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr, run.stderr[-3000:]
-
-
 class TestConstruction:
     def test_argument_errors(self, source):
         with pytest.raises(ValueError, match="overflow must be one of"):
