@@ -139,7 +139,6 @@ class SequenceBatches:
         for ahead in range(1, 1 + PIPELINE_DEPTH):
             next_epoch, j = self.spec.after(epoch, i, ahead)
             self._prefetch_next(j, next_epoch)
-        self._queue.collect_held()
 
     def _prefetch_next(self, i: int, epoch: int) -> None:
         """Submit batch ``i`` for a later call, unless one is held for it already, and feed it now

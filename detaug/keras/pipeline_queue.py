@@ -16,12 +16,7 @@ So the pipeline holds ``depth`` batches whenever calls wait, and the sequence ho
 pipeline's GPU memory, not one pipeline per Keras thread. Tickets may also be submitted for
 calls expected next (the sequence's sequential prefetch), each held under its key ``(epoch,
 index)`` (:meth:`~PipelineQueue.hold`) until that call :meth:`~PipelineQueue.take` s it; one
-that nobody asks for is dropped (counted in ``wasted``). A background thread collects the held
-batches (:meth:`~PipelineQueue.collect_held`: DALI's outputs taken, the images copied out) while
-their caller is away, so that the call finds its batch made, as the PyTorch loader's background
-feed (:mod:`detaug.feeder`) keeps its next batches made. The feed itself does not serve here: it
-hands over one stream of batches in order, while a sequence is random access; its held batches
-are keyed, taken in any order or dropped, and are the bound of the background work.
+that nobody asks for is dropped (counted in ``wasted``).
 
 When DALI fails on a batch (an image whose header was fine), that batch's ticket gets the
 :class:`~detaug.decode_failures.DecodeFailure` (its caller plans the batch again without the culprit)
@@ -31,10 +26,8 @@ are fed again to the new one. The queue shares the sequence's lock (a ``threadin
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -100,7 +93,6 @@ class PipelineQueue:
         self._fresh = True  # the pipeline's first schedule_run runs ``depth`` batches (DALI's prefetch)
         self._stale = False  # a run failed or a feed broke off: build anew, feed the batches in flight again
         self._driving = False  # a thread is feeding or collecting
-        self._collector: threading.Thread | None = None  # collects the held batches (collect_held)
         # CUDA streams, reused across epochs: the images' copies (one driver at a time: one stream, so
         # the blocks PyTorch caches for them serve every batch), and the calling threads' target copies
         self._streams = CopyStreams(lambda: _cuda_stream(device_id))
@@ -121,7 +113,17 @@ class PipelineQueue:
         batch's error: :class:`~detaug.decode_failures.DecodeFailure` when DALI failed on it,
         ``ValueError`` when its images differ in shape."""
         try:
-            self._drive_until(ticket)
+            while True:
+                with self.lock:
+                    while self._driving and not ticket.done:
+                        self.lock.wait()
+                    if ticket.done:
+                        break
+                    self._driving = True
+                try:
+                    self._step()
+                finally:
+                    self._stop_driving()
         except BaseException:  # the pipeline could not be built, Ctrl-C: nobody takes this batch
             with self.lock:
                 self._abandon(ticket)
@@ -129,51 +131,6 @@ class PipelineQueue:
         if ticket.error is not None:
             raise ticket.error
         return ticket.images
-
-    def collect_held(self) -> None:
-        """Collect the held batches (:meth:`hold`) in a background thread: it drives the pipeline
-        until each is done (DALI's outputs taken, the images copied out, or the batch's error
-        kept for its call), oldest first, while the caller is away; the call that
-        :meth:`take` s one then finds it done. One such thread at a time; it ends when no held
-        batch is left to collect (a dropped one is not), or when the pipeline fails to build
-        (the batch's own call then drives, and raises). At most the held batches (``depth``
-        for a sequential reader) are made ahead: the bound of the background work."""
-        with self.lock:
-            if self._collector is not None:  # it looks for more before it ends (under the lock)
-                return
-            self._collector = threading.Thread(target=self._collect, name="detaug-collect", daemon=True)
-            self._collector.start()
-            _COLLECTING.add(self)
-
-    def _collect(self) -> None:
-        try:
-            while True:
-                with self.lock:
-                    ticket = next((t for t in self.prefetched.values() if t.wanted and not t.done), None)
-                    if ticket is None:
-                        return
-                self._drive_until(ticket, while_wanted=True)
-        except Exception:  # noqa: BLE001 - the pipeline could not be built: the batch's call raises it
-            return
-        finally:
-            with self.lock:
-                self._collector = None
-                self.lock.notify_all()
-
-    def _drive_until(self, ticket: Ticket, *, while_wanted: bool = False) -> None:
-        """Drive the pipeline whenever it is free until ``ticket`` is done (``while_wanted``: or
-        no longer wanted)."""
-        while True:
-            with self.lock:
-                while self._driving and not ticket.done:
-                    self.lock.wait()
-                if ticket.done or (while_wanted and not ticket.wanted):
-                    return
-                self._driving = True
-            try:
-                self._step()
-            finally:
-                self._stop_driving()
 
     def feed_waiting(self) -> None:
         """Feed the waiting batches now if the pipeline is free (else its driver feeds them
@@ -212,12 +169,9 @@ class PipelineQueue:
 
     def close(self) -> None:
         """Drop the prefetched batches and the pipeline (its memory goes when collected); the
-        next :meth:`result` builds a new one. Call it when no call is in progress (and without
-        the lock): the background collector, if any, is waited for."""
+        next :meth:`result` builds a new one. Call it when no call is in progress."""
         with self.lock:
-            self.drop_prefetched()  # the collector stops after the batch it drives
-            while self._collector is not None:
-                self.lock.wait()
+            self.drop_prefetched()
             if self._driving:
                 return
             pipe, self.pipe = self.pipe, None
@@ -365,20 +319,6 @@ class PipelineQueue:
         for tensor in out.values():
             tensor.record_stream(default)  # not reused while the caller's work runs
         return {name: hand_over(tensor, self.backend) for name, tensor in out.items()}
-
-
-#: Queues whose collector may still run: waited for at exit, before DALI's own clean-up.
-_COLLECTING: weakref.WeakSet[PipelineQueue] = weakref.WeakSet()
-
-
-@atexit.register
-def _wait_for_collectors() -> None:
-    for queue in list(_COLLECTING):
-        with queue.lock:
-            queue.drop_prefetched()  # it ends after the batch it drives
-            collector = queue._collector
-        if collector is not None:
-            collector.join()
 
 
 def _drain(pipe: Any) -> bool:

@@ -360,30 +360,6 @@ class TestPrefetch:
         seq.set_epoch(0)
 
 
-    def test_the_batches_expected_next_are_collected_in_the_background(self, source, epoch0):
-        """After a sequential ``seq[i]`` the next batches are fed and collected (images copied
-        out) by a background thread before they are asked for; they are the batches made on demand."""
-        seq = make_sequence(source)
-        assert_batches_equal(seq[0], epoch0[0])
-        held = dict(seq._queue.prefetched)
-        assert sorted(held) == [(0, 1), (0, 2)]
-        collector = seq._queue._collector
-        if collector is not None:  # else it has ended: nothing was left to collect
-            collector.join(timeout=120)
-        assert all(t.done and t.error is None and t.images is not None for t in held.values())
-        assert_batches_equal(seq[1], epoch0[1])
-        assert_batches_equal(seq[2], epoch0[2])
-        assert (seq.prefetch_hits, seq.prefetch_wasted) == (2, 0)
-
-    def test_close_waits_for_the_background_collection(self, source, epoch0):
-        seq = make_sequence(source)
-        seq[0]  # sequential: batches 1 and 2 are collected in the background
-        seq.close()
-        assert seq._queue._collector is None and seq._queue.pipe is None
-        assert seq.prefetch_wasted == 2
-        assert_batches_equal(seq[1], epoch0[1])  # on demand, from a new pipeline
-
-
 class TestConstruction:
     def test_argument_errors(self, source):
         with pytest.raises(ValueError, match="overflow must be one of"):
