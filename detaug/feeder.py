@@ -33,6 +33,12 @@ __all__ = ["BackgroundFeed"]
 
 _ITEM, _END, _ERROR = "item", "end", "error"
 
+#: CUDA priority of the feed stream (``torch.cuda.Stream(priority=...)``: lower runs first; 0 is
+#: PyTorch's default). High (-1): the feed's copies are not queued behind a GPU-bound training
+#: step (H200, 2026-11-27: 0.72 -> 0.77x of the ceiling with padded targets, 0.69 -> 0.75x with
+#: dicts, docs/notes/2026-11-benchmark-log.md). Read when a feed starts.
+STREAM_PRIORITY = -1
+
 #: Feeds whose thread may still run: stopped at exit, before DALI's and CUDA's own clean-up.
 _LIVE: weakref.WeakSet[BackgroundFeed] = weakref.WeakSet()
 _EXIT_STOP: list[Any] = []  # the exit hook, once registered (atexit runs the last registered first)
@@ -53,7 +59,7 @@ class BackgroundFeed:
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
         self._stopping = threading.Event()
         self.device = device
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(device, priority=STREAM_PRIORITY) if device.type == "cuda" else None
         self._done = False
         self._thread = threading.Thread(target=self._run, args=(produce,), name="detaug-feed", daemon=True)
         self._thread.start()
