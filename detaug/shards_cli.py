@@ -30,6 +30,9 @@ def add_shards_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser
     parser.add_argument("--allow-paths-outside", action="store_true",
                         help="accept COCO file_name entries that are absolute or leave the images folder with .. "
                              "(default: an error naming them; docs/security.md)")
+    parser.add_argument("--masks", action="store_true",
+                        help="a COCO JSON: also write each annotation's segmentation (polygons or RLE), read back as "
+                             "the instance masks of ShardSource (docs/masks.md)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=run_shards)
     return parser
@@ -43,22 +46,23 @@ def _size_arg(text: str) -> int:
 
 
 def source_of(src: str, *, images: str | None = None, split: str | None = None, labels: str = "discover",
-              allow_paths_outside: bool = False) -> Any:
+              allow_paths_outside: bool = False, masks: bool = False) -> Any:
     """The source ``detaug shards`` reads: a VOC folder, or a COCO JSON with its images folder
-    (``allow_paths_outside``: :class:`~detaug.sources.CocoSource`'s), chosen by
+    (``allow_paths_outside``, ``masks``: :class:`~detaug.sources.CocoSource`'s), chosen by
     :func:`detaug.source_args.source_from_args` (a :class:`~detaug.cli_support.CliError`
     naming the option for a user error)."""
     from detaug.source_args import source_from_args
 
     return source_from_args(argparse.Namespace(src=src, images=images, split=split, labels=labels,
-                                               allow_paths_outside=allow_paths_outside))
+                                               allow_paths_outside=allow_paths_outside, masks=masks))
 
 
 def run_shards(args: argparse.Namespace) -> int:
     """``detaug shards``: write the shards, print the summary (stdout) and the progress (stderr).
     Exit status 0 (images skipped are named in the summary)."""
     source = source_of(args.src, images=args.images, split=args.split, labels=args.labels,
-                       allow_paths_outside=getattr(args, "allow_paths_outside", False))
+                       allow_paths_outside=getattr(args, "allow_paths_outside", False),
+                       masks=getattr(args, "masks", False))
     print(source.report.summary(), file=sys.stderr)
     summary = write_shards(source, args.out, shard_size=args.shard_size, verify=not args.no_verify,
                            progress=not args.quiet, prefix=args.prefix)

@@ -5,8 +5,9 @@ The arguments, as the two commands spell them:
 
 * ``--voc ROOT [--split NAME] [--labels voc|discover|FILE]``: a Pascal VOC folder
   (:class:`~detaug.sources.VocSource`);
-* ``--coco FILE --images DIR [--allow-paths-outside]``: a COCO JSON and the folder its
-  ``file_name`` entries are relative to (:class:`~detaug.sources.CocoSource`);
+* ``--coco FILE --images DIR [--allow-paths-outside] [--masks]``: a COCO JSON and the folder its
+  ``file_name`` entries are relative to (:class:`~detaug.sources.CocoSource`; ``--masks``: its
+  ``masks=True``, the annotations' segmentations read too);
 * ``SRC`` (``detaug shards``): a VOC folder, or a COCO JSON whose images folder is ``--images``
   (default: the JSON's folder's ``images/`` if there, else its folder).
 
@@ -33,7 +34,7 @@ def source_from_args(args: argparse.Namespace, *, shuffle: bool = False) -> Sour
     Args:
         args: the parsed arguments; read: ``src`` (``detaug shards``) or ``voc`` / ``coco``, and
             ``images``, ``split``, ``labels`` (default ``"discover"``), ``seed`` (default
-            ``None``) and ``allow_paths_outside`` (default ``False``) where present.
+            ``None``), ``allow_paths_outside`` and ``masks`` (default ``False``) where present.
         shuffle: the COCO source's ``shuffle`` (kept for the loaders, with ``args.seed``).
 
     Raises:
@@ -59,6 +60,8 @@ def source_from_args(args: argparse.Namespace, *, shuffle: bool = False) -> Sour
         _existing_folder("SRC" if src is not None else "--voc", voc)
         if images:
             raise CliError(f"--images goes with {as_coco} (a VOC folder has its images in JPEGImages/)")
+        if getattr(args, "masks", False):
+            raise CliError(f"--masks goes with {as_coco} (Pascal VOC annotations hold boxes, not instance masks)")
         labels = getattr(args, "labels", "discover")
         if labels not in ("voc", "discover"):
             _existing_file("--labels", labels)
@@ -71,7 +74,8 @@ def source_from_args(args: argparse.Namespace, *, shuffle: bool = False) -> Sour
             raise CliError("--coco needs --images DIR (the folder its file_name entries are relative to)")
         folder = _existing_folder("--images", images)
         source = CocoSource(annotations, folder, shuffle=shuffle, seed=getattr(args, "seed", None),
-                            allow_paths_outside=getattr(args, "allow_paths_outside", False))
+                            allow_paths_outside=getattr(args, "allow_paths_outside", False),
+                            masks=getattr(args, "masks", False))
         _check_images_there(source, annotations, folder)
         return source
     raise CliError("give a dataset: --voc ROOT, or --coco FILE --images DIR")

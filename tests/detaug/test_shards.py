@@ -275,6 +275,28 @@ def test_the_shards_command(coco, tmp_path, capsys):
         parser.parse_args(["shards", "a", "b", "--shard-size", "lots"])
 
 
+def test_the_shards_command_writes_masks(coco, tmp_path):
+    """``detaug shards COCO OUT --masks``: the segmentations go into the shards, and the shard
+    source gives the COCO source's masks (read with ``masks=True``) back; without it none."""
+    from detaug.masks import MASKS
+
+    parser = argparse.ArgumentParser(prog="detaug")
+    add_shards_parser(parser.add_subparsers(dest="command"))
+    for flag, out in (["--masks"], tmp_path / "with"), ([], tmp_path / "without"):
+        args = parser.parse_args(["shards", str(coco.annotations_file), str(out), "--quiet", *flag])
+        assert run_shards(args) == 0
+    fresh = CocoSource(coco.annotations_file, coco.images_dir, masks=True)
+    written = ShardSource(tmp_path / "with")
+    hw = {s.image_id: s.size for s in fresh.samples}
+    by_id = {s.image_id: s for s in written.samples}
+    assert sorted(by_id) == sorted(hw)
+    for sample in fresh.samples:
+        got = by_id[sample.image_id].fields[MASKS].decode(hw[sample.image_id])[0]
+        np.testing.assert_array_equal(got, sample.fields[MASKS].decode(hw[sample.image_id])[0])
+        assert got.sum() > 0
+    assert all(MASKS not in s.fields for s in ShardSource(tmp_path / "without").samples)
+
+
 @pytest.mark.parametrize("text, value", [("1GB", 10**9), ("512MiB", 512 * 2**20), ("100mb", 10**8), ("4096", 4096),
                                          ("1.5GB", 15 * 10**8)])
 def test_parse_size(text, value):

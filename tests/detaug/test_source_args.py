@@ -46,11 +46,25 @@ def test_both_spellings_give_the_same_sources(data):
     ({"src": "{root}/coco/annotations.json", "split": "train"}, "--split goes with a VOC folder"),
     ({"src": "{root}/coco/annotations.json", "images": "{root}/voc"}, "--images {root}/voc: none of the 3 images"),
     ({"voc": "{root}/voc", "images": "{root}/coco/images"}, "--images goes with --coco"),
+    ({"src": "{root}/voc", "masks": True}, "--masks goes with a COCO JSON"),
+    ({"voc": "{root}/voc", "masks": True}, "--masks goes with --coco"),
     ({"voc": "{root}/voc", "labels": "{root}/labels.txt"}, "--labels {root}/labels.txt: file not found"),
     ({"coco": "{root}/coco/annotations.json"}, "--coco needs --images DIR"),
     ({}, "give a dataset: --voc ROOT, or --coco FILE --images DIR"),
 ])
 def test_user_errors_name_their_option(data, given, message):
     with pytest.raises(CliError) as info:
-        choose(**{k: v.format(root=data) for k, v in given.items()})
+        choose(**{k: v.format(root=data) if isinstance(v, str) else v for k, v in given.items()})
     assert str(info.value).startswith(message.format(root=data))
+
+
+def test_masks_reads_the_segmentations(data):
+    """``--masks`` (``detaug shards SRC --masks``): the COCO source's ``masks=True``; without it no
+    masks field."""
+    from detaug.masks import MASKS, CocoMasks
+
+    json = str(data / "coco" / "annotations.json")
+    with_masks, without = source_of(json, masks=True), source_of(json)
+    assert all(isinstance(s.fields[MASKS], CocoMasks) and len(s.fields[MASKS]) == len(s.boxes)
+               for s in with_masks.samples)
+    assert all(MASKS not in s.fields for s in without.samples)
