@@ -147,7 +147,8 @@ class CocoSource(SampleListSource):
         self.shard_id = shard_id
         self.num_shards = num_shards
         if cache and self.annotations_file is not None:
-            from detaug.formats.columnar import coco_view, load_coco_columns
+            from detaug.formats.coco_cache import load_coco_columns
+            from detaug.formats.coco_columns import coco_view
 
             columns = load_coco_columns(self.annotations_file, cache_dir=None if cache is True else cache,
                                         allow_paths_outside=allow_paths_outside, masks=masks)

@@ -22,9 +22,7 @@ from detaug.formats.cache_trust import (
     CACHE_VERSION, _TRUSTED_KEYS, _arrays_hash, _file_hash, _file_key, _files_key, _secret, _signed_by_us, _stamp,
 )
 from detaug.formats.coco_columns import CocoColumns
-from detaug.formats.coco_stream import CHUNK_BYTES, _by_load_coco, _stream, parse_coco_columns
 from detaug.formats.column_store import _META_BYTES, _read_regular, _write_folder, load_columns
-from detaug.formats.json_stream import _Irregular
 from detaug.keypoints import check_keypoints
 
 
@@ -91,8 +89,10 @@ def _warn(text: str) -> None:
 
 def _parsed(path: Path, name: str | None, allow_paths_outside: bool, masks: bool, *,
             warn: bool = True) -> CocoColumns:
-    """:func:`parse_coco_columns` (with ``masks``: ``load_coco(..., masks=True)``), its repairs
+    """:func:`~detaug.formats.coco_stream.parse_coco_columns` (with ``masks``: ``load_coco(..., masks=True)``), its repairs
     said once (with ``warn``)."""
+    from detaug.formats.coco_stream import _by_load_coco, parse_coco_columns  # the parsers: not needed to open a cache
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DataWarning)  # said below, once
         columns = (_by_load_coco(path, name, allow_paths_outside, masks=True) if masks else
@@ -124,12 +124,15 @@ def _build_lock(folder: Path) -> Iterator[None]:
 
 
 def _build_cache(path: Path, folder: Path, name: str | None, allow_paths_outside: bool, masks: bool) -> CocoColumns:
-    """Parse ``path`` into its cache folder and open it. In bounded memory (:func:`_stream`
+    """Parse ``path`` into its cache folder and open it. In bounded memory (:func:`~detaug.formats.coco_stream._stream`
     into the folder being written: the chunks' columns spilled to files there, the arrays
     written from them, 32 bytes an image in memory); a file the streaming parser does
     not take (a keypoints file), or read with ``masks``, is read by ``load_coco`` (in memory)
     and saved. Nothing but the cache is left
     behind, also when the file has errors (:class:`DatasetError`)."""
+    from detaug.formats.coco_stream import CHUNK_BYTES, _by_load_coco, _stream  # the parsers: not needed to open a cache
+    from detaug.formats.json_stream import _Irregular
+
     key = _file_key(path)
 
     def write(tmp: Path) -> dict[str, Any]:

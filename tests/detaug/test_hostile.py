@@ -629,15 +629,16 @@ def test_a_copied_dataset_keeps_its_cache(tmp_path):
 
 def _build_in_a_process(path: str, barrier, parsed) -> None:
     import detaug.formats.coco_cache as coco_cache
+    import detaug.formats.coco_stream as coco_stream
 
-    real = coco_cache._stream  # the streaming parse, in memory or into the cache being built
+    real = coco_stream._stream  # the streaming parse, in memory or into the cache being built
 
     def counting(*args, **kwargs):
         with parsed.get_lock():
             parsed.value += 1
         return real(*args, **kwargs)
 
-    coco_cache._stream = counting
+    coco_stream._stream = counting  # read by the cache build when it runs
     barrier.wait()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -40,7 +40,7 @@ def coco_doc(n: int = 40) -> dict:
 def _tiny_blocks(monkeypatch) -> list[str]:
     """Chunks of 64 bytes, checks of 7 boxes, groups of at most 5 kept boxes; returns the
     names of the spilled columns the build makes (recorded as they are made)."""
-    monkeypatch.setattr(coco_cache, "CHUNK_BYTES", 64)  # what a cache build reads the file by
+    monkeypatch.setattr(coco_stream, "CHUNK_BYTES", 64)  # what a cache build reads the file by
     monkeypatch.setattr(coco_stream, "_CHECK_ROWS", 7)
     monkeypatch.setattr(coco_stream, "_GROUP_ROWS", 5)
     made: list[str] = []
