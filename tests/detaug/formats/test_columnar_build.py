@@ -11,7 +11,6 @@ import warnings
 import numpy as np
 import pytest
 
-import detaug.formats.coco_cache as coco_cache
 import detaug.formats.coco_stream as coco_stream
 from detaug import DatasetError, DataWarning
 from detaug.formats.columnar import cache_folder, load_coco_columns, parse_coco_columns
