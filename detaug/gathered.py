@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from detaug.formats.validation import BOX_CLIPPED, BOX_OUTSIDE, Report, check_boxes
+from detaug.formats.report import BOX_CLIPPED, BOX_OUTSIDE, Report
+from detaug.formats.validation import check_boxes
 from detaug.masks import masks_to_boxes
 from detaug.plan import Partners
 

@@ -19,15 +19,22 @@ from typing import Any
 import numpy as np
 
 from detaug.arrays import numeric_array
-from detaug.formats import validation as v
 from detaug.formats.box_formats import check_box_format, to_xyxy
 from detaug.formats.images import probe_file, probe_image
+from detaug.formats.paths import file_key
+from detaug.formats.report import (
+    BAD_IMAGE_ID, BAD_SIZE, DUPLICATE_FILE, DUPLICATE_IMAGE_ID, IDS_ASSIGNED, MALFORMED_ANNOTATION,
+    MALFORMED_BOX, MALFORMED_CATEGORY, MALFORMED_IMAGE, MALFORMED_LABEL, NO_IMAGES, UNKNOWN_CATEGORY, Report,
+)
+from detaug.formats.sample_inputs import describe_type, image_input, sample_fields
 from detaug.formats.samples import (
     RESERVED_FIELDS,
     CheckedSamples,
     FieldSpec,
     Sample,
 )
+from detaug.formats.validation import check_boxes
+from detaug.formats.values import INT64_MAX, INT64_MIN, as_coordinate, as_int, check_size, label_problem
 from detaug.keypoints import KEYPOINTS, check_keypoints
 from detaug.masks import MASKS, check_masks
 from detaug.rotated import ROTATED_BOXES, check_rotated_boxes
@@ -36,7 +43,7 @@ __all__ = ["check_samples", "is_decoded"]
 
 
 def check_samples(samples: Iterable[Sample | Mapping[str, Any] | tuple], categories: Mapping[int, str] | None = None,
-                  *, report: v.Report | None = None, box_format: str = "xyxy") -> CheckedSamples:
+                  *, report: Report | None = None, box_format: str = "xyxy") -> CheckedSamples:
     """The one set of checks of every source built from samples (the table of
     :mod:`detaug.formats.validation`): boxes converted from ``box_format`` to float32 xyxy,
     clipped to the declared size or dropped (repairs), labels int64 among ``categories`` when
@@ -59,7 +66,7 @@ def check_samples(samples: Iterable[Sample | Mapping[str, Any] | tuple], categor
             file and the image id. TypeError: as :class:`~detaug.sources.SampleListSource`'s.
     """
     check_box_format(box_format)
-    report = v.Report("sample list") if report is None else report
+    report = Report("sample list") if report is None else report
     names = _check_categories(categories, report)
     checked, specs = _check_samples(samples, names if categories is not None else None, report, box_format)
     report.images = len(checked)
@@ -72,36 +79,36 @@ def is_decoded(image: Any) -> bool:
     return isinstance(image, np.ndarray) and image.ndim >= 2
 
 
-def _check_categories(categories: Mapping[int, str] | None, report: v.Report) -> dict[int, str]:
+def _check_categories(categories: Mapping[int, str] | None, report: Report) -> dict[int, str]:
     if categories is None:
         return {}
     if not isinstance(categories, Mapping):
         raise TypeError(f"categories must be a mapping of id to name, got {type(categories).__name__}")
     names: dict[int, str] = {}
     for key, name in categories.items():
-        cid = v.as_int(key)
+        cid = as_int(key)
         if cid is None:
-            report.add(v.MALFORMED_CATEGORY, "categories", detail=f"id {key!r:.60} is not an integer")
-        elif problem := v.label_problem(cid):
+            report.add(MALFORMED_CATEGORY, "categories", detail=f"id {key!r:.60} is not an integer")
+        elif problem := label_problem(cid):
             report.add(problem, "categories", detail=f"category id {cid}")
         else:
             names[cid] = str(name)
     return names
 
 
-def _check_image(image: Any, index: int, report: v.Report) -> tuple[Any, str]:
+def _check_image(image: Any, index: int, report: Report) -> tuple[Any, str]:
     """The image as kept (path str, bytes, or a contiguous uint8 array) and how it is described;
     ``None`` when it is unusable (the error is recorded). ``TypeError`` for an image of another
-    type (:func:`~detaug.formats.validation.image_input`)."""
+    type (:func:`~detaug.formats.sample_inputs.image_input`)."""
     file = f"sample {index}"
     given = image
-    image = v.image_input(image, index)  # PIL images and tensors become arrays
+    image = image_input(image, index)  # PIL images and tensors become arrays
     if isinstance(image, (str, os.PathLike)):
         path = os.fspath(image)
         if isinstance(path, bytes):
             path = os.fsdecode(path)
         if not path:
-            report.add(v.MALFORMED_IMAGE, file, detail="empty path")
+            report.add(MALFORMED_IMAGE, file, detail="empty path")
             return None, file
         return path, path
     if isinstance(image, bytes):
@@ -115,8 +122,8 @@ def _check_image(image: Any, index: int, report: v.Report) -> tuple[Any, str]:
         if image.dtype == np.uint8 and (image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 3)) and image.size:
             return image, f"{file} (array {image.shape})"
         what = f"array {image.dtype} {image.shape}" if image is given else (
-            f"{v.describe_type(given)} of {getattr(given, 'dtype', image.dtype)} (as an array {image.dtype} {image.shape})")
-        report.add(v.MALFORMED_IMAGE, file, detail=(
+            f"{describe_type(given)} of {getattr(given, 'dtype', image.dtype)} (as an array {image.dtype} {image.shape})")
+        report.add(MALFORMED_IMAGE, file, detail=(
             f"{what}: decoded images are uint8 [H, W, 3] or [H, W], encoded bytes a 1-D uint8 array"))
         return None, file
     raise AssertionError(f"{file}: image_input let {type(image).__name__} through")  # pragma: no cover
@@ -127,11 +134,11 @@ def _box_array(boxes: Any) -> tuple[np.ndarray | None, str]:
     try:
         raw = np.asarray(boxes)
         if raw.dtype.kind not in "iufO" or (raw.dtype.kind == "O" and raw.size and
-                                             not all(v.as_coordinate(x) is not None for x in raw.reshape(-1))):
+                                             not all(as_coordinate(x) is not None for x in raw.reshape(-1))):
             return None, f"boxes of dtype {raw.dtype} are not numbers"
         with np.errstate(over="ignore", invalid="ignore"):
             if raw.dtype.kind == "O":
-                table = np.array([v.as_coordinate(x) for x in raw.reshape(-1)], np.float64).reshape(raw.shape)
+                table = np.array([as_coordinate(x) for x in raw.reshape(-1)], np.float64).reshape(raw.shape)
             else:
                 table = raw.astype(np.float64)
     except (ValueError, TypeError, OverflowError) as err:
@@ -150,21 +157,21 @@ def _label_array(labels: Any) -> tuple[np.ndarray | None, str, str]:
     try:
         raw = np.asarray(labels)
     except (ValueError, TypeError) as err:
-        return None, v.MALFORMED_LABEL, f"labels are not an array ({err})"
+        return None, MALFORMED_LABEL, f"labels are not an array ({err})"
     if raw.ndim > 1 and raw.size != max(raw.shape, default=0):
-        return None, v.MALFORMED_LABEL, f"labels of shape {raw.shape} are not [N]"
+        return None, MALFORMED_LABEL, f"labels of shape {raw.shape} are not [N]"
     flat = raw.reshape(-1)
     if raw.dtype.kind in "iu":
         values = [int(flat.min()), int(flat.max())] if flat.size else []
     elif raw.dtype.kind in "fO":
-        values = [v.as_int(x) for x in flat]
+        values = [as_int(x) for x in flat]
         if None in values:
-            bad = next(x for x in flat if v.as_int(x) is None)
-            return None, v.MALFORMED_LABEL, f"label {bad!r:.40} is not an integer"
+            bad = next(x for x in flat if as_int(x) is None)
+            return None, MALFORMED_LABEL, f"label {bad!r:.40} is not an integer"
     else:
-        return None, v.MALFORMED_LABEL, f"labels of dtype {raw.dtype} are not integers"
+        return None, MALFORMED_LABEL, f"labels of dtype {raw.dtype} are not integers"
     for value in values:
-        problem = v.label_problem(value)  # type: ignore[arg-type]
+        problem = label_problem(value)  # type: ignore[arg-type]
         if problem:
             return None, problem, f"label {value}"
     return np.array([int(x) for x in flat] if raw.dtype.kind in "fO" else flat, dtype=np.int64), "", ""
@@ -208,7 +215,7 @@ def _field_arrays(fields: Any, count: int | None, hw: tuple[int, int] | None = N
 
 
 def _check_fields(checked: list[Sample], fields: list[dict[str, np.ndarray]], files: list[str],
-                  report: v.Report) -> dict[str, FieldSpec]:
+                  report: Report) -> dict[str, FieldSpec]:
     """Every sample with boxes carries the same fields, each of one trailing shape (errors in
     ``report``); each field cast to one dtype, and given empty to the samples without boxes that
     left it out. The specs of the fields."""
@@ -222,12 +229,12 @@ def _check_fields(checked: list[Sample], fields: list[dict[str, np.ndarray]], fi
         for k, (s, f) in enumerate(zip(checked, fields)):
             if name not in f:
                 if len(s.boxes):
-                    report.add(v.MALFORMED_ANNOTATION, files[k], image_id=s.image_id,
+                    report.add(MALFORMED_ANNOTATION, files[k], image_id=s.image_id,
                                detail=f"no field {name!r} (sample {first} has one): every sample with boxes "
                                       "carries the same fields")
                     break
             elif f[name].shape[1:] != shape and name != MASKS:  # masks: each image's size
-                report.add(v.MALFORMED_ANNOTATION, files[k], image_id=s.image_id,
+                report.add(MALFORMED_ANNOTATION, files[k], image_id=s.image_id,
                            detail=f"field {name!r} of shape {f[name].shape}: its rows are not of shape {shape} "
                                   f"as sample {first}'s")
                 break
@@ -244,7 +251,7 @@ def _check_fields(checked: list[Sample], fields: list[dict[str, np.ndarray]], fi
 
 
 def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: dict[int, str] | None,
-                   report: v.Report, box_format: str = "xyxy") -> tuple[list[Sample], dict[str, FieldSpec]]:
+                   report: Report, box_format: str = "xyxy") -> tuple[list[Sample], dict[str, FieldSpec]]:
     """The samples checked (boxes as float32 xyxy, labels int64, fields aligned with the boxes
     kept) and the specs of their per-box fields; errors raised as :class:`~detaug.errors.DatasetError`."""
     if isinstance(samples, (str, bytes, Mapping)) or not isinstance(samples, Iterable):
@@ -257,11 +264,11 @@ def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: di
             if isinstance(s, Mapping) and "fields" in s:
                 s = dict(s)
                 extra = s.pop("fields")
-            s = Sample(**v.sample_fields(s, i))  # TypeError naming i for anything else
+            s = Sample(**sample_fields(s, i))  # TypeError naming i for anything else
             s.fields = extra
         items.append(s)
     if not items:
-        report.add(v.NO_IMAGES, "sample list", detail="the sample list is empty")
+        report.add(NO_IMAGES, "sample list", detail="the sample list is empty")
         report.raise_errors()
 
     checked: list[Sample] = []
@@ -272,42 +279,42 @@ def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: di
     for i, s in enumerate(items):
         errors = report.total
         image, file = _check_image(s.image, i, report)
-        image_id = v.as_int(s.image_id)
-        if image_id is None or not v.INT64_MIN <= image_id <= v.INT64_MAX:
-            report.add(v.BAD_IMAGE_ID, file, annotation=f"sample {i}", detail=f"image_id {s.image_id!r:.60}")
+        image_id = as_int(s.image_id)
+        if image_id is None or not INT64_MIN <= image_id <= INT64_MAX:
+            report.add(BAD_IMAGE_ID, file, annotation=f"sample {i}", detail=f"image_id {s.image_id!r:.60}")
             image_id = None
         size = None
         if s.size is not None:
             try:
                 h, w = s.size  # type: ignore[misc]
-                size, why = v.check_size(h, w)
+                size, why = check_size(h, w)
             except (TypeError, ValueError):
                 why = f"size {s.size!r:.60} is not (height, width)"
             if size is None:
-                report.add(v.BAD_SIZE, file, image_id=image_id, detail=why)
+                report.add(BAD_SIZE, file, image_id=image_id, detail=why)
         clip_hw = size
         if image is not None and is_decoded(image):
             shape = (int(image.shape[0]), int(image.shape[1]))
             if size is not None and size != shape:
-                report.add(v.BAD_SIZE, file, image_id=image_id, detail=f"declared (h, w) {size} but the array is {shape}")
+                report.add(BAD_SIZE, file, image_id=image_id, detail=f"declared (h, w) {size} but the array is {shape}")
             clip_hw = shape
         boxes, why = _box_array(s.boxes)
         if boxes is not None and box_format != "xyxy":
             boxes, why = _from_format(boxes, box_format, clip_hw, image)
         if boxes is None:
-            report.add(v.MALFORMED_BOX, file, image_id=image_id, detail=why)
+            report.add(MALFORMED_BOX, file, image_id=image_id, detail=why)
         labels, reason, why = _label_array(s.labels)
         if labels is None:
             report.add(reason, file, image_id=image_id, detail=why)
         elif categories is not None:
             unknown = sorted(set(labels.tolist()) - set(categories))
             if unknown:
-                report.add(v.UNKNOWN_CATEGORY, file, image_id=image_id, detail=f"labels {unknown[:5]}")
+                report.add(UNKNOWN_CATEGORY, file, image_id=image_id, detail=f"labels {unknown[:5]}")
         if boxes is not None and labels is not None and len(boxes) != len(labels):
-            report.add(v.MALFORMED_BOX, file, image_id=image_id, detail=f"{len(boxes)} boxes but {len(labels)} labels")
+            report.add(MALFORMED_BOX, file, image_id=image_id, detail=f"{len(boxes)} boxes but {len(labels)} labels")
         fields, why = _field_arrays(s.fields, None if boxes is None else len(boxes), clip_hw)
         if fields is None:
-            report.add(v.MALFORMED_ANNOTATION, file, image_id=image_id, detail=why)
+            report.add(MALFORMED_ANNOTATION, file, image_id=image_id, detail=why)
         if report.total > errors:
             continue
         checked.append(Sample(image, boxes, labels, image_id, size))
@@ -320,7 +327,7 @@ def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: di
         kinds = {is_decoded(s.image) for s in checked}
         if len(kinds) > 1:
             first = next(i for i, s in enumerate(checked) if is_decoded(s.image) != is_decoded(checked[0].image))
-            report.add(v.MALFORMED_IMAGE, files[first], image_id=checked[first].image_id,
+            report.add(MALFORMED_IMAGE, files[first], image_id=checked[first].image_id,
                        detail="samples mix decoded arrays with encoded images (paths/bytes); use one kind")
         _check_ids(checked, files, report)
         _check_files(checked, files, report)
@@ -337,7 +344,7 @@ def _check_samples(samples: Iterable[Sample | Mapping[str, Any]], categories: di
         k = int(owner[j])
         return files[k], checked[k].image_id, f"box {j - starts[k]}"
 
-    boxes32, keep = v.check_boxes(table, sizes, report, where)
+    boxes32, keep = check_boxes(table, sizes, report, where)
     report.raise_errors()
     for k, s in enumerate(checked):
         part = slice(starts[k], starts[k + 1])
@@ -357,28 +364,28 @@ def _from_format(boxes: np.ndarray, box_format: str, hw: tuple[int, int] | None,
     return to_xyxy(boxes, box_format, hw).astype(np.float32), ""
 
 
-def _check_ids(samples: list[Sample], files: list[str], report: v.Report) -> None:
+def _check_ids(samples: list[Sample], files: list[str], report: Report) -> None:
     if all(s.image_id == 0 for s in samples):
         for i, s in enumerate(samples):
             s.image_id = i + 1
-        report.add(v.IDS_ASSIGNED, "sample list", detail=f"1..{len(samples)}")
+        report.add(IDS_ASSIGNED, "sample list", detail=f"1..{len(samples)}")
         return
     seen: dict[int, int] = {}
     for i, s in enumerate(samples):
         if s.image_id in seen:
-            report.add(v.DUPLICATE_IMAGE_ID, files[i], image_id=s.image_id,
+            report.add(DUPLICATE_IMAGE_ID, files[i], image_id=s.image_id,
                        detail=f"samples {seen[s.image_id]} and {i}")
         else:
             seen[s.image_id] = i
 
 
-def _check_files(samples: list[Sample], files: list[str], report: v.Report) -> None:
+def _check_files(samples: list[Sample], files: list[str], report: Report) -> None:
     seen: dict[str, int] = {}
     for i, s in enumerate(samples):
         if isinstance(s.image, str):
-            key = v.file_key(s.image)
+            key = file_key(s.image)
             if key in seen:
-                report.add(v.DUPLICATE_FILE, files[i], image_id=s.image_id,
+                report.add(DUPLICATE_FILE, files[i], image_id=s.image_id,
                            detail=f"also sample {seen[key]} (image_id {samples[seen[key]].image_id})")
             else:
                 seen[key] = i

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from detaug.formats import validation as v
 from detaug.formats.images import ORIENTATIONS, read_bytes
+from detaug.formats.report import Report
 from detaug.formats.samples import CheckedSamples, FieldSpec, Sample
 from detaug.sample_checks import check_samples, is_decoded
 
@@ -70,7 +70,7 @@ class SampleListSource:
     decoded: bool
     categories: dict[int, str]
     orientation: str
-    report: v.Report
+    report: Report
     field_specs: dict[str, FieldSpec]
 
     def __init__(self, samples: CheckedSamples | Iterable[Sample | Mapping[str, Any] | tuple],

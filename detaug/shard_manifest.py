@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 
 from detaug.errors import DatasetError
-from detaug.formats import validation as v
 from detaug.formats.coco import read_json
 from detaug.formats.column_store import SampleTable, save_columns
+from detaug.formats.paths import path_problem
+from detaug.formats.report import PATH_OUTSIDE
 from detaug.sources import FieldSpec
 
 
@@ -258,11 +259,11 @@ def _inferred_fields(records_fields: list[dict[str, Any]], counts: list[int]) ->
 
 def _check_names(names: Sequence[str], file: Path, allow_paths_outside: bool) -> None:
     """A :class:`DatasetError` naming ``file`` and the path when one of the file ``names`` it
-    gives is absolute or leaves the shard folder (:func:`detaug.formats.validation.path_problem`)."""
+    gives is absolute or leaves the shard folder (:func:`detaug.formats.paths.path_problem`)."""
     if allow_paths_outside:
         return
     for name in names:
-        why = v.path_problem(name)
+        why = path_problem(name)
         if why is not None:
-            raise DatasetError(f"{file}: {v.PATH_OUTSIDE}: {name[:200]!r} {why} "
+            raise DatasetError(f"{file}: {PATH_OUTSIDE}: {name[:200]!r} {why} "
                                "(allow_paths_outside=True accepts it)")

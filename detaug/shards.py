@@ -54,10 +54,11 @@ from typing import Any
 import numpy as np
 
 from detaug.errors import DatasetError, DataWarning
-from detaug.formats import validation as v
 from detaug.formats.coco import read_json
 from detaug.formats.column_store import SampleTable, SampleView, load_columns
 from detaug.formats.mask_columns import MaskColumns
+from detaug.formats.report import Report
+from detaug.formats.validation import check_columns
 from detaug.masks import MASKS, CocoMasks
 from detaug.keypoints import KEYPOINTS, check_keypoints
 from detaug.rotated import ROTATED_BOXES, check_rotated_boxes
@@ -228,11 +229,11 @@ class ShardSource(SampleListSource):
                 raise DatasetError(f"{tar}: {size} bytes, {shard['bytes']} when written (truncated?)")
             self._tar_bytes.append(size)
 
-    def _check_manifest(self, categories: dict[int, int | str], specs: dict[str, FieldSpec]) -> v.Report:
+    def _check_manifest(self, categories: dict[int, int | str], specs: dict[str, FieldSpec]) -> Report:
         """Check the manifest's columns as every source's are (vectorised); repairs make the
         table an in-memory copy. The report (raised when it has errors, warned of when it has
         repairs)."""
-        report = v.Report(str(self.root))
+        report = Report(str(self.root))
         t = self.table
         n = len(t.image_ids)
         offsets, lengths, exts = (np.asarray(a) for a in (self.offsets, self.lengths, self.exts))
@@ -268,8 +269,8 @@ class ShardSource(SampleListSource):
             why = self.segments.check(len(t.boxes))
             if why:
                 raise DatasetError(f"{self.root / 'manifest'}: its masks do not pass the checks ({why})")
-        boxes, keep = v.check_columns(t.image_ids, t.sizes, t.box_starts, t.boxes, t.labels, categories, report,
-                                      member)
+        boxes, keep = check_columns(t.image_ids, t.sizes, t.box_starts, t.boxes, t.labels, categories, report,
+                                    member)
         report.raise_errors()
         labels = np.asarray(t.labels)
         if len(labels) and int(labels.min()) >= 0 and int(labels.max()) < 1 << 24:

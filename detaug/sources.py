@@ -48,10 +48,13 @@ import numpy as np
 
 from detaug.boxes import box_area
 from detaug.errors import DatasetError, DataWarning
-from detaug.formats import validation as v
-from detaug.formats.coco import NO_ANNOTATION_ID, CocoDataset, load_coco
 from detaug.formats.box_formats import to_xyxy
+from detaug.formats.coco import NO_ANNOTATION_ID, CocoDataset, load_coco
 from detaug.formats.images import ORIENTATIONS, probe_file
+from detaug.formats.report import (
+    BOXES_NOT_PLACED, BOX_CLIPPED, BOX_OUTSIDE, CROWD_LEFT_OUT, EMPTY_BOX, EMPTY_IMAGE_LEFT_OUT, NO_IMAGES,
+    Report,
+)
 from detaug.formats.samples import (
     COCO_FIELDS,
     RESERVED_FIELDS,
@@ -221,14 +224,14 @@ class VocSource(SampleListSource):
 
         orientation = check_orientation(orientation)
         # the converter's box repairs, as the checks name them
-        repairs = {R.BOX_CLIPPED: v.BOX_CLIPPED, R.ZERO_SIZE_BOX: v.EMPTY_BOX, R.BOX_OUTSIDE_IMAGE: v.BOX_OUTSIDE}
+        repairs = {R.BOX_CLIPPED: BOX_CLIPPED, R.ZERO_SIZE_BOX: EMPTY_BOX, R.BOX_OUTSIDE_IMAGE: BOX_OUTSIDE}
         # "keep" and "crowd" keep the same objects, with the same report; "crowd" marks the
         # difficult ones iscrowd: read so, the converter's crowd flag is each box's difficult flag.
         voc = read_voc_boxes(root, split=split, annotations_dir=annotations_dir, images_dir=images_dir,
                              labels=labels, coords=coords, difficult="crowd" if difficult == "keep" else difficult,
                              verify_images=verify_images, orientation=orientation, keep_unreadable=not verify_images)
         self.conversion_report = voc.report
-        report = v.Report(f"{root} (VOC" + (f", split {split})" if split else ")"))
+        report = Report(f"{root} (VOC" + (f", split {split})" if split else ")"))
         report.conversion = voc.report
         samples = []
         for image in voc.images:  # xyxy as converted: no JSON, no [x, y, w, h] round trip
@@ -239,7 +242,7 @@ class VocSource(SampleListSource):
             crowd = hard if difficult == "crowd" else np.zeros_like(hard)
             keep = np.ones(len(image.boxes), bool) if include_iscrowd else ~crowd
             for _ in np.flatnonzero(~keep):
-                report.add(v.CROWD_LEFT_OUT, file, image_id=image.image_id)
+                report.add(CROWD_LEFT_OUT, file, image_id=image.image_id)
             fields = {"iscrowd": crowd[keep].astype(np.int64), "difficult": hard[keep].astype(np.int64)}
             samples.append(Sample(str(Path(voc.image_root) / image.file_name), image.boxes[keep], image.labels[keep],
                                   image.image_id, image.size, fields))
@@ -291,7 +294,7 @@ class YoloSource(SampleListSource):
                 samples.append(Sample(item.image, to_xyxy(item.boxes, "yolo", hw), item.labels, k + 1, hw))
                 continue
             if len(item.labels):
-                report.add(v.BOXES_NOT_PLACED, item.image, image_id=k + 1,
+                report.add(BOXES_NOT_PLACED, item.image, image_id=k + 1,
                            detail=f"{info.problem}: the {len(item.labels)} boxes of {item.label_file}")
             samples.append(Sample(item.image, np.zeros((0, 4)), np.zeros(0, np.int64), k + 1))
         checked = check_samples(samples, folder.categories or None, report=report)  # the one set of checks
@@ -355,14 +358,14 @@ def coco_to_samples(
         if not include_iscrowd and crowd.any():
             for j in np.flatnonzero(crowd):
                 aid = int(image.annotation_ids[j])
-                report.add(v.CROWD_LEFT_OUT, file, image_id=image.id, annotation=None if aid == NO_ANNOTATION_ID else aid)
+                report.add(CROWD_LEFT_OUT, file, image_id=image.id, annotation=None if aid == NO_ANNOTATION_ID else aid)
             points = None if image.keypoints is None else image.keypoints[~crowd]
             masks = None if image.masks is None else image.masks[~crowd]
             boxes, labels, crowd = boxes[~crowd], labels[~crowd], crowd[~crowd]
         else:
             points, masks = image.keypoints, image.masks
         if skip_empty and not len(boxes):
-            report.add(v.EMPTY_IMAGE_LEFT_OUT, file, image_id=image.id)
+            report.add(EMPTY_IMAGE_LEFT_OUT, file, image_id=image.id)
             continue
         fields = {"iscrowd": crowd.astype(np.int64), "area": box_area(boxes, np.float32)}
         if points is not None:  # a keypoints file (detaug.keypoints: pixel indices + 0.5)
@@ -373,7 +376,7 @@ def coco_to_samples(
     report.images = len(samples)
     report.boxes = sum(len(s.boxes) for s in samples)
     if not samples:
-        report.add(v.NO_IMAGES, dataset.source, detail=(
+        report.add(NO_IMAGES, dataset.source, detail=(
             "every image was left out (skip_empty=True)" if dataset.images else "the dataset has no images"))
         report.raise_errors()
     return samples

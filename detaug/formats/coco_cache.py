@@ -17,12 +17,14 @@ from typing import Any
 import numpy as np
 
 from detaug.errors import DatasetError, DataWarning
-from detaug.formats import validation as v
 from detaug.formats.cache_trust import (
     CACHE_VERSION, _TRUSTED_KEYS, _arrays_hash, _file_hash, _file_key, _files_key, _secret, _signed_by_us, _stamp,
 )
 from detaug.formats.coco_columns import CocoColumns
 from detaug.formats.column_store import _META_BYTES, _read_regular, _write_folder, load_columns
+from detaug.formats.paths import outside_paths
+from detaug.formats.report import Report, _caller_level
+from detaug.formats.validation import check_columns
 from detaug.keypoints import check_keypoints
 
 
@@ -47,7 +49,7 @@ def load_coco_columns(path: str | os.PathLike, *, cache: bool = True, cache_dir:
     else parsed (:func:`parse_coco_columns`) and, with ``cache``, cached (a cache that is not
     this file's is rebuilt with a :class:`DataWarning` saying why; a folder that cannot be
     written is said with one and the columns are used anyway). Repairs are warned of
-    (:meth:`~validation.Report.finish`) each time, as ``load_coco`` does.
+    (:meth:`~detaug.formats.report.Report.finish`) each time, as ``load_coco`` does.
     ``allow_paths_outside``: as :func:`~detaug.formats.coco.load_coco`'s (a cache built with it
     is refused without it, naming the paths). ``masks``: also read and cache each box's
     ``segmentation``, not decoded (``CocoColumns.segments``; as ``load_coco(..., masks=True)``,
@@ -84,7 +86,7 @@ def load_coco_columns(path: str | os.PathLike, *, cache: bool = True, cache_dir:
 
 def _warn(text: str) -> None:
     """A :class:`DataWarning` pointing at the user's call (the first frame outside detaug)."""
-    warnings.warn(text, DataWarning, stacklevel=v._caller_level())
+    warnings.warn(text, DataWarning, stacklevel=_caller_level())
 
 
 def _parsed(path: Path, name: str | None, allow_paths_outside: bool, masks: bool, *,
@@ -241,15 +243,15 @@ def _check_cached(columns: CocoColumns, outside_allowed: bool, masks: bool = Fal
     :class:`DatasetError` at the first problem (the cache is then rebuilt: nothing is repaired
     in a cache)."""
     t = columns.table
-    report = v.Report(f"{columns.source} (cache)")
+    report = Report(f"{columns.source} (cache)")
     starts, names = np.asarray(columns.name_starts), np.asarray(columns.names)
     n = len(t.image_ids)
     if (starts.shape != (n + 1,) or starts[0] != 0 or (np.diff(starts) < 0).any() or starts[-1] != len(names)
             or np.asarray(columns.exif).shape != (n,) or np.asarray(columns.iscrowd).shape != (len(t.labels),)
             or np.asarray(columns.annotation_ids).shape != (len(t.labels),)):
         raise DatasetError(f"{report.source}: the name offsets or per-box columns do not fit the table")
-    boxes, keep = v.check_columns(t.image_ids, t.sizes, t.box_starts, t.boxes, t.labels, columns.categories, report,
-                                  lambda i: report.source)
+    boxes, keep = check_columns(t.image_ids, t.sizes, t.box_starts, t.boxes, t.labels, columns.categories, report,
+                                lambda i: report.source)
     if not keep.all() or not np.array_equal(boxes, np.asarray(t.boxes, dtype=np.float32)) or report.total:
         raise DatasetError(f"{report.source}: its arrays do not pass the checks ({dict(report.counts)})")
     m = len(t.labels)
@@ -263,11 +265,11 @@ def _check_cached(columns: CocoColumns, outside_allowed: bool, masks: bool = Fal
     if why:
         raise DatasetError(f"{report.source}: its segmentations do not pass the checks ({why})")
     file_names = [columns.file_name(i) for i in range(n)]
-    if not outside_allowed and v.outside_paths(file_names):
+    if not outside_allowed and outside_paths(file_names):
         raise DatasetError(f"{report.source}: a file_name outside the images folder")
 
 
-def _warn_repairs(report: v.Report) -> None:
+def _warn_repairs(report: Report) -> None:
     repairs = report.repairs
     if repairs:
         what = ", ".join(f"{n} {r}" for r, n in sorted(repairs.items()))

@@ -16,9 +16,9 @@ import numpy as np
 
 from detaug.boxes import box_area
 from detaug.errors import DatasetError
-from detaug.formats import validation as v
 from detaug.formats.column_store import SampleTable, SampleView, load_columns
 from detaug.formats.mask_columns import MaskColumns
+from detaug.formats.report import CROWD_LEFT_OUT, EMPTY_IMAGE_LEFT_OUT, MAX_EXAMPLES, NO_IMAGES, Finding, Report
 
 
 @dataclass
@@ -50,7 +50,7 @@ class CocoColumns:
     iscrowd: np.ndarray
     annotation_ids: np.ndarray
     categories: dict[int, str]
-    report: v.Report
+    report: Report
 
     EXTRA = ("names", "name_starts", "exif", "iscrowd", "annotation_ids")
     #: How it was read: "stream" (the fast path), "load_coco" or "cache".
@@ -145,27 +145,27 @@ class CocoColumns:
                    dict(dataset.categories), dataset.report, keypoints=keypoints, segments=segments)
 
 
-def _report_to_json(report: v.Report) -> dict[str, Any]:
+def _report_to_json(report: Report) -> dict[str, Any]:
     return {"source": report.source, "images": report.images, "boxes": report.boxes,
             "counts": dict(report.counts),
             "examples": {r: [[f.file, f.image_id, f.annotation, f.detail] for f in fs] for r, fs in report.examples.items()}}
 
 
-def _report_from_json(data: Mapping[str, Any]) -> v.Report:
-    report = v.Report(data["source"])
+def _report_from_json(data: Mapping[str, Any]) -> Report:
+    report = Report(data["source"])
     report.images, report.boxes = int(data["images"]), int(data["boxes"])
     report.counts.update({r: int(n) for r, n in data["counts"].items()})
-    report.examples = {r: [v.Finding(r, *f) for f in fs] for r, fs in data["examples"].items()}
+    report.examples = {r: [Finding(r, *f) for f in fs] for r, fs in data["examples"].items()}
     return report
 
 
-def _add_many(report: v.Report, reason: str, count: int, example: Callable[[int], tuple[str, int | None, Any]],
+def _add_many(report: Report, reason: str, count: int, example: Callable[[int], tuple[str, int | None, Any]],
               detail: str = "") -> None:
-    """Count ``count`` findings of ``reason``; the first :data:`~validation.MAX_EXAMPLES` with
+    """Count ``count`` findings of ``reason``; the first :data:`~detaug.formats.report.MAX_EXAMPLES` with
     their details (``example(k) -> (file, image_id, annotation)``)."""
     if count <= 0:
         return
-    shown = min(count, max(0, v.MAX_EXAMPLES - len(report.examples.get(reason, []))))
+    shown = min(count, max(0, MAX_EXAMPLES - len(report.examples.get(reason, []))))
     for k in range(shown):
         file, image_id, annotation = example(k)
         report.add(reason, file, image_id=image_id, annotation=annotation, detail=detail)
@@ -214,7 +214,7 @@ class _CocoFields:
 
 
 def coco_view(columns: CocoColumns, images_dir: str | os.PathLike, *, include_iscrowd: bool = True,
-              skip_empty: bool = False) -> tuple[SampleView, v.Report]:
+              skip_empty: bool = False) -> tuple[SampleView, Report]:
     """The samples of ``columns`` as :func:`~detaug.sources.coco_to_samples` gives them (crowd
     boxes left out with ``include_iscrowd=False``, images without boxes with ``skip_empty``,
     each counted as a note; the per-box fields ``iscrowd`` and ``area``), and the report with
@@ -227,7 +227,7 @@ def coco_view(columns: CocoColumns, images_dir: str | os.PathLike, *, include_is
         starts = np.asarray(table.box_starts)
         owner = np.repeat(np.arange(len(table)), np.diff(starts))
         left = np.flatnonzero(crowd)
-        _add_many(report, v.CROWD_LEFT_OUT, len(left), lambda k: (
+        _add_many(report, CROWD_LEFT_OUT, len(left), lambda k: (
             f"{columns.source}: {columns.file_name(int(owner[left[k]]))}", int(table.image_ids[owner[left[k]]]),
             None if columns.annotation_ids[left[k]] == -1 else int(columns.annotation_ids[left[k]])))
         keep = ~crowd
@@ -238,7 +238,7 @@ def coco_view(columns: CocoColumns, images_dir: str | os.PathLike, *, include_is
     if skip_empty:
         counts = np.diff(np.asarray(table.box_starts))
         empty = np.flatnonzero(counts == 0)
-        _add_many(report, v.EMPTY_IMAGE_LEFT_OUT, len(empty), lambda k: (
+        _add_many(report, EMPTY_IMAGE_LEFT_OUT, len(empty), lambda k: (
             f"{columns.source}: {columns.file_name(int(empty[k]))}", int(table.image_ids[empty[k]]), None))
         rows = np.flatnonzero(counts > 0).astype(np.int64)
     if table is not columns.table:
@@ -247,6 +247,6 @@ def coco_view(columns: CocoColumns, images_dir: str | os.PathLike, *, include_is
     report.images = len(view)
     report.boxes = int(table.box_starts[-1]) if rows is None else int(np.diff(np.asarray(table.box_starts))[rows].sum())
     if not len(view):
-        report.add(v.NO_IMAGES, columns.source, detail="every image was left out (skip_empty=True)")
+        report.add(NO_IMAGES, columns.source, detail="every image was left out (skip_empty=True)")
         report.raise_errors()
     return view, report

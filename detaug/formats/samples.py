@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from detaug.formats.validation import Report
+from detaug.formats.report import Report
 
 __all__ = [
     "COCO_FIELDS", "RESERVED_FIELDS", "VOC_FIELDS", "CheckedSamples", "FieldSpec", "ImageLike", "Sample", "Source",
@@ -44,7 +44,7 @@ class Sample:
             encoded); a decoded uint8 ``[H, W, 3]`` RGB or ``[H, W]`` grayscale array; a PIL image
             (its pixels as PIL holds them: EXIF orientation not applied); or a uint8 torch tensor
             ``[3, H, W]`` (CHW), ``[H, W, 3]`` or ``[H, W]`` (PIL images and tensors are kept as
-            NumPy arrays; the type rules are :func:`detaug.formats.validation.image_input`'s).
+            NumPy arrays; the type rules are :func:`detaug.formats.sample_inputs.image_input`'s).
         boxes: ``[N, 4]`` absolute ``xyxy`` boxes, pixel ``i`` spanning ``[i, i + 1)`` (kept as float32).
         labels: ``[N]`` integer category ids in ``[0, 2**31 - 1]`` (kept as int64).
         image_id: an integer id returned with the sample's target.

@@ -70,35 +70,36 @@ boxes of an unreadable image left out  note    YOLO: the image's header gives no
 =====================================  ======  ===========================================================
 
 Python objects of the wrong kind handed to a source's constructor raise ``TypeError`` naming the
-sample's index and what it got; everything about the values raises ``DatasetError``. The type
-rules (:func:`sample_fields`, :func:`image_input`):
+sample's index and what it got (the type rules: :mod:`detaug.formats.sample_inputs`); everything
+about the values raises ``DatasetError``.
 
-* a sample is a :class:`~detaug.sources.Sample`, a mapping with its field names (``image``,
-  ``boxes``, ``labels``, ``image_id``, ``size``; ``image`` required), or a tuple (or list)
-  ``(image, boxes, labels)`` or ``(image, boxes, labels, image_id)``;
-* an image is a file path (``str``/``os.PathLike``); encoded bytes (``bytes``, ``bytearray``,
-  ``memoryview``, a 1-D uint8 NumPy array or torch tensor, e.g. ``torchvision.io.read_file``'s);
-  a decoded NumPy array ``[H, W, 3]`` or ``[H, W]``; a PIL image (its pixels as PIL holds them,
-  EXIF orientation not applied: ``ImageOps.exif_transpose`` first for boxes in the displayed
-  frame; converted to RGB, ``"L"`` kept grayscale); or a torch tensor ``[3, H, W]`` / ``[1, H, W]``
-  (CHW, torch's convention, also where ``W`` is 3), ``[H, W, 3]`` or ``[H, W]``, on any device.
-  Decoded images must be uint8 (a value rule: "malformed image entry").
+The checks live in parts, each with one job, and every public name of theirs is importable from
+here: :mod:`~detaug.formats.report` (:class:`Report`, :class:`Finding`, the reasons and
+:data:`RULES`), :mod:`~detaug.formats.values` (the value rules: :func:`as_int`,
+:func:`as_coordinate`, :func:`check_size`, :func:`label_problem`),
+:mod:`~detaug.formats.sample_inputs` (the type rules) and :mod:`~detaug.formats.paths` (paths a
+dataset names). This module holds the box checks: :func:`check_boxes` and, for the columns of a
+whole dataset, :func:`check_columns`.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import sys
-import warnings
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from detaug.errors import DatasetError, DataWarning
+from detaug.errors import DatasetError
+from detaug.formats.paths import file_key, outside_paths, path_problem
+from detaug.formats.report import (  # the reasons and the report, re-exported
+    MAX_EXAMPLES, RULES, NOT_JSON, NOT_COCO, NO_IMAGES, MALFORMED_IMAGE, BAD_IMAGE_ID, BAD_SIZE,
+    DUPLICATE_IMAGE_ID, DUPLICATE_FILE, PATH_OUTSIDE, MALFORMED_CATEGORY, DUPLICATE_CATEGORY,
+    MALFORMED_ANNOTATION, UNKNOWN_IMAGE, NO_BOX, MALFORMED_BOX, NON_FINITE, UNKNOWN_CATEGORY, LABEL_RANGE,
+    NEGATIVE_LABEL, MALFORMED_LABEL, EMPTY_BOX, BOX_CLIPPED, BOX_OUTSIDE, SIZE_NOT_DECLARED, CROWD_LEFT_OUT,
+    EMPTY_IMAGE_LEFT_OUT, IDS_ASSIGNED, IMAGE_WITHOUT_LABELS, LABELS_WITHOUT_IMAGE, BOXES_NOT_PLACED, Finding,
+    Kind, Report,
+)
+from detaug.formats.sample_inputs import IMAGE_TYPES, SAMPLE_FIELDS, describe_type, image_input, sample_fields
+from detaug.formats.values import INT32_MAX, INT64_MAX, INT64_MIN, as_coordinate, as_int, check_size, label_problem
 
 __all__ = [
     "IMAGE_TYPES",
@@ -123,353 +124,6 @@ __all__ = [
     "path_problem",
     "sample_fields",
 ]
-
-INT32_MAX = 2**31 - 1
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-#: Examples kept per reason (the counts are complete).
-MAX_EXAMPLES = 3
-
-Kind = Literal["error", "repair", "note"]
-
-NOT_JSON = "not valid JSON"
-NOT_COCO = "not a COCO detection file"
-NO_IMAGES = "no images"
-MALFORMED_IMAGE = "malformed image entry"
-BAD_IMAGE_ID = "image id not an int64 integer"
-BAD_SIZE = "invalid image size"
-DUPLICATE_IMAGE_ID = "duplicate image id"
-DUPLICATE_FILE = "duplicate file name"
-PATH_OUTSIDE = "path outside the dataset folder"
-MALFORMED_CATEGORY = "malformed category"
-DUPLICATE_CATEGORY = "duplicate category id"
-MALFORMED_ANNOTATION = "malformed annotation"
-UNKNOWN_IMAGE = "annotation of an unknown image"
-NO_BOX = "annotation without a box"
-MALFORMED_BOX = "malformed box"
-NON_FINITE = "non-finite coordinate"
-UNKNOWN_CATEGORY = "unknown category id"
-LABEL_RANGE = "label does not fit int32"
-NEGATIVE_LABEL = "negative label"
-MALFORMED_LABEL = "malformed label"
-EMPTY_BOX = "empty box dropped"
-BOX_CLIPPED = "box clipped to the image"
-BOX_OUTSIDE = "box outside the image dropped"
-SIZE_NOT_DECLARED = "image size not declared"
-CROWD_LEFT_OUT = "crowd box left out"
-EMPTY_IMAGE_LEFT_OUT = "image without boxes left out"
-IDS_ASSIGNED = "image ids assigned 1..n"
-IMAGE_WITHOUT_LABELS = "image without a label file"
-LABELS_WITHOUT_IMAGE = "label file without an image"
-BOXES_NOT_PLACED = "boxes of an unreadable image left out"
-
-#: Every reason and its kind (the module docstring's table, in its order).
-RULES: dict[str, Kind] = {
-    **dict.fromkeys([NOT_JSON, NOT_COCO, NO_IMAGES, MALFORMED_IMAGE, BAD_IMAGE_ID, BAD_SIZE,
-                     DUPLICATE_IMAGE_ID, DUPLICATE_FILE, PATH_OUTSIDE, MALFORMED_CATEGORY, DUPLICATE_CATEGORY,
-                     MALFORMED_ANNOTATION, UNKNOWN_IMAGE, NO_BOX, MALFORMED_BOX, NON_FINITE,
-                     UNKNOWN_CATEGORY, LABEL_RANGE, NEGATIVE_LABEL, MALFORMED_LABEL], "error"),
-    **dict.fromkeys([EMPTY_BOX, BOX_CLIPPED, BOX_OUTSIDE], "repair"),
-    **dict.fromkeys([SIZE_NOT_DECLARED, CROWD_LEFT_OUT, EMPTY_IMAGE_LEFT_OUT, IDS_ASSIGNED, IMAGE_WITHOUT_LABELS,
-                     LABELS_WITHOUT_IMAGE, BOXES_NOT_PLACED], "note"),
-}
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One finding: its reason, the file and the image / annotation it concerns, and what exactly.
-
-    ``annotation`` is an annotation id (int, shown as ``annotation_id N``) or a position such as
-    ``"annotations[5]"`` or ``"box 2"`` (shown as is).
-    """
-
-    reason: str
-    file: str
-    image_id: int | None = None
-    annotation: int | str | None = None
-    detail: str = ""
-
-    @property
-    def location(self) -> str:
-        """``FILE (image_id I, annotation_id A)``."""
-        ids = []
-        if self.image_id is not None:
-            ids.append(f"image_id {self.image_id}")
-        if isinstance(self.annotation, int):
-            ids.append(f"annotation_id {self.annotation}")
-        elif self.annotation is not None:
-            ids.append(str(self.annotation))
-        return f"{self.file} ({', '.join(ids)})" if ids else self.file
-
-    def __str__(self) -> str:
-        return f"{self.location}: {self.reason}" + (f": {self.detail}" if self.detail else "")
-
-    def brief(self) -> str:
-        """Without the reason (listed under it)."""
-        return self.location + (f": {self.detail}" if self.detail else "")
-
-
-class Report:
-    """What the checks of one source found: counts by reason, a few examples of each.
-
-    Attributes:
-        source: what was checked (the annotation file, or ``"sample list"``).
-        images, boxes: images and boxes kept.
-        counts: findings by reason (kinds in :data:`RULES`).
-        examples: up to :data:`MAX_EXAMPLES` :class:`Finding` per reason.
-        conversion: the converter's report when the data came through ``voc2coco`` (VocSource).
-    """
-
-    def __init__(self, source: str = "") -> None:
-        self.source = source
-        self.images = 0
-        self.boxes = 0
-        self.counts: Counter[str] = Counter()
-        self.examples: dict[str, list[Finding]] = {}
-        self.conversion: Any = None
-        self._first_error: Finding | None = None
-
-    # -- recording -------------------------------------------------------------------------
-    def add(self, reason: str, file: str, *, image_id: int | None = None,
-            annotation: int | str | None = None, detail: str = "") -> None:
-        """Count one finding of ``reason`` (a key of :data:`RULES`)."""
-        if reason not in RULES:
-            raise KeyError(f"unknown reason {reason!r}")
-        self.counts[reason] += 1
-        shown = self.examples.setdefault(reason, [])
-        if len(shown) < MAX_EXAMPLES or (RULES[reason] == "error" and self._first_error is None):
-            finding = Finding(reason, file, image_id, annotation, detail)
-            if len(shown) < MAX_EXAMPLES:
-                shown.append(finding)
-            if RULES[reason] == "error" and self._first_error is None:
-                self._first_error = finding
-
-    # -- reading ---------------------------------------------------------------------------
-    def _of(self, kind: Kind) -> dict[str, int]:
-        return {r: n for r, n in self.counts.items() if RULES[r] == kind}
-
-    @property
-    def errors(self) -> dict[str, int]:
-        """Error counts by reason (a built source has none)."""
-        return self._of("error")
-
-    @property
-    def repairs(self) -> dict[str, int]:
-        """Repair counts by reason."""
-        return self._of("repair")
-
-    @property
-    def notes(self) -> dict[str, int]:
-        """Note counts by reason."""
-        return self._of("note")
-
-    @property
-    def total(self) -> int:
-        """All findings: errors, repairs and notes."""
-        return sum(self.counts.values())
-
-    def summary(self) -> str:
-        """A few lines: what was kept, then each kind's counts by reason with examples."""
-        lines = []
-        if self.conversion is not None:
-            lines.append("conversion:")
-            lines.extend("  " + line for line in self.conversion.summary().splitlines())
-        lines.append(f"{self.source or 'source'}: {self.images} images, {self.boxes} boxes kept")
-        if not self.counts:
-            lines.append("checks: nothing to repair")
-        for kind, title in (("error", "errors"), ("repair", "repaired"), ("note", "notes")):
-            counts = self._of(kind)  # type: ignore[arg-type]
-            if not counts:
-                continue
-            lines.append(f"{title}:")
-            for reason, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
-                lines.append(f"  {n:>6}  {reason}")
-                lines.extend(f"          e.g. {f.brief()}" for f in self.examples.get(reason, []))
-        return "\n".join(lines)
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``source``, ``images``, ``boxes``, ``total``, ``errors``/``repairs``/``notes``
-        (counts by reason), ``examples`` (strings by reason) and ``conversion`` (the converter's
-        counts, or ``None``)."""
-        conversion = None
-        if self.conversion is not None:
-            c = self.conversion
-            conversion = {key: (dict(value) if isinstance(value, Counter) else value)
-                          for key, value in vars(c).items() if key != "messages"}
-        return {
-            "source": self.source, "images": self.images, "boxes": self.boxes, "total": self.total,
-            "errors": self.errors, "repairs": self.repairs, "notes": self.notes,
-            "examples": {r: [str(f) for f in fs] for r, fs in self.examples.items()},
-            "conversion": conversion,
-        }
-
-    def __repr__(self) -> str:
-        return (f"Report(source={self.source!r}, images={self.images}, boxes={self.boxes}, "
-                f"counts={dict(self.counts)})")
-
-    # -- closing ---------------------------------------------------------------------------
-    def raise_errors(self) -> None:
-        """Raise :class:`DatasetError` if anything was an error: the first error on the first
-        line, then every error reason with its count and examples (``err.report`` is this)."""
-        errors = self.errors
-        if not errors:
-            return
-        n = sum(errors.values())
-        lines = [str(self._first_error)]
-        if n > 1:
-            lines.append(f"{n} problems in {self.source or 'the source'} that detaug does not repair:")
-            for reason, count in sorted(errors.items(), key=lambda item: (-item[1], item[0])):
-                lines.append(f"  {count:>6}  {reason}")
-                lines.extend(f"          e.g. {f.brief()}" for f in self.examples.get(reason, []))
-        err = DatasetError("\n".join(lines))
-        err.report = self  # type: ignore[attr-defined]
-        raise err
-
-    def finish(self) -> None:
-        """:meth:`raise_errors`, then one :class:`DataWarning` if anything was repaired."""
-        self.raise_errors()
-        repairs = self.repairs
-        if repairs:
-            what = ", ".join(f"{n} {r}" for r, n in sorted(repairs.items()))
-            warnings.warn(f"{self.source or 'source'}: {what} (source.report.summary() has examples)",
-                          DataWarning, stacklevel=_caller_level())
-
-
-def _caller_level() -> int:
-    """``stacklevel`` of the first frame outside detaug (the user's call that built the source)."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frame, level = sys._getframe(2), 2
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-# -- value rules (one place each) ------------------------------------------------------------------
-
-def as_int(value: Any) -> int | None:
-    """The integer ``value`` stands for (a Python or NumPy integer, or an integral finite float),
-    or ``None`` (bools, strings, fractions, NaN, anything else)."""
-    if isinstance(value, (bool, np.bool_)):
-        return None
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
-        return int(value)
-    return None
-
-
-def as_coordinate(value: Any) -> float | None:
-    """A box coordinate as a float (``inf`` for integers beyond float range), or ``None`` when
-    ``value`` is not a real number (bools and strings are not)."""
-    if isinstance(value, (bool, np.bool_)):
-        return None
-    if isinstance(value, (int, np.integer)):
-        try:
-            return float(value)
-        except OverflowError:
-            return math.inf if value > 0 else -math.inf
-    if isinstance(value, (float, np.floating)):
-        return float(value)
-    return None
-
-
-def check_size(height: Any, width: Any) -> tuple[tuple[int, int] | None, str]:
-    """``((h, w), "")`` for a valid declared size (positive integers <= 2**31 - 1), else
-    ``(None, why)``."""
-    h, w = as_int(height), as_int(width)
-    if h is None or w is None or not (0 < h <= INT32_MAX and 0 < w <= INT32_MAX):
-        return None, f"height {height!r:.40}, width {width!r:.40}: not positive integers <= 2**31-1"
-    return (h, w), ""
-
-
-def label_problem(label: int) -> str | None:
-    """The error reason for a category id / label that detaug cannot carry, or ``None``."""
-    if label < 0:
-        return NEGATIVE_LABEL
-    if label > INT32_MAX:
-        return LABEL_RANGE
-    return None
-
-
-# -- type rules of sample lists (what Python objects a SampleListSource takes) ---------------------
-
-#: The fields of a sample (:class:`~detaug.sources.Sample`), in a tuple sample's order.
-SAMPLE_FIELDS = ("image", "boxes", "labels", "image_id", "size")
-IMAGE_TYPES = ("a file path, encoded bytes (bytes, bytearray, memoryview, 1-D uint8 array or tensor), "
-               "a decoded uint8 NumPy array [H, W, 3] / [H, W], a PIL image, or a uint8 torch tensor "
-               "[3, H, W] / [H, W, 3] / [H, W]")
-
-
-def describe_type(value: Any) -> str:
-    """A short description of ``value`` for a ``TypeError``: its type (and shape, length)."""
-    kind = type(value)
-    name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    shape = getattr(value, "shape", None)
-    if shape is not None:
-        return f"{name} of shape {tuple(shape)}"
-    if isinstance(value, (tuple, list)):
-        return f"a {name} of {len(value)} items"
-    return name
-
-
-def sample_fields(sample: Any, index: int) -> dict[str, Any]:
-    """The fields (:data:`SAMPLE_FIELDS`) of sample ``index`` given as a mapping or as a tuple /
-    list ``(image, boxes, labels[, image_id])``; a :class:`~detaug.sources.Sample` is handled by
-    the caller. ``TypeError`` naming the index and what it got for anything else, a mapping with
-    unknown keys or without ``image``, a tuple of another length."""
-    if isinstance(sample, Mapping):
-        unknown = [k for k in sample if k not in SAMPLE_FIELDS]
-        if unknown:
-            raise TypeError(f"sample {index}: unknown key(s) {', '.join(repr(k) for k in unknown)}; "
-                            f"a sample mapping has {', '.join(SAMPLE_FIELDS)}")
-        if "image" not in sample:
-            raise TypeError(f"sample {index}: a sample mapping needs an 'image' key, got keys {list(sample)}")
-        return dict(sample)
-    if isinstance(sample, (tuple, list)):
-        if len(sample) not in (3, 4):
-            raise TypeError(f"sample {index}: a tuple sample is (image, boxes, labels) or "
-                            f"(image, boxes, labels, image_id), got {describe_type(sample)}")
-        return dict(zip(SAMPLE_FIELDS, sample))
-    raise TypeError(f"sample {index}: a Sample, a mapping or an (image, boxes, labels[, image_id]) tuple, "
-                    f"got {describe_type(sample)}")
-
-
-def image_input(image: Any, index: int) -> Any:
-    """Sample ``index``'s image with PIL images and torch tensors turned into NumPy arrays
-    (decoded ``[H, W, 3]`` / ``[H, W]``, or 1-D encoded bytes); paths, bytes-likes and NumPy
-    arrays as given. ``TypeError`` naming the index and the type for anything else. Neither PIL
-    nor torch is imported here: an object of theirs exists only if its module is loaded."""
-    if isinstance(image, (str, os.PathLike, bytes, bytearray, memoryview, np.ndarray)):
-        return image
-    pil = sys.modules.get("PIL.Image")
-    if pil is not None and isinstance(image, pil.Image):
-        if image.mode not in ("RGB", "L"):
-            image = image.convert("L" if image.mode in ("1", "I", "I;16", "F") else "RGB")
-        return np.asarray(image)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(image, torch.Tensor):
-        return _tensor_pixels(image)
-    raise TypeError(f"sample {index}: image must be {IMAGE_TYPES}; got {describe_type(image)}")
-
-
-def _tensor_pixels(tensor: Any) -> np.ndarray:
-    """A torch tensor's values as a NumPy array: ``[C, H, W]`` with ``C`` in (1, 3) made
-    ``[H, W, 3]`` / ``[H, W]``, ``[H, W, 1]`` made ``[H, W]``; other shapes as they are (the value
-    checks name them)."""
-    t = tensor.detach().cpu()
-    try:
-        array = t.numpy()
-    except (TypeError, RuntimeError):  # bfloat16 and the like: the dtype check names it
-        array = t.float().numpy()
-    if array.ndim == 3 and array.shape[0] in (1, 3):
-        array = array.transpose(1, 2, 0)
-    if array.ndim == 3 and array.shape[2] == 1:
-        array = array[:, :, 0]
-    return np.ascontiguousarray(array)
-
-
-def file_key(name: str) -> str:
-    """How file names are compared for duplicates."""
-    return os.path.normpath(name)
 
 
 def check_boxes(
@@ -535,38 +189,6 @@ def _add_rows(report: Report, reason: str, where: Callable[[int], tuple[str, int
         report.add(reason, file, image_id=image_id, annotation=annotation, detail=detail(int(j)))
     if len(rows) > room:
         report.counts[reason] += len(rows) - room
-
-
-# -- paths a dataset names (containment) -----------------------------------------------------------
-
-def path_problem(name: str) -> str | None:
-    """Why the relative path ``name`` that a dataset file gives would leave the folder it is
-    relative to, or ``None`` when it stays inside. The rule is lexical, on the path as written:
-    absolute paths, paths that climb above the folder with ``..`` (after ``os.path.normpath``:
-    ``a/../../x``, ``./../x``) and paths holding a NUL byte are refused. Symbolic links inside
-    the folder are followed wherever they point (docs/security.md). A backslash is an ordinary
-    character of a POSIX file name (``..\\x`` names a file inside the folder)."""
-    if "\0" in name:
-        return "holds a NUL byte"
-    if os.path.isabs(name):
-        return "is an absolute path"
-    if ".." in name:
-        norm = os.path.normpath(name)
-        if norm == ".." or norm.startswith(".." + os.sep):
-            return "leaves its folder (..)"
-    return None
-
-
-def outside_paths(names: Sequence[str]) -> list[int]:
-    """The positions of the ``names`` that :func:`path_problem` refuses: one search of the
-    joined names first (a million names in about 0.05 s); only names with ``..``, a leading
-    ``/`` or a NUL byte are looked at closer."""
-    joined = "\n".join(names)
-    if ".." not in joined and "\0" not in joined and "\n/" not in joined and not joined.startswith("/"):
-        return []
-    return [i for i, n in enumerate(names)
-            if (n[:1] == "/" or ".." in n or "\0" in n) and path_problem(n) is not None]
-
 
 # -- columns of a whole dataset (shard manifests, caches) ------------------------------------------
 

@@ -18,7 +18,7 @@ file without an image is left out (a note); other files under ``images/`` are no
 are not read. Directory links under ``images/`` are not walked; file links are followed, as
 every source follows them (docs/security.md).
 
-Errors name the file and the line (:class:`~detaug.formats.validation.Report`, raised as one
+Errors name the file and the line (:class:`~detaug.formats.report.Report`, raised as one
 :class:`~detaug.errors.DatasetError` listing every problem): a line that is not five numbers
 ("malformed box"), a class that is not an integer, negative, beyond int32 or not among the
 names ("malformed label", "negative label", "label does not fit int32", "unknown category
@@ -40,7 +40,12 @@ from pathlib import Path
 
 import numpy as np
 
-from detaug.formats import validation as v
+from detaug.formats.paths import path_problem
+from detaug.formats.report import (
+    IMAGE_WITHOUT_LABELS, LABELS_WITHOUT_IMAGE, MALFORMED_ANNOTATION, MALFORMED_BOX, MALFORMED_CATEGORY,
+    MALFORMED_IMAGE, MALFORMED_LABEL, NON_FINITE, NO_IMAGES, PATH_OUTSIDE, UNKNOWN_CATEGORY, Report,
+)
+from detaug.formats.values import as_int, label_problem
 
 __all__ = [
     "IMAGE_SUFFIXES", "MAX_LABEL_BYTES", "YoloFolder", "YoloImage", "label_path", "parse_labels", "read_names",
@@ -82,7 +87,7 @@ class YoloFolder:
     root: Path
     images: list[YoloImage]
     categories: dict[int, str]
-    report: v.Report
+    report: Report
 
 
 def read_yolo_folder(root: str | os.PathLike, split: str | None = None, *,
@@ -103,7 +108,7 @@ def read_yolo_folder(root: str | os.PathLike, split: str | None = None, *,
         DatasetError: the errors of the module docstring, every one named by file and line.
     """
     root = Path(root)
-    report = v.Report(f"{root} (YOLO" + (f", split {split})" if split else ")"))
+    report = Report(f"{root} (YOLO" + (f", split {split})" if split else ")"))
     if not (root / "images").is_dir():
         raise FileNotFoundError(f"{root / 'images'}: images folder of the YOLO folder not found")
     if names is None and (root / "classes.txt").is_file():
@@ -117,7 +122,7 @@ def read_yolo_folder(root: str | os.PathLike, split: str | None = None, *,
     found = []
     for image, labels in images:
         if labels is None or not labels.exists():
-            report.add(v.IMAGE_WITHOUT_LABELS, str(image), detail=f"no {labels}: no boxes" if labels else "no boxes")
+            report.add(IMAGE_WITHOUT_LABELS, str(image), detail=f"no {labels}: no boxes" if labels else "no boxes")
             found.append(YoloImage(str(image), None))
             continue
         text = _read_text(labels, report)
@@ -125,14 +130,14 @@ def read_yolo_folder(root: str | os.PathLike, split: str | None = None, *,
         found.append(YoloImage(str(image), str(labels), *parsed) if parsed else YoloImage(str(image), str(labels)))
     report.raise_errors()
     if not found:
-        report.add(v.NO_IMAGES, str(root / "images") if split is None else f"{root / split}.txt",
+        report.add(NO_IMAGES, str(root / "images") if split is None else f"{root / split}.txt",
                    detail="no image files")
         report.raise_errors()
     return YoloFolder(root, found, categories, report)
 
 
 def parse_labels(text: str, file: str, categories: dict[int, str] | None,
-                 report: v.Report) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 report: Report) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(labels int64 [N], boxes float64 [N, 4] cxcywh fractions, lines int64 [N])`` of a label
     file's ``text``; each bad line is an error in ``report`` naming ``file`` and the line (its
     box left out of the result). ``categories``: the names by class index, ``None``: not checked."""
@@ -143,26 +148,26 @@ def parse_labels(text: str, file: str, categories: dict[int, str] | None,
             continue
         where = {"annotation": f"line {number}"}
         if len(tokens) != 5:
-            report.add(v.MALFORMED_BOX, file, **where,
+            report.add(MALFORMED_BOX, file, **where,
                        detail=f"expected 'class cx cy w h' (5 values), got {len(tokens)}: {line.strip()!r:.60}")
             continue
         label = _class_index(tokens[0])
         if label is None:
-            report.add(v.MALFORMED_LABEL, file, **where, detail=f"class {tokens[0]!r:.40} is not an integer")
+            report.add(MALFORMED_LABEL, file, **where, detail=f"class {tokens[0]!r:.40} is not an integer")
             continue
-        if problem := v.label_problem(label):
+        if problem := label_problem(label):
             report.add(problem, file, **where, detail=f"class {label}")
             continue
         if categories is not None and label not in categories:
-            report.add(v.UNKNOWN_CATEGORY, file, **where, detail=f"class {label} (the names have {len(categories)})")
+            report.add(UNKNOWN_CATEGORY, file, **where, detail=f"class {label} (the names have {len(categories)})")
             continue
         try:
             values = [float(t) for t in tokens[1:]]
         except ValueError:
-            report.add(v.MALFORMED_BOX, file, **where, detail=f"{' '.join(tokens[1:])!r:.60} are not 4 numbers")
+            report.add(MALFORMED_BOX, file, **where, detail=f"{' '.join(tokens[1:])!r:.60} are not 4 numbers")
             continue
         if not all(np.isfinite(values)):
-            report.add(v.NON_FINITE, file, **where, detail=" ".join(tokens[1:]))
+            report.add(NON_FINITE, file, **where, detail=" ".join(tokens[1:]))
             continue
         labels.append(label)
         boxes.append(values)
@@ -170,7 +175,7 @@ def parse_labels(text: str, file: str, categories: dict[int, str] | None,
     return (np.array(labels, np.int64), np.array(boxes, np.float64).reshape(-1, 4), np.array(lines, np.int64))
 
 
-def read_names(names: Sequence[str] | str | os.PathLike, report: v.Report) -> dict[int, str]:
+def read_names(names: Sequence[str] | str | os.PathLike, report: Report) -> dict[int, str]:
     """``{class index: name}`` of a names list or a names file (one name per line, blank lines
     at the end ignored); an empty or repeated name is an error in ``report`` naming the line."""
     if isinstance(names, (str, os.PathLike)):
@@ -186,7 +191,7 @@ def read_names(names: Sequence[str] | str | os.PathLike, report: v.Report) -> di
     for k, name in enumerate(entries):
         name = name.strip()
         if not name or name in seen:
-            report.add(v.MALFORMED_CATEGORY, file, annotation=f"line {k + 1}",
+            report.add(MALFORMED_CATEGORY, file, annotation=f"line {k + 1}",
                        detail=f"name {name!r} also on line {seen[name] + 1}" if name else "empty name")
             continue
         seen[name] = k
@@ -206,7 +211,7 @@ def label_path(root: Path, image: str) -> Path | None:
     return (root.joinpath(*parts)).with_suffix(".txt")
 
 
-def _walk_images(root: Path, report: v.Report) -> list[tuple[Path, Path | None]]:
+def _walk_images(root: Path, report: Report) -> list[tuple[Path, Path | None]]:
     """Every image under ``root/images`` in path order, with its label file; label files
     without an image are noted."""
     images = sorted(p for p in (root / "images").rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
@@ -214,11 +219,11 @@ def _walk_images(root: Path, report: v.Report) -> list[tuple[Path, Path | None]]
     if (root / "labels").is_dir():
         expected = {str(label) for _, label in pairs}
         for orphan in sorted(p for p in (root / "labels").rglob("*.txt") if str(p) not in expected):
-            report.add(v.LABELS_WITHOUT_IMAGE, str(orphan), detail=f"no image for it under {root / 'images'}")
+            report.add(LABELS_WITHOUT_IMAGE, str(orphan), detail=f"no image for it under {root / 'images'}")
     return pairs
 
 
-def _listed_images(root: Path, split: str, report: v.Report, allow_paths_outside: bool) -> list[tuple[Path, Path | None]]:
+def _listed_images(root: Path, split: str, report: Report, allow_paths_outside: bool) -> list[tuple[Path, Path | None]]:
     """The images of the split list ``root/<split>.txt`` in its order, with their label files;
     entries leaving ``root`` or not under an ``images`` folder are errors naming the line."""
     listing = root / f"{split}.txt"
@@ -231,13 +236,13 @@ def _listed_images(root: Path, split: str, report: v.Report, allow_paths_outside
         if not entry:
             continue
         where = {"annotation": f"line {number}"}
-        if not allow_paths_outside and (why := v.path_problem(entry)):
-            report.add(v.PATH_OUTSIDE, str(listing), **where,
+        if not allow_paths_outside and (why := path_problem(entry)):
+            report.add(PATH_OUTSIDE, str(listing), **where,
                        detail=f"{entry!r:.80} {why} (allow_paths_outside=True accepts it)")
             continue
         labels = label_path(root, entry)
         if labels is None:
-            report.add(v.MALFORMED_IMAGE, str(listing), **where,
+            report.add(MALFORMED_IMAGE, str(listing), **where,
                        detail=f"{entry!r:.80} is not under an images/ folder (its label file is found there)")
             continue
         pairs.append((root / entry, labels))
@@ -251,12 +256,12 @@ def _class_index(token: str) -> int | None:
     except ValueError:
         pass
     try:
-        return v.as_int(float(token))
+        return as_int(float(token))
     except ValueError:
         return None
 
 
-def _read_text(path: Path, report: v.Report) -> str | None:
+def _read_text(path: Path, report: Report) -> str | None:
     """The UTF-8 text of a regular file of at most :data:`MAX_LABEL_BYTES`; else an error in
     ``report`` naming it (``None``)."""
     why = None
@@ -274,5 +279,5 @@ def _read_text(path: Path, report: v.Report) -> str | None:
         why = f"cannot read it: {err.strerror or err}"
     except UnicodeDecodeError as err:
         why = f"not UTF-8 text (byte {err.start})"
-    report.add(v.MALFORMED_ANNOTATION, str(path), detail=why)
+    report.add(MALFORMED_ANNOTATION, str(path), detail=why)
     return None

@@ -1,7 +1,7 @@
 """What ``SampleListSource`` takes (issue 17, item 5): file paths, encoded bytes, decoded arrays,
 PIL images and CHW / HWC uint8 torch tensors, in samples given as ``Sample``, mappings or
 ``(image, boxes, labels[, image_id])`` tuples; anything else is a ``TypeError`` naming the
-sample's index and what it got. The type rules live in ``detaug.formats.validation``.
+sample's index and what it got. The type rules live in ``detaug.formats.sample_inputs``.
 """
 
 from __future__ import annotations
