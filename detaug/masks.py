@@ -36,8 +36,8 @@ import numpy as np
 
 from detaug.arrays import numeric_array
 
-__all__ = ["MASKS", "CocoMasks", "check_masks", "join_masks", "mask_rows", "masks_to_boxes", "move_masks",
-           "orient_masks", "paste_over", "warp_mask"]
+__all__ = ["MASKS", "CocoMasks", "PackedMasks", "check_masks", "join_masks", "mask_rows", "masks_to_boxes",
+           "move_masks", "orient_masks", "pack_masks", "paste_over", "warp_mask"]
 
 #: The per-box field name of instance masks (sources, targets, eager calls).
 MASKS = "masks"
@@ -237,6 +237,56 @@ def join_masks(per_sample: Sequence[np.ndarray]) -> np.ndarray:
         out[start:start + len(a), :a.shape[1], :a.shape[2]] = a
         start += len(a)
     return out
+
+
+@dataclass
+class PackedMasks:
+    """uint8 ``[N, H, W]`` 0/1 masks packed for the trip from a planning worker (:func:`pack_masks`):
+    each row cut to the rectangle around its pixels, eight pixels a byte. A batch of 64 images at
+    512x512 with 436 masks: 109 MB as arrays, under 1 MB packed (the parent unpickled the arrays
+    at about 0.7 s a GB, alone in its process: the masks rows' limit).
+
+    Attributes:
+        shape: ``(N, H, W)``.
+        rects: int64 ``[N, 4]`` ``(y0, y1, x0, x1)`` of each row's pixels (``y0 == y1``: none).
+        bits: uint8 ``[L]``: each row's rectangle, row-major, :func:`numpy.packbits`, one after
+            the other.
+    """
+
+    shape: tuple[int, int, int]
+    rects: np.ndarray
+    bits: np.ndarray
+
+    def unpack(self) -> np.ndarray:
+        """The masks, uint8 ``[N, H, W]``, exactly as packed."""
+        out = np.zeros(self.shape, dtype=np.uint8)
+        start = 0
+        for k, (y0, y1, x0, x1) in enumerate(self.rects.tolist()):
+            size = (y1 - y0) * (x1 - x0)
+            if size:
+                end = start + (size + 7) // 8
+                out[k, y0:y1, x0:x1] = np.unpackbits(self.bits[start:end], count=size).reshape(y1 - y0, x1 - x0)
+                start = end
+        return out
+
+
+def pack_masks(masks: Any) -> PackedMasks | Any:
+    """``masks`` (uint8 ``[N, H, W]`` of 0 and 1) as :class:`PackedMasks`; anything else (another
+    dtype or shape, a value other than 0 or 1) as it is."""
+    if not (isinstance(masks, np.ndarray) and masks.dtype == np.uint8 and masks.ndim == 3):
+        return masks
+    if masks.size and masks.max() > 1:
+        return masks
+    rects = np.zeros((len(masks), 4), dtype=np.int64)
+    chunks = []
+    for k, mask in enumerate(masks):
+        rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+        if len(rows):
+            y0, y1, x0, x1 = rows[0], rows[-1] + 1, cols[0], cols[-1] + 1
+            rects[k] = (y0, y1, x0, x1)
+            chunks.append(np.packbits(mask[y0:y1, x0:x1], axis=None))
+    bits = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint8)
+    return PackedMasks(tuple(int(n) for n in masks.shape), rects, bits)
 
 
 def masks_to_boxes(masks: np.ndarray) -> np.ndarray:

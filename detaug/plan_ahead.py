@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from detaug.masks import MASKS, PackedMasks, pack_masks
 from detaug.plan_jobs import init_plan_worker, plan_group_job, planner_payload
 from detaug.planned_batch import PlannedBatch
 from detaug.planning import BatchPlanner
@@ -222,12 +223,18 @@ class _Packed:
             planned.data = arrays[:b]
             planned.partners = [next(chunks) if had else None for had in self.slots]
         if self.joined is not None:
+            if isinstance(self.joined.get(MASKS), PackedMasks):  # packed for the trip (pack)
+                self.joined[MASKS] = self.joined[MASKS].unpack()
             ends = np.cumsum(self.counts).tolist()
             spans = list(zip([0] + ends[:-1], ends))
             split = {name: [a[i:j] for i, j in spans] for name, a in self.joined.items()}
             planned.boxes, planned.labels = split.pop("boxes"), split.pop("labels")
             planned.fields = [dict(zip(split, values)) for values in zip(*split.values())] if split else planned.fields
             planned.joined = (list(self.counts), self.joined)  # the loader's targets take these as they are
+        else:
+            for values in planned.fields or []:  # masks packed for the trip (pack)
+                if isinstance(values.get(MASKS), PackedMasks):
+                    values[MASKS] = values[MASKS].unpack()
         return planned
 
 
@@ -313,6 +320,10 @@ def pack(planned: PlannedBatch) -> _Packed:
         planned.boxes = planned.labels = []  # back from ``joined`` on unpacking
         if planned.fields and planned.fields[0]:
             planned.fields = []
+        if MASKS in packed.joined:  # 0/1 masks, eight pixels a byte (detaug.masks.PackedMasks)
+            packed.joined[MASKS] = pack_masks(packed.joined[MASKS])
+    else:
+        planned.fields = [{**f, MASKS: pack_masks(f[MASKS])} if MASKS in f else f for f in planned.fields]
     return packed
 
 

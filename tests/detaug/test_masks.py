@@ -594,6 +594,77 @@ def test_planning_workers_give_the_masks_of_the_main_process(tmp_path):
     assert got[0].shape[0] >= 6 and torch.equal(got[0], got[1])
 
 
+def test_packed_masks_give_the_masks_back_exactly():
+    """pack_masks / PackedMasks.unpack: rows cut to their pixels' rectangle, eight pixels a byte,
+    back bit for bit (empty, full, single-pixel and odd-sized rows); other arrays left as they are."""
+    from detaug.masks import PackedMasks, pack_masks
+
+    rng = np.random.default_rng(0)
+    masks = (rng.random((6, 37, 53)) < 0.3).astype(np.uint8)
+    masks[1] = 0
+    masks[2] = 1
+    masks[3] = 0
+    masks[3, 36, 52] = 1
+    masks[4, :, :20] = 0
+    packed = pack_masks(masks)
+    assert isinstance(packed, PackedMasks) and packed.bits.nbytes < masks.nbytes / 7
+    assert packed.rects[1].tolist() == [0, 0, 0, 0] and packed.rects[3].tolist() == [36, 37, 52, 53]
+    np.testing.assert_array_equal(packed.unpack(), masks)
+    empty = np.zeros((0, 8, 8), np.uint8)
+    assert pack_masks(empty).unpack().shape == (0, 8, 8)
+    for other in (masks * 2, masks.astype(np.int8), masks[0]):
+        assert pack_masks(other) is other
+
+
+@pytest.mark.parametrize("hws", [[HW, HW], [HW, (120, 150)]])
+def test_a_plan_travels_with_its_masks_packed(hws):
+    """detaug.plan_ahead.pack: a plan's masks leave the worker as PackedMasks (joined over the
+    batch, or per sample where sizes differ), pickled at a fraction of their bytes, and unpack
+    to the planner's masks."""
+    import pickle
+
+    from detaug.masks import PackedMasks
+    from detaug.plan_ahead import pack
+
+    source = SampleListSource([scene(k, hw=hw) for k, hw in enumerate(hws)])
+    planner = BatchPlanner(source, T.Compose([T.RandomAffine(degrees=10)]), EpochSpec(n=2, batch_size=2))
+    expected = [f["masks"].copy() for f in planner.plan(0, 0).fields]
+    packed = pack(planner.plan(0, 0))
+    travelling = [packed.joined["masks"]] if packed.joined is not None else [f["masks"] for f in packed.planned.fields]
+    assert all(isinstance(m, PackedMasks) for m in travelling)
+    assert len(pickle.dumps(travelling)) < sum(m.nbytes for m in expected) / 4
+    back = pickle.loads(pickle.dumps(packed)).unpack()
+    assert len(back.fields) == len(expected)
+    for f, m in zip(back.fields, expected):
+        np.testing.assert_array_equal(f["masks"], m)
+
+
+@pytest.mark.parametrize("sizes", ["one", "several"])
+def test_masks_from_planning_workers_equal_the_in_process_ones(tmp_path, sizes):
+    """Masks travel from the planning workers packed (detaug.plan_ahead.pack): joined when every
+    sample has the same output size, per sample when sizes differ; the batches equal the
+    in-process planner's."""
+    import torch
+
+    from detaug.sources import CocoSource
+    from detaug.torch import DetectionLoader
+
+    steps = [T.RandomAffine(degrees=15, scale=(0.7, 1.2)), T.RandomHorizontalFlip()]
+    if sizes == "one":
+        path, root, _ = coco_scene(tmp_path)
+        source, recipe = CocoSource(path, root, masks=True), T.Compose(steps + [T.Resize((72, 96))])
+    else:
+        source = SampleListSource([scene(0), scene(1, hw=(120, 150)), scene(2), scene(3, hw=(100, 140))])
+        recipe = T.Compose(steps)
+    got = []
+    for workers in (0, 2):
+        loader = DetectionLoader(source, recipe, 2, device=DEVICE, seed=3, num_threads=1, num_workers=workers)
+        got.append([torch.cat([t["masks"].cpu().reshape(-1) for t in targets]) for _, targets in loader])
+        loader.close()
+    assert sum(int(m.sum()) for m in got[0]) > 0
+    assert len(got[0]) == len(got[1]) and all(torch.equal(a, b) for a, b in zip(*got))
+
+
 def test_boxes_from_masks_without_masks_is_a_named_recipe_error():
     from detaug.errors import RecipeError
 
