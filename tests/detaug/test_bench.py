@@ -383,21 +383,6 @@ def test_measurement_rate_is_images_over_seconds():
 # --data as users have it, the decode limit, ratios, per-core and memory figures (issue 16)
 # ------------------------------------------------------------------------------------------
 
-REALDATA = Path(__file__).resolve().parents[3] / "shared" / "realdata"
-RACCOON = REALDATA / "raccoon"
-
-
-@pytest.fixture(scope="module")
-def voc_folder(tmp_path_factory) -> Path:
-    """Real photos (raccoon, 20 JPEGs) where ../shared/realdata is, else synthetic VOC scenes."""
-    if (RACCOON / "Annotations").is_dir():
-        return RACCOON
-    from detaug.synthetic import write_voc_dataset
-
-    root = tmp_path_factory.mktemp("voc")
-    write_voc_dataset(root, num_images=8, size=((160, 240), (120, 180)), max_objects=3, seed=0)
-    return root
-
 
 @pytest.fixture(scope="module")
 def coco_elsewhere(tmp_path_factory, voc_folder) -> tuple[Path, Path]:
@@ -495,6 +480,9 @@ def test_the_dataset_links_the_original_files(coco_elsewhere, tmp_path):
     np.testing.assert_array_equal(first.boxes_xyxy, again.boxes_xyxy)
     cut = prepare_dataset(json_file, images_dir=images, repeat_to=3, work_dir=tmp_path)
     assert cut.num_images == cut.unique_images == 3
+
+
+REALDATA = Path(__file__).resolve().parents[3] / "shared" / "realdata"
 
 
 @pytest.mark.skipif(not REALDATA.is_dir(), reason="../shared/realdata is not here")

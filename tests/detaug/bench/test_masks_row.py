@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from itertools import islice
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,21 +14,7 @@ from detaug.bench.harness import BenchSettings
 from detaug.bench.mask_data import ellipse_polygon, write_ellipse_masks
 from detaug.masks import CocoMasks
 
-REALDATA = Path(__file__).resolve().parents[4] / "shared" / "realdata"
-RACCOON = REALDATA / "raccoon"
 SIZE = 96
-
-
-@pytest.fixture(scope="module")
-def voc_folder(tmp_path_factory) -> Path:
-    """Real photos (raccoon, 20 JPEGs) where ../shared/realdata is, else synthetic VOC scenes."""
-    if (RACCOON / "Annotations").is_dir():
-        return RACCOON
-    from detaug.synthetic import write_voc_dataset
-
-    root = tmp_path_factory.mktemp("voc")
-    write_voc_dataset(root, num_images=8, size=((160, 240), (120, 180)), max_objects=3, seed=0)
-    return root
 
 
 def test_the_ellipse_is_inscribed_in_its_box():
