@@ -12,8 +12,7 @@ The package, one job a module:
   current and the next epoch before they are asked for (also importable as ``detaug.keras.prefetch``,
   its former name: the same module);
 * :mod:`detaug.keras.pipeline_queue`: ``PipelineQueue``, the DALI pipeline that Keras' ``workers``
-  share, two batches at once, and the batches prefetched for a sequential reader, collected in
-  a background thread;
+  share, two batches at once, and the batches prefetched for a sequential reader;
 * :mod:`detaug.keras.targets`: Keras box formats and the padded targets;
 * :mod:`detaug.keras.flavor`: which Keras (Keras 3, or legacy ``tf_keras``), read from the
   environment when this package is first imported;

@@ -10,11 +10,9 @@ Access pattern, concurrency and prefetching:
 
 1. ``seq[i]`` right after ``seq[i - 1]`` (or ``seq[0]`` first in an epoch), with no other call in
    progress, is *sequential*: once batch ``i`` is out of the pipeline, the next
-   ``PIPELINE_DEPTH`` batches (two) are planned, fed and held for the calls expected next, and
-   a background thread collects them (takes DALI's outputs, copies the images out) while the
-   caller trains on batch ``i`` (:meth:`~detaug.keras.pipeline_queue.PipelineQueue.collect_held`):
-   the overlap the PyTorch loader's background feed gives, as far as a random-access sequence
-   can know what comes next. This is how ``fit(seq, shuffle=False)`` asks with the default
+   ``PIPELINE_DEPTH`` batches (two) are planned, fed and held for the calls expected next: DALI
+   makes them while the caller trains on batch ``i``; the call for one takes DALI's outputs and
+   copies the images out. This is how ``fit(seq, shuffle=False)`` asks with the default
    ``workers=1`` (docs/keras.md);
 2. ``seq[i]`` may be called from several threads at once (Keras' ``workers > 1``, or your own):
    the sequence runs their batches through one DALI pipeline in the order they come, two at
@@ -134,8 +132,7 @@ class SequenceBatches:
 
     def _prefetch_after(self, i: int, epoch: int) -> None:
         """The ``PIPELINE_DEPTH`` batches after batch ``i`` of ``epoch`` (into the next epoch at the
-        end of this one), prefetched for the sequential calls expected next and collected in the
-        background (:meth:`~detaug.keras.pipeline_queue.PipelineQueue.collect_held`)."""
+        end of this one), prefetched for the sequential calls expected next."""
         for ahead in range(1, 1 + PIPELINE_DEPTH):
             next_epoch, j = self.spec.after(epoch, i, ahead)
             self._prefetch_next(j, next_epoch)

@@ -13,8 +13,8 @@ gives the same samples and the same augmentation; a new epoch gives a new order
 How batch ``i`` is made (:mod:`detaug.keras.batches`): the plan, by the rules and bookkeeping
 it shares with the PyTorch loader (:mod:`detaug.loader_core`), or ahead by the planning workers
 (``plan_workers``, :mod:`detaug.keras.plan_ahead`); one DALI pipeline that concurrent calls
-share (:mod:`detaug.keras.pipeline_queue`); for sequential calls, the next batches prefetched
-and collected in the background while the caller trains on this one; a prefetch not asked for
+share (:mod:`detaug.keras.pipeline_queue`); for sequential calls, the next batches fed to DALI
+while the caller trains on this one; a prefetch not asked for
 next is dropped (an out-of-order ``seq[i]`` is made on demand).
 
 Importing this module imports the Keras that :data:`~detaug.keras.flavor.KERAS_FLAVOR` names
@@ -91,8 +91,7 @@ class DetectionSequence(*_BASES):  # type: ignore[misc]
         shard_id, num_shards: serve one shard of every epoch (the rules of
             :mod:`detaug.epochs`, as the PyTorch loader's: equal shards, padded).
         prefetch: prepare batches ``i + 1`` and ``i + 2`` (``PIPELINE_DEPTH``) while batch ``i``
-            is used, when access is sequential: fed to DALI and collected (images copied out)
-            in a background thread (:mod:`detaug.keras.batches`).
+            is used, when access is sequential: planned and fed to DALI (:mod:`detaug.keras.batches`).
         plan_workers: processes that plan the batches of the current and the next epoch ahead of
             the ``seq[i]`` calls (read the image headers, run ``Compose.plan_batch``); ``None``:
             as the PyTorch loader's ``num_workers`` (:func:`detaug.loader_core.planning_workers`:
