@@ -164,13 +164,15 @@ def orient_masks(masks: np.ndarray, matrix: np.ndarray, hw: tuple[int, int]) -> 
 
 
 def warp_mask(mask: np.ndarray, matrix: np.ndarray, hw: tuple[int, int], rect: np.ndarray | None = None,
-              planes: np.ndarray | None = None) -> np.ndarray:
+              planes: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """One mask ``[h, w]`` on a canvas ``hw`` by the forward map ``matrix`` ``[3, 3]`` (continuous
     pixel coordinates; affine or projective), nearest neighbour: uint8 ``[H, W]``. Pixels whose
     source point breaks a constraint (``rect`` xyxy, ``planes`` ``[P, 3]`` ``a x + b y <= c``,
-    in source coordinates) or lies behind the horizon are 0 (see the module docstring)."""
+    in source coordinates) or lies behind the horizon are 0 (see the module docstring). ``out``:
+    a zeroed uint8 ``[H, W]`` array to write into (returned), else a new one."""
     height, width = int(hw[0]), int(hw[1])
-    out = np.zeros((height, width), dtype=np.uint8)
+    if out is None:
+        out = np.zeros((height, width), dtype=np.uint8)
     cols, rows = np.flatnonzero(mask.any(axis=0)), np.flatnonzero(mask.any(axis=1))
     if not len(cols):
         return out
@@ -184,8 +186,28 @@ def warp_mask(mask: np.ndarray, matrix: np.ndarray, hw: tuple[int, int], rect: n
         u1, v1 = min(width, int(np.ceil(uv[:, 0].max())) + 1), min(height, int(np.ceil(uv[:, 1].max())) + 1)
     if u1 <= u0 or v1 <= v0:
         return out
-    u, v = np.meshgrid(np.arange(u0, u1) + 0.5, np.arange(v0, v1) + 0.5)
     inv = np.linalg.inv(m)
+    u, v = np.arange(u0, u1) + 0.5, np.arange(v0, v1) + 0.5
+    sample = _sample_affine if _is_affine(m, inv) else _sample_projective
+    ok, ix, iy = sample(inv, m, u, v, mask.shape, rect, planes)
+    out[v0:v1, u0:u1][ok] = mask[iy, ix] != 0
+    return out
+
+
+def _is_affine(m: np.ndarray, inv: np.ndarray) -> bool:
+    """Whether the map and its inverse have the last row ``(0, 0, 1)`` exactly: then the
+    projective sampling's division and horizon test change nothing (:func:`_sample_affine`)."""
+    return bool(m[2, 0] == 0 and m[2, 1] == 0 and m[2, 2] > 0 and inv[2, 0] == 0 and inv[2, 1] == 0
+                and inv[2, 2] == 1 and np.isfinite(inv).all())
+
+
+def _sample_projective(inv: np.ndarray, m: np.ndarray, u: np.ndarray, v: np.ndarray, shape: tuple[int, ...],
+                       rect: np.ndarray | None, planes: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The source pixel of each output pixel centre ``(u, v)`` (grid of ``v`` rows by ``u``
+    columns) under the inverse map ``inv``: ``ok`` bool ``[V, U]`` where it exists (in front of the
+    horizon, inside ``rect`` and ``planes``, inside the mask of ``shape``), and the column and row
+    indices ``ix``, ``iy`` of the ``ok`` ones, in ``ok``'s order."""
+    u, v = u[None, :], v[:, None]
     sx = inv[0, 0] * u + inv[0, 1] * v + inv[0, 2]
     sy = inv[1, 0] * u + inv[1, 1] * v + inv[1, 2]
     sw = inv[2, 0] * u + inv[2, 1] * v + inv[2, 2]
@@ -199,9 +221,26 @@ def warp_mask(mask: np.ndarray, matrix: np.ndarray, hw: tuple[int, int], rect: n
         if np.isfinite(c):
             ok &= a * x + b * y <= c
     ix, iy = np.floor(x).astype(np.int64), np.floor(y).astype(np.int64)
-    ok &= (ix >= 0) & (ix < mask.shape[1]) & (iy >= 0) & (iy < mask.shape[0])
-    out[v0:v1, u0:u1][ok] = mask[iy[ok], ix[ok]] != 0
-    return out
+    ok &= (ix >= 0) & (ix < shape[1]) & (iy >= 0) & (iy < shape[0])
+    return ok, ix[ok], iy[ok]
+
+
+def _sample_affine(inv: np.ndarray, m: np.ndarray, u: np.ndarray, v: np.ndarray, shape: tuple[int, ...],
+                   rect: np.ndarray | None, planes: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_sample_projective` for an affine ``inv`` (last row ``(0, 0, 1)``): the same ``ok``
+    and indices (source points are finite, in front of no horizon, divided by 1), with fewer
+    passes over the grid: the mask's bounds are tested on ``x``, ``y`` (``0 <= floor(x) < w``
+    is ``0 <= x < w``) and only the ``ok`` points are floored."""
+    u, v = u[None, :], v[:, None]
+    x = inv[0, 0] * u + inv[0, 1] * v + inv[0, 2]
+    y = inv[1, 0] * u + inv[1, 1] * v + inv[1, 2]
+    ok = (x >= 0) & (x < shape[1]) & (y >= 0) & (y < shape[0])
+    if rect is not None:
+        ok &= (x >= rect[0]) & (x <= rect[2]) & (y >= rect[1]) & (y <= rect[3])
+    for a, b, c in (planes if planes is not None else ()):
+        if np.isfinite(c):
+            ok &= a * x + b * y <= c
+    return ok, np.floor(x[ok]).astype(np.int64), np.floor(y[ok]).astype(np.int64)
 
 
 def move_masks(rows: Sequence[np.ndarray], geometry: Any, out_hw: tuple[int, int]) -> np.ndarray:
@@ -218,7 +257,7 @@ def move_masks(rows: Sequence[np.ndarray], geometry: Any, out_hw: tuple[int, int
     """
     out = np.zeros((len(rows), int(out_hw[0]), int(out_hw[1])), dtype=np.uint8)
     for k, mask in enumerate(rows):
-        out[k] = warp_mask(mask, geometry.maps[k], out_hw, geometry.rect[k], geometry.planes[k])
+        warp_mask(mask, geometry.maps[k], out_hw, geometry.rect[k], geometry.planes[k], out=out[k])
     return out
 
 

@@ -288,6 +288,37 @@ def coco_scene(tmp_path, seeds=(0, 1, 2)) -> tuple[str, str, list[Sample]]:
     return str(path), str(tmp_path), samples
 
 
+def test_affine_sampling_is_the_projective_sampling_of_an_affine_map():
+    """warp_mask's affine path (detaug.masks._sample_affine) gives the very pixels its projective
+    path gives for the same map: random affine maps (rotation, scale, shear, shift, flips), with
+    and without clip rectangles and half-planes, points near and past the mask's edges."""
+    from detaug.masks import _is_affine, _sample_affine, _sample_projective
+
+    rng = np.random.default_rng(0)
+    shape = (37, 53)
+    u, v = np.arange(-4, 70) + 0.5, np.arange(-3, 50) + 0.5
+    for trial in range(60):
+        angle, scale = rng.uniform(-np.pi, np.pi), rng.uniform(0.5, 2.0) * rng.choice([-1.0, 1.0])
+        c, s_ = np.cos(angle) * scale, np.sin(angle) * scale
+        m = np.array([[c, -s_ + rng.uniform(-0.3, 0.3), rng.uniform(-20, 40)],
+                      [s_, c * rng.choice([-1.0, 1.0]), rng.uniform(-20, 40)], [0.0, 0.0, 1.0]])
+        if trial % 10 == 0:
+            m[:2, :2] = np.round(m[:2, :2])  # axis-aligned: points land on pixel edges exactly
+            m[:2, 2] = np.round(m[:2, 2] * 2) / 2
+            if abs(np.linalg.det(m)) < 0.5:
+                m[:2, :2] = np.eye(2)
+        inv = np.linalg.inv(m)
+        if not _is_affine(m, inv):
+            continue
+        rect = None if trial % 3 == 0 else np.array([3.0, 2.5, 40.0, 30.0])
+        planes = None if trial % 2 == 0 else np.array([[1.0, 1.0, 60.0], [-1.0, 0.5, 5.0], [0.0, 1.0, np.inf]])
+        fast, general = (f(inv, m, u, v, shape, rect, planes) for f in (_sample_affine, _sample_projective))
+        for a, b in zip(fast, general):
+            np.testing.assert_array_equal(a, b)
+    assert _is_affine(np.eye(3), np.eye(3)) and not _is_affine(np.array([[1, 0, 0], [0, 1, 0], [1e-3, 0, 1.0]]),
+                                                               np.eye(3))
+
+
 def test_coco_polygons_and_rle_become_masks_that_move_with_their_shapes(tmp_path):
     from detaug.sources import CocoSource
 
