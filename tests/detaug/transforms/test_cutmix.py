@@ -16,8 +16,9 @@ from detaug.seeds import SampleRandom, sample_keys
 from detaug.sources import SampleListSource
 from detaug.transforms import Compose
 from tests.detaug.consistency import mask_box
-from tests.detaug.transforms.test_mixing import FILL, assert_iou_targets, colour_share, one_object_images, run, shown_objects
-from tests.detaug.transforms.test_mixing9 import shown_ious
+from tests.detaug.transforms.test_mixing import (
+    FILL, assert_iou_targets, colour_share, one_object_images, run, shown_ious, shown_objects,
+)
 
 #: CutMix with nothing after it: every box is exact against its object's pixels
 CUTMIX_RECIPES = {

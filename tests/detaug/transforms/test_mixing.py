@@ -113,15 +113,20 @@ def shown_objects(results, objects, j: int):
             yield i, image, tiles, [(p, mask, by_label.get(p + 1)) for p, mask in zip(shown, masks)]
 
 
-def mosaic_ious(results, objects) -> tuple[list[float], list[str], int]:
-    """IoU of every output box with its object's visible pixels, problems (an object with
-    visible pixels but no box, a box without pixels), and how many boxes are cut (smaller than
-    their whole object scaled into the mosaic)."""
-    ious, problems, cut = [], [], 0
-    for i, image, tiles, shown in shown_objects(results, objects, 3):
+def shown_boxes(results, objects, j: int, border_slivers: bool = False) -> tuple[list[tuple], list[str]]:
+    """``(p, box, tight, matches)`` of every output box with its object's visible pixels
+    (``tight``, xyxy; ``matches``: :func:`_matches`), and problems (an object with visible pixels
+    but no box, a box without pixels), for samples made of their own image and the first ``j``
+    partner slots (one object per image, labelled by position + 1; an image shown twice is
+    skipped: its colour is in two places). ``border_slivers``: a box under 6 pixels thick on the
+    output canvas border matches where the visible pixels lie inside it (after a perspective, the
+    slanted tip of an object cut by the border covers less than half of its pixels along the cut:
+    the exact box holds more than the half-coverage mask)."""
+    records, problems = [], []
+    for i, image, tiles, shown in shown_objects(results, objects, j):
         for p, mask, box in shown:
             if tiles.count(p) > 1:
-                continue  # an image shown twice: its colour is in two places
+                continue
             tight = mask_box(mask)
             if box is None:
                 if tight is not None and (tight[2:] - tight[:2]).min() > 3:
@@ -130,10 +135,29 @@ def mosaic_ious(results, objects) -> tuple[list[float], list[str], int]:
             if tight is None:
                 problems.append(f"sample {i}: box {box} of image {p} but no visible pixels")
                 continue
-            ious.append((iou(box, tight), _matches(box, tight)))
-            full = objects[p][0]
-            cut += bool((box[2:] - box[:2]).min() < 0.9 * (full[2:] - full[:2]).min() * 96 / 160)
-    return ious, problems, cut
+            match = _matches(box, tight)
+            if border_slivers and not match:
+                on_border = box[1] <= 0 or box[0] <= 0 or box[3] >= image.shape[0] or box[2] >= image.shape[1]
+                inside = (tight[:2] >= box[:2] - 1.5).all() and (tight[2:] <= box[2:] + 1.5).all()
+                match = bool(on_border and min(box[2:] - box[:2]) < 6 and inside)
+            records.append((p, box, tight, match))
+    return records, problems
+
+
+def shown_ious(results, objects, j: int, border_slivers: bool = False) -> tuple[list[tuple[float, bool]], list[str]]:
+    """``(IoU, matches)`` of every output box with its object's visible pixels, and the problems
+    (:func:`shown_boxes`)."""
+    records, problems = shown_boxes(results, objects, j, border_slivers)
+    return [(iou(box, tight), match) for _, box, tight, match in records], problems
+
+
+def mosaic_ious(results, objects) -> tuple[list[tuple[float, bool]], list[str], int]:
+    """:func:`shown_ious` of a 2x2 mosaic, and how many boxes are cut (smaller than their whole
+    object scaled into the mosaic)."""
+    records, problems = shown_boxes(results, objects, 3)
+    cut = sum(bool((box[2:] - box[:2]).min() < 0.9 * (objects[p][0][2:] - objects[p][0][:2]).min() * 96 / 160)
+              for p, box, _, _ in records)
+    return [(iou(box, tight), match) for _, box, tight, match in records], problems, cut
 
 
 def _matches(box: np.ndarray, tight: np.ndarray, tolerance: float = 1.5) -> bool:

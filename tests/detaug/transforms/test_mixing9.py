@@ -17,38 +17,7 @@ from detaug.planning import BatchPlanner
 from detaug.sources import SampleListSource
 from detaug.synthetic import BACKGROUND
 from detaug.transforms import Compose
-from tests.detaug.consistency import iou, mask_box
-from tests.detaug.transforms.test_mixing import FILL, _matches, assert_iou_targets, one_object_images, run, shown_objects
-
-
-def shown_ious(results, objects, j: int, border_slivers: bool = False) -> tuple[list[tuple[float, bool]], list[str]]:
-    """``(IoU, matches)`` of every output box with its object's visible pixels, and problems (an
-    object with visible pixels but no box, a box without pixels), for samples made of their own
-    image and the first ``j`` partner slots (one object per image, labelled by position + 1; an
-    image shown twice is skipped: its colour is in two places). ``border_slivers``: a box under
-    6 pixels thick on the output canvas border matches where the visible pixels lie inside it
-    (after a perspective, the slanted tip of an object cut by the border covers less than half of
-    its pixels along the cut: the exact box holds more than the half-coverage mask)."""
-    ious, problems = [], []
-    for i, image, tiles, shown in shown_objects(results, objects, j):
-        for p, mask, box in shown:
-            if tiles.count(p) > 1:
-                continue
-            tight = mask_box(mask)
-            if box is None:
-                if tight is not None and (tight[2:] - tight[:2]).min() > 3:
-                    problems.append(f"sample {i}: object of image {p} visible at {tight} but no box")
-                continue
-            if tight is None:
-                problems.append(f"sample {i}: box {box} of image {p} but no visible pixels")
-                continue
-            match = _matches(box, tight)
-            if border_slivers and not match:
-                on_border = box[1] <= 0 or box[0] <= 0 or box[3] >= image.shape[0] or box[2] >= image.shape[1]
-                inside = (tight[:2] >= box[:2] - 1.5).all() and (tight[2:] <= box[2:] + 1.5).all()
-                match = bool(on_border and min(box[2:] - box[:2]) < 6 and inside)
-            ious.append((iou(box, tight), match))
-    return ious, problems
+from tests.detaug.transforms.test_mixing import FILL, assert_iou_targets, one_object_images, run, shown_ious
 
 
 MOSAIC9_RECIPES = {
