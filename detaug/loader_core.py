@@ -43,7 +43,7 @@ import numpy as np
 from detaug.decoding import default_planning_workers, threads_beside
 from detaug.epochs import check_shard
 from detaug.errors import ImageError
-from detaug.pipeline import build_pipeline, feed, feed_first_run, pick_device, resolve_device
+from detaug.pipeline import build_pipeline, feed, feed_first_run, pick_device, resolve_device, take_outputs
 from detaug.plan_ahead import PlanPool, batches_ahead, group_size
 from detaug.decode_failures import DecodeFailure, undecodable
 from detaug.epochs import EpochSpec, source_groups
@@ -379,7 +379,7 @@ def outputs(loader: LoaderState, inflight: deque[PlannedBatch | None]) -> tuple[
     fresh pipeline (DALI's is unusable after an error)."""
     while True:
         try:
-            images = loader.pipeline.outputs()[0]
+            images = take_outputs(loader.pipeline)[0]
             return images, inflight.popleft()
         except (RuntimeError, IndexError) as err:  # IndexError: DALI's "critical error"
             failure = DecodeFailure(inflight[0], err)
@@ -406,7 +406,7 @@ def drain(loader: LoaderState, count: int) -> None:
     early); a pipeline that fails meanwhile is replaced."""
     for _ in range(count):
         try:
-            loader.pipeline.outputs()
+            take_outputs(loader.pipeline)
         except Exception:  # noqa: BLE001 - outputs nobody wants; the next epoch builds anew
             loader._broken = True
             return

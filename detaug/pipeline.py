@@ -6,7 +6,9 @@ It moves pixels only: what to read and how to warp it comes planned from the hos
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -19,7 +21,7 @@ if TYPE_CHECKING:  # the pipeline reads a recipe through its methods; recipes si
     from detaug.transforms import Compose
 
 __all__ = ["DEVICES", "GraphParts", "build_pipeline", "cuda_devices", "feed", "feed_first_run", "feed_inputs", "input_names",
-           "outputs_outlive_runs", "pick_device", "resolve_device"]
+           "outputs_outlive_runs", "pick_device", "resolve_device", "schedule_run", "take_outputs"]
 
 
 DEVICES = ("auto", "gpu", "cuda", "cpu")
@@ -333,12 +335,76 @@ def _set_input(pipe: Any, name: str, data: list[np.ndarray] | np.ndarray) -> Non
 _direct_feed = True  # False once the backend call failed (see _set_input)
 
 
+def schedule_run(pipe: Any) -> None:
+    """``pipe.schedule_run()``: run the fed inputs (DALI's scheduled API).
+
+    After the pipeline's first (public) call, the run is started as ``schedule_run`` starts it,
+    without the call's API-type scope: DALI defines a new class on every such call
+    (``Pipeline._check_api_type_scope``), about 18 objects a call that only Python's cycle
+    collector frees, which made these two calls a batch the loaders' main source of garbage
+    collections (a full collection took 165-176 ms of a training step on an H200, 2026-11-27).
+    A DALI without these internals gets the public call, from then on."""
+    global _direct_run
+    if _direct_run and _scheduled_before(pipe):
+        try:
+            run_once = pipe._run_once
+        except AttributeError:
+            _direct_run = False
+        else:
+            with _api_checked(pipe):
+                run_once()
+            return
+    pipe.schedule_run()
+
+
+def take_outputs(pipe: Any) -> list[Any]:
+    """``pipe.outputs()``: the outputs of the oldest scheduled run (the host waits until they
+    are ready), without the API-type scope's class after the pipeline's first call (see
+    :func:`schedule_run`)."""
+    global _direct_run
+    if _direct_run and _scheduled_before(pipe):
+        try:
+            pending, outputs = pipe._batches_to_consume, pipe._outputs
+        except AttributeError:
+            _direct_run = False
+        else:
+            pipe._consumer_iter += 1
+            if pending == 0:
+                raise StopIteration
+            pipe._batches_to_consume = pending - 1
+            with _api_checked(pipe):
+                return outputs()
+    return pipe.outputs()
+
+
+def _scheduled_before(pipe: Any) -> bool:
+    """``pipe`` was built and run through the scheduled API, as DALI 2.4's pipeline records it."""
+    from nvidia.dali import types
+
+    return (getattr(pipe, "_built", False) and getattr(pipe, "_first_iter", True) is False
+            and getattr(pipe, "_api_type", None) == types.PipelineAPIType.SCHEDULED
+            and hasattr(pipe, "_skip_api_check") and hasattr(pipe, "_consumer_iter"))
+
+
+@contextlib.contextmanager
+def _api_checked(pipe: Any) -> Iterator[None]:
+    """What DALI's API-type scope does inside a call: no further API checks until it ends."""
+    before, pipe._skip_api_check = pipe._skip_api_check, True
+    try:
+        yield
+    finally:
+        pipe._skip_api_check = before
+
+
+_direct_run = True  # False once the pipeline's internals were not DALI 2.4's (see schedule_run)
+
+
 def feed(pipe: Any, data: list[np.ndarray], params: np.ndarray,
          partners: list[list[np.ndarray] | None] | None = None) -> None:
     """Feed one planned batch to a pipeline of :func:`build_pipeline` and schedule its run
     (``partners``: see :func:`feed_inputs`; needed when the recipe has mixing transforms)."""
     feed_inputs(pipe, data, params, partners)
-    pipe.schedule_run()
+    schedule_run(pipe)
 
 
 def feed_first_run(pipe: Any, batches: list[Any], depth: int) -> int:
@@ -349,5 +415,5 @@ def feed_first_run(pipe: Any, batches: list[Any], depth: int) -> int:
     fillers = max(0, depth - len(batches))
     for planned in [*batches, *batches[-1:] * fillers]:
         feed_inputs(pipe, planned.data, planned.params, planned.partners)
-    pipe.schedule_run()
+    schedule_run(pipe)
     return fillers

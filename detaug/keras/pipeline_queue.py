@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from detaug.pipeline import feed, feed_first_run, outputs_outlive_runs
+from detaug.pipeline import feed, feed_first_run, outputs_outlive_runs, take_outputs
 from detaug.decode_failures import DecodeFailure
 from detaug.planned_batch import PlannedBatch
 
@@ -222,7 +222,7 @@ class PipelineQueue:
                 return
             oldest = self.inflight[0]
         try:
-            images = self.pipe.outputs()[0]
+            images = take_outputs(self.pipe)[0]
         except (RuntimeError, IndexError) as err:  # IndexError: DALI's "critical error"
             with self.lock:
                 self.inflight.popleft()
@@ -325,7 +325,7 @@ def _drain(pipe: Any) -> bool:
     """Wait for ``pipe``'s oldest scheduled batch and drop it; ``False`` when the run failed
     (the pipeline is then unusable)."""
     try:
-        pipe.outputs()
+        take_outputs(pipe)
     except Exception:  # noqa: BLE001 - a batch nobody asked for
         return False
     return True

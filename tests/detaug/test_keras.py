@@ -40,6 +40,7 @@ from detaug.keras import (
 )
 from detaug.sources import CocoSource, SampleListSource, VocSource
 from detaug.synthetic import write_coco_dataset, write_voc_dataset
+from tests.detaug.conftest import cyclic_garbage
 from tests.detaug.consistency import (
     RecordingCompose,
     check_boxes_match_pixels,
@@ -913,3 +914,18 @@ def test_the_former_module_name_is_the_same_module(monkeypatch):
     assert former is plan_ahead
     monkeypatch.setattr(former, "PLAN_AHEAD_DATA_BYTES", 12345)
     assert plan_ahead.PLAN_AHEAD_DATA_BYTES == 12345
+
+
+def test_batches_leave_no_garbage_for_the_cycle_collector():
+    """The Sequence's batches are freed as they go (as the PyTorch loader's): Keras' fit gets
+    no garbage collections from it."""
+    samples = scene_samples(16, size=(96, 80), max_objects=3, min_size=12)[0]
+    seq = make_sequence(SampleListSource(samples), batch_size=2, shuffle=False)
+    seq.set_epoch(0)
+    for i in range(2):  # past the pipeline's first (public) run
+        seq[i]
+    position = iter(range(2, 6))
+    garbage = cyclic_garbage(lambda: seq[next(position)], 4)
+    seq.close()
+    assert not [o for o in garbage if isinstance(o, type)], "a class made per batch"
+    assert len(garbage) < 4, sorted({type(o).__name__ for o in garbage})

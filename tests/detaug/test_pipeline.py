@@ -52,12 +52,70 @@ def _run(recipe, batches: list[_Batch]) -> list[list[np.ndarray]]:
     assert fillers == 0
     outputs = []
     for planned in batches[2:] + [None, None]:
-        (out,) = pipe.outputs()
+        (out,) = pipeline.take_outputs(pipe)
         out = out.as_cpu() if DEVICE == "gpu" else out
         outputs.append([np.array(out[i]) for i in range(len(out))])
         if planned is not None:
             feed(pipe, planned.data, planned.params)
     return outputs
+
+
+@pytest.fixture
+def direct_run():
+    before = pipeline._direct_run
+    yield
+    pipeline._direct_run = before
+
+
+def test_the_direct_run_gives_what_the_public_calls_give(direct_run, monkeypatch):
+    """After a pipeline's first ``schedule_run``, runs start and outputs come without DALI's
+    public calls (each defines a class: garbage for the cycle collector), with the same outputs."""
+    from nvidia.dali import Pipeline
+
+    public: list[str] = []
+    for name in ("schedule_run", "outputs"):
+        def counted(self, *args, _call=getattr(Pipeline, name), _name=name, **kwargs):
+            public.append(_name)
+            return _call(self, *args, **kwargs)
+        monkeypatch.setattr(Pipeline, name, counted)
+    recipe = T.Compose([T.RandomHorizontalFlip(), T.Resize((12, 16)), T.ColorJitter(0.4, 0.4, 0.4, 0.1)])
+    batches = _batches(recipe, 5)
+    pipeline._direct_run = True
+    direct = _run(recipe, batches)
+    assert public == ["schedule_run"]  # the first run's: every later run and every output directly
+    assert pipeline._direct_run
+    public.clear()
+    pipeline._direct_run = False
+    public_outputs = _run(recipe, batches)
+    assert public.count("schedule_run") == 4 and public.count("outputs") == 5
+    assert_same_outputs(direct, public_outputs, 5)
+
+
+def assert_same_outputs(got: list[list[np.ndarray]], want: list[list[np.ndarray]], batches: int) -> None:
+    assert len(got) == len(want) == batches
+    for got_batch, want_batch in zip(got, want):
+        assert len(got_batch) == len(want_batch) == 3
+        for a, b in zip(got_batch, want_batch):
+            np.testing.assert_array_equal(a, b)
+
+
+def _pipe_of_depth_1(recipe):
+    pipe = build_pipeline(DecodedSource(), recipe, batch_size=3, device=DEVICE, num_threads=1, layout="HWC",
+                          prefetch_queue_depth=1)
+    pipe.build()
+    return pipe
+
+
+def test_outputs_past_the_runs_scheduled_stop_as_dalis_do(direct_run):
+    recipe = T.Compose([T.Resize((12, 16))])
+    batches = _batches(recipe, 2)
+    pipe = _pipe_of_depth_1(recipe)
+    feed_first_run(pipe, batches[:1], 1)
+    pipeline.take_outputs(pipe)
+    feed(pipe, batches[1].data, batches[1].params)  # a direct run
+    pipeline.take_outputs(pipe)
+    with pytest.raises(StopIteration):
+        pipeline.take_outputs(pipe)  # nothing scheduled
 
 
 @pytest.fixture
@@ -75,20 +133,14 @@ def test_the_direct_feed_gives_what_feed_input_gives(direct_feed):
     assert pipeline._direct_feed  # the backend took the arrays: the direct path ran
     pipeline._direct_feed = False
     public = _run(recipe, batches)
-    assert len(direct) == len(public) == 5
-    for got, want in zip(direct, public):
-        assert len(got) == len(want) == 3
-        for a, b in zip(got, want):
-            np.testing.assert_array_equal(a, b)
+    assert_same_outputs(direct, public, 5)
 
 
 def test_a_backend_without_the_call_falls_back_to_feed_input(direct_feed):
     """Another DALI whose backend lacks (or changed) the call: feed_input feeds, from then on."""
     recipe = T.Compose([T.Resize((12, 16))])
     batches = _batches(recipe, 2)
-    pipe = build_pipeline(DecodedSource(), recipe, batch_size=3, device=DEVICE, num_threads=1, layout="HWC",
-                          prefetch_queue_depth=1)
-    pipe.build()
+    pipe = _pipe_of_depth_1(recipe)
 
     class OtherBackend:
         """The real backend, but the first feeding call refuses its arguments (as another
