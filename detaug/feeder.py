@@ -10,6 +10,9 @@ finished batches in a queue. On a CUDA device the thread makes its tensors on a 
   ``Tensor.record_stream``), so that PyTorch's allocator reuses its memory only once the
   caller's kernels that read it have run.
 
+What the caller found at each take is counted (:class:`FeedStats`): a batch not yet made is the
+caller waiting for data; the time ``next()`` takes otherwise is the hand-over's own.
+
 Errors raised by the generator come out of :meth:`BackgroundFeed.take` at the position where
 they happened (after the batches made before them). :meth:`BackgroundFeed.stop` ends the thread
 and closes the generator *in that thread* (its ``finally`` blocks run there), whatever it was
@@ -24,12 +27,14 @@ import atexit
 import contextlib
 import queue
 import threading
+import time
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["BackgroundFeed"]
+__all__ = ["BackgroundFeed", "FeedStats"]
 
 _ITEM, _END, _ERROR = "item", "end", "error"
 
@@ -44,6 +49,21 @@ _LIVE: weakref.WeakSet[BackgroundFeed] = weakref.WeakSet()
 _EXIT_STOP: list[Any] = []  # the exit hook, once registered (atexit runs the last registered first)
 
 
+@dataclass
+class FeedStats:
+    """What the caller found when it took items from background feeds (kept across feeds).
+
+    Attributes:
+        taken: items taken.
+        not_ready: of them, those not yet made when asked for: the caller waited.
+        waited_s: seconds the caller waited for those (wall time).
+    """
+
+    taken: int = 0
+    not_ready: int = 0
+    waited_s: float = 0.0
+
+
 class BackgroundFeed:
     """Run ``produce()`` (a generator of batches) in a thread, ``depth`` batches ahead.
 
@@ -51,11 +71,15 @@ class BackgroundFeed:
         produce: called once in the thread; its items are yielded by :meth:`__iter__` in order.
         depth: finished items kept ready (``>= 1``).
         device: the device of the items' tensors; a CUDA device gets a feed stream.
+        stats: where the takes are counted (:class:`FeedStats`; ``None``: a new one,
+            :attr:`stats`).
     """
 
-    def __init__(self, produce: Callable[[], Iterator[Any]], depth: int, device: torch.device) -> None:
+    def __init__(self, produce: Callable[[], Iterator[Any]], depth: int, device: torch.device,
+                 stats: FeedStats | None = None) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
+        self.stats = stats if stats is not None else FeedStats()
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
         self._stopping = threading.Event()
         self.device = device
@@ -101,8 +125,18 @@ class BackgroundFeed:
         generator's error, raised here."""
         if self._done:
             raise StopIteration
-        kind, value = self._queue.get()
+        try:
+            kind, value = self._queue.get_nowait()
+            waited = None
+        except queue.Empty:
+            start = time.perf_counter()
+            kind, value = self._queue.get()
+            waited = time.perf_counter() - start
         if kind == _ITEM:
+            self.stats.taken += 1
+            if waited is not None:
+                self.stats.not_ready += 1
+                self.stats.waited_s += waited
             return value
         self._done = True
         if kind == _ERROR:

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from detaug.feeder import BackgroundFeed
+from detaug.feeder import BackgroundFeed, FeedStats
 
 CPU = torch.device("cpu")
 
@@ -85,3 +85,28 @@ def test_an_exit_while_a_loaders_feed_runs_is_clean(tmp_path):
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, check=False)
     assert run.returncode == 0 and run.stdout.split("\n")[0] == "(4, 3, 256, 256)", run.stderr[-3000:]
     assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr, run.stderr[-3000:]
+
+
+def test_the_takes_that_found_no_item_ready_are_counted_with_their_wait():
+    release = threading.Event()
+
+    def produce():
+        yield "ready"
+        release.wait()  # the second item comes only once the caller has asked for it
+        yield "late"
+
+    stats = FeedStats()
+    feed = BackgroundFeed(produce, 2, CPU, stats=stats)
+    threading.Event().wait(0.2)  # the first item is queued
+    assert feed.take() == "ready"
+    assert (stats.taken, stats.not_ready, stats.waited_s) == (1, 0, 0.0)
+    threading.Timer(0.2, release.set).start()
+    assert feed.take() == "late"
+    assert stats.taken == 2 and stats.not_ready == 1 and 0.15 <= stats.waited_s < 5
+    with pytest.raises(StopIteration):
+        feed.take()
+    assert stats.taken == 2  # the end is not an item
+    feed.stop()
+    own = BackgroundFeed(lambda: iter(()), 1, CPU)
+    assert own.stats == FeedStats()  # a feed of its own counts from zero
+    own.stop()
