@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from detaug.cli_support import CliError, OneLineParser, error_line, log_to_stderr, positive_int, run_guarded
+from detaug.cli_support import (
+    CliError, OneLineParser, add_voc_options, error_line, log_to_stderr, positive_int, run_guarded,
+)
 
 __all__ = ["RECIPE_SUFFIXES", "CliError", "OneLineParser", "error_line", "main", "read_recipe"]
 
@@ -260,8 +262,7 @@ def cmd_bench(argv: Sequence[str], debug: bool = False) -> int:
 
 def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--voc", metavar="ROOT", help="a Pascal VOC folder (Annotations/, JPEGImages/, ImageSets/Main/)")
-    parser.add_argument("--split", help="VOC split (ImageSets/Main/<split>.txt); default: every XML")
-    parser.add_argument("--labels", default="discover", help="VOC labels: voc, discover or a labels file")
+    add_voc_options(parser)
     parser.add_argument("--coco", metavar="FILE", help="a COCO annotations JSON")
     parser.add_argument("--images", metavar="DIR", help="images folder of --coco")
     parser.add_argument("--allow-paths-outside", action="store_true",

@@ -1,5 +1,5 @@
 """What every detaug command line shares: the one-line argument parser, argument types, the
-guarded run that turns an error into one line and an exit status, and the ``detaug`` log on stderr.
+VOC options, the guarded run that turns an error into one line and an exit status, and the ``detaug`` log on stderr.
 
 ``detaug`` (:mod:`detaug.cli`) and ``detaug bench`` (:mod:`detaug.bench.runner`) use them; a user
 error is ``PROG: error: MESSAGE`` and exit status 2, anything else one line with status 1 (the
@@ -14,7 +14,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
-__all__ = ["CliError", "OneLineParser", "error_line", "log_to_stderr", "positive_int", "run_guarded"]
+__all__ = ["CliError", "OneLineParser", "add_voc_options", "error_line", "log_to_stderr", "positive_int", "run_guarded"]
 
 
 class CliError(Exception):
@@ -46,6 +46,14 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
 #: ``argparse`` type: an integer >= 1.
 positive_int = int_at_least(1)
+
+
+def add_voc_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--split NAME`` and ``--labels voc|discover|FILE`` (default ``discover``), the options
+    of a Pascal VOC dataset that ``detaug preview`` and ``detaug shards`` read
+    (:func:`detaug.source_args.source_from_args`)."""
+    parser.add_argument("--split", help="VOC split (ImageSets/Main/<split>.txt); default: every XML")
+    parser.add_argument("--labels", default="discover", help="VOC labels: voc, discover or a labels file")
 
 
 def error_line(err: BaseException) -> tuple[int, str]:

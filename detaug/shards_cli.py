@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from detaug.cli_support import add_voc_options
 from detaug.shard_writer import parse_size, write_shards
 
 
@@ -23,8 +24,7 @@ def add_shards_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser
     parser.add_argument("--shard-size", default="1GB", type=_size_arg, help="bytes per tar file (default: %(default)s)")
     parser.add_argument("--images", metavar="DIR",
                         help="images folder of a COCO JSON (default: the JSON's folder's images/ if there, else its folder)")
-    parser.add_argument("--split", help="VOC split (ImageSets/Main/<split>.txt); default: every XML")
-    parser.add_argument("--labels", default="discover", help="VOC labels: voc, discover or a labels file")
+    add_voc_options(parser)
     parser.add_argument("--prefix", default="shard", help="tar file names: PREFIX-000000.tar (default: %(default)s)")
     parser.add_argument("--no-verify", action="store_true", help="write image bytes without probing their headers")
     parser.add_argument("--allow-paths-outside", action="store_true",

@@ -62,9 +62,7 @@ def albumentations_transform(spec: RecipeSpec):
                 scale=spec.scale_range,
                 keep_ratio=True,
                 shear={"x": (-spec.shear_x_deg, spec.shear_x_deg), "y": (0.0, 0.0)},
-                interpolation=cv2.INTER_LINEAR,
-                border_mode=cv2.BORDER_CONSTANT,
-                fill=spec.fill,
+                **_warp_pixels(spec.fill),
                 p=1.0,
             ),
             A.Resize(spec.size, spec.size, interpolation=cv2.INTER_LINEAR),
@@ -80,6 +78,14 @@ def albumentations_transform(spec: RecipeSpec):
         ],
         bbox_params=_bbox_params(spec.min_box_size),
     )
+
+
+def _warp_pixels(fill: float) -> dict:
+    """The pixel options of the recipes' warps (``A.Affine``, ``A.Perspective``), as detaug's:
+    bilinear, ``fill`` outside the image."""
+    import cv2
+
+    return {"interpolation": cv2.INTER_LINEAR, "border_mode": cv2.BORDER_CONSTANT, "fill": fill}
 
 
 def _bbox_params(min_box_size: float, min_visibility: float = 0.0):
@@ -172,18 +178,14 @@ def albumentations_mosaic_transform(spec: YoloSpec):
             A.Perspective(
                 scale=(0.0, spec.perspective / 2),
                 keep_size=True,
-                interpolation=cv2.INTER_LINEAR,
-                border_mode=cv2.BORDER_CONSTANT,
-                fill=spec.fill,
+                **_warp_pixels(spec.fill),
                 p=0.5,
             ),
             A.Affine(
                 translate_percent={"x": (-spec.translate, spec.translate), "y": (-spec.translate, spec.translate)},
                 scale=(1.0 - spec.scale, 1.0 + spec.scale),
                 keep_ratio=True,
-                interpolation=cv2.INTER_LINEAR,
-                border_mode=cv2.BORDER_CONSTANT,
-                fill=spec.fill,
+                **_warp_pixels(spec.fill),
                 p=1.0,
             ),
             A.HueSaturationValue(

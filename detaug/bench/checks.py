@@ -70,6 +70,24 @@ def checks_for(recipes: Sequence[str], device: str = "gpu") -> tuple[Check, ...]
             *(YOLO_BATCH_CHECKS if "yolo-batch" in recipes else ()))
 
 
+def target_met(value: float | None, target: float, at_most: bool, applies: bool = True) -> bool | None:
+    """Whether ``value`` meets ``target``: ``value <= target`` with ``at_most``, else
+    ``value >= target``; ``None`` without a value or where the target is not this run's
+    (``applies=False``). The rule of ``detaug bench``'s checks and of ``--train``'s."""
+    if value is None or not applies:
+        return None
+    return value <= target if at_most else value >= target
+
+
+def check_line(name: str, shown: str | None, bound: str, passed: bool | None, applies: bool, reason: str = "") -> str:
+    """A check's line: ``NAME = SHOWN (BOUND): PASS`` (``FAIL``, or ``n/a on the CPU`` where the
+    target is not this run's), or ``NAME: n/a (REASON) (BOUND)`` without a value (``shown=None``)."""
+    if shown is None:
+        return f"{name}: n/a ({reason}) ({bound})"
+    verdict = "PASS" if passed else "FAIL" if applies else "n/a on the CPU"
+    return f"{name} = {shown} ({bound}): {verdict}"
+
+
 @dataclass
 class CheckResult:
     """A check's value; ``applies=False`` where the target is not this run's (a GPU target in a
@@ -83,18 +101,13 @@ class CheckResult:
 
     @property
     def passed(self) -> bool | None:
-        if self.value is None or not self.applies:
-            return None
-        return self.value <= self.check.target if self.check.memory_mib else self.value >= self.check.target
+        return target_met(self.value, self.check.target, self.check.memory_mib, self.applies)
 
     def line(self) -> str:
         c = self.check
         bound = f"target {'<=' if c.memory_mib else '>='} {c.target:g}"
-        if self.value is None:
-            return f"{c.name}: n/a ({self.reason}) ({bound})"
-        verdict = "PASS" if self.passed else "FAIL" if self.applies else "n/a on the CPU"
-        return f"{c.name} = {self.value:,.0f} ({bound}): {verdict}" if c.memory_mib else \
-            f"{c.name} = {self.value:.2f} ({bound}): {verdict}"
+        shown = None if self.value is None else f"{self.value:,.0f}" if c.memory_mib else f"{self.value:.2f}"
+        return check_line(c.name, shown, bound, self.passed, self.applies, self.reason)
 
     def to_dict(self) -> dict:
         return {

@@ -168,17 +168,24 @@ def _child(kind: str, coco: str, images: str, shards: str, cache_dir: str, ranks
             "samples": len(source)}
 
 
+def _proc_bytes(path: str, key: str) -> int | None:
+    """The ``KEY: N kB`` line of a ``/proc`` file (``/proc/self/status``, ``/proc/meminfo``) in
+    bytes, or ``None`` where the file cannot be read or has no such line."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _peak_rss() -> int:
     """Peak resident bytes of this process: ``VmHWM`` (of this program's memory only; the
     ``ru_maxrss`` of a child started by fork and exec also counts its parent's peak), else
     ``ru_maxrss``."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _proc_bytes("/proc/self/status", "VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def measure(kind: str, coco: Path, images: Path, shards: Path, cache_dir: Path, ranks: int,
@@ -201,13 +208,9 @@ def measure(kind: str, coco: Path, images: Path, shards: Path, cache_dir: Path, 
 
 
 def _available_memory() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """Bytes of memory available to start processes: ``MemAvailable``, else the physical memory."""
+    available = _proc_bytes("/proc/meminfo", "MemAvailable")
+    return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 # -- the table -------------------------------------------------------------------------------------

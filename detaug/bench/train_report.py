@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from detaug.bench.checks import check_line, target_met
 from detaug.bench.dataset import BenchDataset
 from detaug.bench.harness import BenchSettings
 from detaug.bench.tables import format_table
@@ -91,18 +92,13 @@ class TrainCheckResult:
 
     @property
     def passed(self) -> bool | None:
-        if self.value is None or not self.applies:
-            return None
-        return self.value <= self.check.target if self.check.wait else self.value >= self.check.target
+        return target_met(self.value, self.check.target, self.check.wait, self.applies)
 
     def line(self) -> str:
         c = self.check
         bound = f"target {'<=' if c.wait else '>='} {c.target:.0%}" if c.wait else f"target >= {c.target:g}"
-        if self.value is None:
-            return f"{c.name}: n/a ({self.reason}) ({bound})"
-        verdict = "PASS" if self.passed else "FAIL" if self.applies else "n/a on the CPU"
-        value = f"{self.value:.1%}" if c.wait else f"{self.value:.2f}"
-        return f"{c.name} = {value} ({bound}): {verdict}"
+        shown = None if self.value is None else f"{self.value:.1%}" if c.wait else f"{self.value:.2f}"
+        return check_line(c.name, shown, bound, self.passed, self.applies, self.reason)
 
     def to_dict(self) -> dict:
         return {"name": self.check.name, "batch_size": self.batch_size, "variant": self.check.row,
