@@ -124,7 +124,7 @@ def run_bench(
                              "--steps steps)")
 
         return run_train_bench(
-            data=data, images_dir=images_dir, repeat_to=repeat_to, num_images=num_images, cache_dir=cache_dir,
+            data=data, images_dir=images_dir, allow_paths_outside=allow_paths_outside, repeat_to=repeat_to, num_images=num_images, cache_dir=cache_dir,
             device=device, batch_sizes=_batch_sizes(batch_size, batch_sizes, DEFAULTS[device]) if (
                 batch_size is not None or batch_sizes is not None) else None,
             workers=workers, threads=threads, size=size, seed=seed, only=only, warmup=warmup, steps=steps,

@@ -182,6 +182,7 @@ def run_train_bench(
     *,
     data: Any = None,
     images_dir: Any = None,
+    allow_paths_outside: bool = False,
     repeat_to: int | None = None,
     num_images: int | None = None,
     cache_dir: Any = None,
@@ -224,7 +225,7 @@ def run_train_bench(
     try:
         with rank_zero_first(ctx):
             dataset = prepare_dataset(
-                data, images_dir=images_dir, repeat_to=repeat_to, work_dir=work,
+                data, images_dir=images_dir, allow_paths_outside=allow_paths_outside, repeat_to=repeat_to, work_dir=work,
                 num_images=DEFAULTS[device].num_images if num_images is None else num_images,
                 cache_dir=cache_dir, seed=seed, progress=progress,
             )

@@ -204,6 +204,24 @@ def test_bench_data_refuses_outside_names_unless_allowed(world, tmp_path):
     assert args.allow_paths_outside is True
 
 
+def test_bench_train_refuses_outside_names_unless_allowed(world):
+    from detaug.bench.session import run_bench
+
+    root, outside = world
+    jpeg(root / "images" / "a.jpg", (80, 80))
+    jpeg(outside / "outside.jpg", (80, 80))
+    doc = coco(["a.jpg", "../../outside/outside.jpg"])
+    for image in doc["images"]:
+        image["width"] = image["height"] = 80
+    (root / "ann.json").write_text(json.dumps(doc))
+    run = dict(data=root / "ann.json", images_dir=root / "images", device="cpu", train=True, only=["ceiling"],
+               batch_sizes=[2], warmup=1, steps=1, progress=False, log=lambda msg: None)
+    with pytest.raises(DatasetError, match="outside.jpg"):
+        run_bench(**run)
+    report = run_bench(**run, allow_paths_outside=True)
+    assert [(r.row.name, r.status, r.images) for r in report.results] == [("ceiling", "ok", 2)]
+
+
 def test_a_million_names_are_checked_at_once():
     names = [f"train/{k:07d}.jpg" for k in range(1_000_000)]
     assert v.outside_paths(names) == []  # one search of the joined names
