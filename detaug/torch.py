@@ -11,7 +11,7 @@ import torch
 
 from detaug import loader_core as core
 from detaug.errors import DataWarning
-from detaug.feeder import BackgroundFeed
+from detaug.feeder import BackgroundFeed, FeedStats
 from detaug.handover import TARGET_FORMS, build_targets, dali_images_to_torch
 from detaug.labels import LabelMap
 from detaug.masks import MASKS
@@ -101,7 +101,10 @@ class DetectionLoader:
             handed over to the caller's current stream without a wait). ``0``: no thread, each
             batch is made inside ``next()``. After an epoch the thread runs on into the next
             one (taken over by the next iteration if it starts there; :meth:`close`, or
-            collecting the loader, stops it).
+            collecting the loader, stops it). :attr:`feed_stats` (a
+            :class:`~detaug.feeder.FeedStats`) counts the batches taken, those not made yet when
+            ``next()`` asked for them and the seconds it waited for those: a training loop whose
+            ``not_ready`` stays near 0 never waits for data.
         num_classes: the model's ``num_classes`` (torchvision's, counting the background); when
             given, the loader checks when it is built that every class index fits, ``1 <=
             label < num_classes``, for every category of the source (also one without boxes),
@@ -233,6 +236,7 @@ class DetectionLoader:
         self._kept_feed: BackgroundFeed | None = None  # the background feed, kept running into the next epoch
         self._feed_at: tuple[int, int] | None = None  # where the kept feed's next batch is
         self._live_feeds: list[BackgroundFeed] = []  # stopped when the loader is collected
+        self.feed_stats = FeedStats()  # what the caller found at each take, over the loader's life
         weakref.finalize(self, core.stop_feeds, self._live_feeds)
 
     @property
@@ -314,7 +318,8 @@ class DetectionLoader:
             self._pool.start()  # here, in the caller's thread (SIGTERM's clean-up is installed from the main one)
         if feed is None and start < steps:
             proxy = weakref.proxy(self)
-            feed = BackgroundFeed(lambda: core.produce_on(proxy, epoch, start), self.ready_batches, self.device)
+            feed = BackgroundFeed(lambda: core.produce_on(proxy, epoch, start), self.ready_batches, self.device,
+                                  stats=self.feed_stats)
             self._live_feeds.append(feed)
         completed = False
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 from detaug.bench.dataset import BenchDataset
 from detaug.bench.harness import BenchSettings, VariantUnavailable
@@ -32,10 +33,11 @@ __all__ = [
 
 
 def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: bool = False,
-                **loader_args) -> Iterator[tuple]:
+                feed_stats: Any = None, **loader_args) -> Iterator[tuple]:
     """The ``detaug`` variant: ``DetectionLoader`` batches, epoch after epoch, on a ``CocoSource``
     or, with ``sample_list``, on a ``SampleListSource`` of the same samples (file paths);
-    ``loader_args`` go to the loader as they are (the training rows' ``targets``)."""
+    ``loader_args`` go to the loader as they are (the training rows' ``targets``);
+    ``feed_stats`` (a :class:`~detaug.feeder.FeedStats`), where given, counts the loader's takes."""
     try:
         import detaug.sources  # noqa: F401
         import detaug.torch  # noqa: F401
@@ -43,18 +45,19 @@ def iter_detaug(dataset: BenchDataset, settings: BenchSettings, *, sample_list: 
         raise VariantUnavailable(f"detaug's PyTorch iterator is not importable: {exc}") from exc
     recipe = detaug_recipe(settings.recipe, settings.size)
     if settings.recipe != "masks":
-        yield from _loader_batches(dataset, settings, recipe, str(dataset.annotations_file), sample_list, loader_args)
+        yield from _loader_batches(dataset, settings, recipe, str(dataset.annotations_file), sample_list, loader_args,
+                                   feed_stats=feed_stats)
         return
     from detaug.bench.mask_data import write_ellipse_masks
 
     with tempfile.TemporaryDirectory(prefix="detaug-bench-masks-") as scratch:  # removed when the row ends
         annotations = write_ellipse_masks(dataset.annotations_file, os.path.join(scratch, "annotations.json"))
         yield from _loader_batches(dataset, settings, recipe, str(annotations), sample_list,
-                                   {"fields": ["masks"], **loader_args}, masks=True)
+                                   {"fields": ["masks"], **loader_args}, masks=True, feed_stats=feed_stats)
 
 
 def _loader_batches(dataset: BenchDataset, settings: BenchSettings, recipe, annotations: str, sample_list: bool,
-                    loader_args: dict, *, masks: bool = False) -> Iterator[tuple]:
+                    loader_args: dict, *, masks: bool = False, feed_stats: Any = None) -> Iterator[tuple]:
     """:func:`iter_detaug`'s batches: the loader on ``CocoSource(annotations, masks=masks)``."""
     from detaug.sources import CocoSource
     from detaug.torch import DetectionLoader
@@ -77,6 +80,8 @@ def _loader_batches(dataset: BenchDataset, settings: BenchSettings, recipe, anno
         shuffle=True,
         **loader_args,
     )
+    if feed_stats is not None:
+        loader.feed_stats = feed_stats  # before its first feed starts
     try:
         while True:
             yielded = False
@@ -92,9 +97,9 @@ def _loader_batches(dataset: BenchDataset, settings: BenchSettings, recipe, anno
         del loader
 
 
-def iter_detaug_list(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tuple]:
+def iter_detaug_list(dataset: BenchDataset, settings: BenchSettings, *, feed_stats: Any = None) -> Iterator[tuple]:
     """The ``detaug-list`` variant: :func:`iter_detaug` on a sample list (planned in workers)."""
-    return iter_detaug(dataset, settings, sample_list=True)
+    return iter_detaug(dataset, settings, sample_list=True, feed_stats=feed_stats)
 
 
 def iter_detaug_cpu(dataset: BenchDataset, settings: BenchSettings) -> Iterator[tuple]:

@@ -63,6 +63,7 @@ from detaug.bench.train_context import (
 from detaug.bench.train_keras import _Repeat, _keras, _sequence, _time_keras, _timed_dataset
 from detaug.bench.train_model import DenseDetector, detection_loss, pad_targets
 from detaug.bench.train_report import TRAIN_CHECKS, TrainCheck, TrainCheckResult, TrainReport, TrainResult, _evaluate
+from detaug.feeder import FeedStats
 from detaug.bench.train_rows import (
     PEER_STEPS, RowKind, TRAIN_DEFAULTS, TRAIN_ROWS, TRAIN_ROW_NAMES, TRAIN_RUN_ORDER, TRAIN_SIZE, TrainDefaults,
     TrainRow, selected_rows,
@@ -120,8 +121,11 @@ def _model(ctx: _Context, seed: int) -> tuple[torch.nn.Module, torch.optim.Optim
     return model, optimizer, f"ResNet-18 trunk from {source}, random weights"
 
 
-def _time_torch(batches: Iterator, ctx: _Context, warmup: int, steps: int, seed: int) -> tuple[_Timed, str]:
-    """Warm up, then time ``steps`` training steps on ``batches`` (closed at the end)."""
+def _time_torch(batches: Iterator, ctx: _Context, warmup: int, steps: int, seed: int,
+                feed_stats: FeedStats | None = None) -> tuple[_Timed, str]:
+    """Warm up, then time ``steps`` training steps on ``batches`` (closed at the end);
+    ``feed_stats``: the loader's (:class:`~detaug.feeder.FeedStats`), for the time its batches
+    were not ready."""
     probe = _Probe(ctx)
     try:
         model, optimizer, described = _model(ctx, seed)
@@ -133,6 +137,7 @@ def _time_torch(batches: Iterator, ctx: _Context, warmup: int, steps: int, seed:
         ctx.sync()
         ctx.barrier()
         start, cpu_start = time.perf_counter(), process_tree_cpu_seconds()
+        not_ready_start = feed_stats.waited_s if feed_stats is not None else None
         wait, images = 0.0, 0
         for _ in range(steps):
             before = time.perf_counter()
@@ -142,7 +147,8 @@ def _time_torch(batches: Iterator, ctx: _Context, warmup: int, steps: int, seed:
             step(batch_images, targets)
         ctx.sync()
         seconds, cpu = time.perf_counter() - start, process_tree_cpu_seconds() - cpu_start
-        return probe.finish(_Timed(images, steps, seconds, wait, cpu)), described
+        not_ready = None if not_ready_start is None else feed_stats.waited_s - not_ready_start
+        return probe.finish(_Timed(images, steps, seconds, wait, cpu, not_ready_wait=not_ready)), described
     finally:
         probe.sampler.stop()
         close = getattr(batches, "close", None)
@@ -302,6 +308,7 @@ def _run_row(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
 
         _release_gpu_memory("gpu" if ctx.cuda else "cpu")
     mine = {"img_per_s": timed.images / timed.seconds, "data_wait": timed.wait / timed.seconds,
+            "not_ready_wait": None if timed.not_ready_wait is None else timed.not_ready_wait / timed.seconds,
             "cpu_cores": timed.cpu_seconds / timed.seconds, "gpu_peak_mib": timed.gpu_peak_mib,
             "torch_peak_mib": timed.torch_peak_mib, "host_peak_rss_mib": timed.host_peak_rss_mib,
             "images": timed.images, "seconds": timed.seconds}
@@ -316,6 +323,7 @@ def _run_row(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
         base, steps=timed.steps, images=sum(r["images"] for r in ranks), seconds=max(r["seconds"] for r in ranks),
         img_per_s=total / len(ranks), total_img_per_s=total,
         data_wait=sum(r["data_wait"] for r in ranks) / len(ranks), cpu_cores=sum(r["cpu_cores"] for r in ranks),
+        not_ready_wait=None if mine["not_ready_wait"] is None else sum(r["not_ready_wait"] for r in ranks) / len(ranks),
         gpu_peak_mib=max(peak) if peak else None, torch_peak_mib=max(torch_peak) if torch_peak else None,
         host_peak_rss_mib=sum(r["host_peak_rss_mib"] or 0.0 for r in ranks) or None,
         ranks=ranks if ctx.world > 1 else [], model=model,
@@ -347,13 +355,16 @@ def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
         form = {"targets": "padded"} if row.name == "ceiling-padded" else {}
         batch = _first_batch_on(ctx, detaug_variants.iter_detaug(dataset, settings, **form))
         return _time_torch(_cached_batches(batch), ctx, warmup, steps, settings.seed)
+    stats = FeedStats()
     if row.name == "detaug":
-        return _time_torch(detaug_variants.iter_detaug(dataset, settings), ctx, warmup, steps, settings.seed)
+        batches = detaug_variants.iter_detaug(dataset, settings, feed_stats=stats)
+        return _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
     if row.name == "detaug-list":
-        return _time_torch(detaug_variants.iter_detaug_list(dataset, settings), ctx, warmup, steps, settings.seed)
+        batches = detaug_variants.iter_detaug_list(dataset, settings, feed_stats=stats)
+        return _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
     if row.name == "detaug-padded":
-        batches = detaug_variants.iter_detaug(dataset, settings, targets="padded")
-        return _time_torch(batches, ctx, warmup, steps, settings.seed)
+        batches = detaug_variants.iter_detaug(dataset, settings, targets="padded", feed_stats=stats)
+        return _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
     if row.name == "torchvision":
         workers = max(1, settings.workers // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         batches = torchvision_peers.iter_torchvision(dataset, replace(settings, workers=workers, seed=settings.seed + ctx.rank))

@@ -92,6 +92,7 @@ class _Timed:
     gpu_peak_mib: float | None = None
     torch_peak_mib: float | None = None
     host_peak_rss_mib: float | None = None
+    not_ready_wait: float | None = None  # seconds of ``wait`` for batches not made yet (detaug's loader)
 
 
 class _Probe:

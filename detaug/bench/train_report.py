@@ -45,6 +45,9 @@ class TrainResult:
         total_img_per_s: of all ranks together (``img_per_s`` without DDP).
         vs_ceiling: ``total_img_per_s`` over its ceiling row's.
         data_wait: seconds blocked in ``next()`` over the timed wall time, 0 to 1 (ranks' mean).
+        not_ready_wait: of those, the seconds the loader's next batch was not made yet (its
+            :class:`~detaug.feeder.FeedStats`), over the timed wall time; ``None`` for rows
+            without detaug's background feed. The rest of ``data_wait`` is ``next()``'s own work.
         cpu_cores: CPU seconds of this process and its children over the timed wall time
             (ranks' sum).
         gpu_peak_mib: peak device-wide GPU memory above the row's start (ranks' max).
@@ -62,6 +65,7 @@ class TrainResult:
     total_img_per_s: float | None = None
     vs_ceiling: float | None = None
     data_wait: float | None = None
+    not_ready_wait: float | None = None
     cpu_cores: float | None = None
     gpu_peak_mib: float | None = None
     torch_peak_mib: float | None = None
@@ -76,7 +80,7 @@ class TrainResult:
             "ceiling": self.row.ceiling, "status": self.status, "message": self.message,
             "batch_size": self.batch_size, "steps": self.steps, "images": self.images, "seconds": self.seconds,
             "img_per_s": self.img_per_s, "total_img_per_s": self.total_img_per_s, "vs_ceiling": self.vs_ceiling,
-            "data_wait": self.data_wait, "cpu_cores": self.cpu_cores, "gpu_peak_mib": self.gpu_peak_mib,
+            "data_wait": self.data_wait, "not_ready_wait": self.not_ready_wait, "cpu_cores": self.cpu_cores, "gpu_peak_mib": self.gpu_peak_mib,
             "torch_peak_mib": self.torch_peak_mib, "host_peak_rss_mib": self.host_peak_rss_mib,
             "world_size": self.world_size, "ranks": self.ranks, "model": self.model,
         }
@@ -153,7 +157,8 @@ class TrainReport:
             "",
             "img/s" + (f" per {'GPU' if gpu else 'rank'} (the ranks' mean) and total" if self.world_size > 1 else "")
             + "; vs ceiling: over its ceiling row (the Sequence: the Keras one); data wait: time blocked in "
-            "next() (seq[i]) over the timed time; CPU cores: CPU time of the process and its children over the "
+            "next() (seq[i]) over the timed time; not ready: of it, the time detaug's next batch was not made "
+            "yet (the rest is next()'s own work); CPU cores: CPU time of the process and its children over the "
             "timed time" + ("; GPU MiB: peak device-wide memory above the row's start" if gpu else "") + ".",
             "",
             "checks" + ("" if gpu else " (the targets are for a GPU run)") + ":",
@@ -164,7 +169,7 @@ class TrainReport:
     def _table(self, results: list[TrainResult]) -> list[str]:
         gpu = self.settings.device == "gpu"
         ddp = self.world_size > 1
-        header = ("row", "img/s", *(["total img/s"] if ddp else []), "vs ceiling", "data wait", "CPU cores",
+        header = ("row", "img/s", *(["total img/s"] if ddp else []), "vs ceiling", "data wait", "not ready", "CPU cores",
                   *(["GPU MiB"] if gpu else []), "note")
         rows = [header]
         for r in results:
@@ -177,6 +182,7 @@ class TrainReport:
                 *([f"{r.total_img_per_s:,.1f}"] if ddp else []),
                 "-" if r.vs_ceiling is None else f"{r.vs_ceiling:.2f}x",
                 f"{r.data_wait:.1%}",
+                "-" if r.not_ready_wait is None else f"{r.not_ready_wait:.1%}",
                 "-" if r.cpu_cores is None else f"{r.cpu_cores:.1f}",
                 *(["-" if r.gpu_peak_mib is None else f"{r.gpu_peak_mib:,.0f}"] if gpu else []),
                 r.row.note,

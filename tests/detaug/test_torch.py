@@ -527,3 +527,18 @@ def test_batches_leave_no_garbage_for_the_cycle_collector(samples, targets, read
     loader.close()
     assert not [o for o in garbage if isinstance(o, type)], "a class made per batch"
     assert len(garbage) < 3, sorted({type(o).__name__ for o in garbage})
+
+
+def test_feed_stats_count_the_batches_taken_and_those_not_ready(samples):
+    loader = DetectionLoader(SampleListSource(samples), RECIPE, 4, device=DEVICE, seed=1)
+    first = iter(loader)
+    next(first)  # the first batch: asked for before it was made
+    assert loader.feed_stats.taken == 1 and loader.feed_stats.not_ready == 1 and loader.feed_stats.waited_s > 0
+    list(first)
+    list(loader)  # a second epoch: the stats run on over the loader's life
+    stats = loader.feed_stats
+    assert stats.taken == 2 * len(loader) and 1 <= stats.not_ready <= stats.taken
+    loader.close()
+    inline = DetectionLoader(SampleListSource(samples), RECIPE, 4, device=DEVICE, seed=1, ready_batches=0)
+    list(inline)
+    assert inline.feed_stats.taken == 0  # no background feed: nothing to wait for but next() itself

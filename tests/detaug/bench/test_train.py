@@ -189,7 +189,7 @@ def coco_folder(tmp_path_factory):
 
 
 ROW_FIELDS = {"variant", "label", "status", "batch_size", "img_per_s", "total_img_per_s", "vs_ceiling", "data_wait",
-              "cpu_cores", "gpu_peak_mib", "torch_peak_mib", "steps", "images", "world_size"}
+              "not_ready_wait", "cpu_cores", "gpu_peak_mib", "torch_peak_mib", "steps", "images", "world_size"}
 
 
 def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
@@ -216,6 +216,9 @@ def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
         assert row["gpu_peak_mib"] is None and row["torch_peak_mib"] is None
         assert 0 < row["vs_ceiling"] < math.inf
         assert row["vs_ceiling"] == pytest.approx(row["img_per_s"] / rows["ceiling"]["img_per_s"])
+    for name in ("detaug", "detaug-list", "detaug-padded"):  # part of the data wait: the batch was not made yet
+        assert 0.0 <= rows[name]["not_ready_wait"] <= rows[name]["data_wait"], rows[name]
+    assert rows["ceiling"]["not_ready_wait"] is None and rows["torchvision"].get("not_ready_wait") is None
     assert rows["ceiling"]["vs_ceiling"] == pytest.approx(1.0)
     assert rows["detaug-padded"]["status"] == "ok"
     assert rows["torchvision"]["status"] in ("ok", "unavailable")
@@ -228,7 +231,7 @@ def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
     for check in checks:
         assert check["applies"] is False and check["passed"] is None
     assert "FAIL" not in printed and printed.count("n/a on the CPU") == sum(c["value"] is not None for c in checks)
-    assert "ceiling (one cached batch)" in printed and "data wait" in printed
+    assert "ceiling (one cached batch)" in printed and "data wait" in printed and "not ready" in printed
 
 
 def test_train_checks_hold_on_a_gpu_run_only():
