@@ -85,6 +85,15 @@ def _check_batch(images: torch.Tensor, targets: list[dict], batch_size: int = BA
     assert coloured[inside].float().mean() > 0.5
 
 
+def _check_batches(batches, n: int) -> None:
+    """:func:`_check_batch` on the first ``n`` batches of a variant's iterator, closed after."""
+    try:
+        for images, targets in islice(batches, n):
+            _check_batch(images, targets)
+    finally:
+        batches.close()
+
+
 # ------------------------------------------------------------------------------------------
 # harness
 # ------------------------------------------------------------------------------------------
@@ -189,12 +198,7 @@ class TestDataset:
 def test_raw_dali_cpu(dataset):
     from detaug.bench.raw_dali import iter_raw_dali
 
-    batches = iter_raw_dali(dataset, _settings())
-    try:
-        for images, targets in islice(batches, 3):
-            _check_batch(images, targets)
-    finally:
-        batches.close()
+    _check_batches(iter_raw_dali(dataset, _settings()), 3)
     m = measure(iter_raw_dali(dataset, _settings()), images=8, warmup_batches=1, device="cpu")
     assert m.images == 8 and m.images_per_second > 0
 
@@ -203,24 +207,14 @@ def test_raw_dali_cpu(dataset):
 def test_torchvision_peer(dataset):
     from detaug.bench.torchvision_peers import iter_torchvision
 
-    batches = iter_torchvision(dataset, _settings())
-    try:
-        for images, targets in islice(batches, 2):
-            _check_batch(images, targets)
-    finally:
-        batches.close()
+    _check_batches(iter_torchvision(dataset, _settings()), 2)
 
 
 @pytest.mark.skipif(not _installed("albumentations", "cv2"), reason="albumentations is not installed")
 def test_albumentations_peer(dataset):
     from detaug.bench.albumentations_peers import iter_albumentations
 
-    batches = iter_albumentations(dataset, _settings())
-    try:
-        for images, targets in islice(batches, 2):
-            _check_batch(images, targets)
-    finally:
-        batches.close()
+    _check_batches(iter_albumentations(dataset, _settings()), 2)
 
 
 @pytest.mark.skipif(not _installed("torchvision"), reason="torchvision is not installed")
@@ -235,12 +229,7 @@ def test_peer_with_workers_in_whole_waves(dataset):
 def test_detaug_iterator_cpu(dataset):
     from detaug.bench.detaug_variants import iter_detaug
 
-    batches = iter_detaug(dataset, _settings())
-    try:
-        for images, targets in islice(batches, 5):  # crosses the end of the 4-batch epoch
-            _check_batch(images, targets)
-    finally:
-        batches.close()
+    _check_batches(iter_detaug(dataset, _settings()), 5)  # crosses the end of the 4-batch epoch
 
 
 @pytest.mark.skipif(not _installed("detaug.keras", "keras"), reason="Keras is not installed")

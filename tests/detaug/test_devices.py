@@ -33,6 +33,23 @@ def run(loader):
     return torch.cat(images), targets
 
 
+def assert_same_on_cpu_and_gpu(make, recipe: T.Compose, seed: int, max_mean_diff: float, what: str, **kw) -> None:
+    """Asserts that loaders of one recipe and seed (batches of 8, ``kw`` more arguments; ``make``
+    builds the source) give the same images in the same order with the same labels and boxes
+    (within 1e-4 px) on the CPU as on the GPU, the GPU's targets on the images' device, and pixels
+    ``max_mean_diff`` grey levels apart at most on average (the same geometry; decoders and
+    interpolation may differ by a few levels). ``what`` names the case in the message."""
+    cpu_images, cpu = run(DetectionLoader(make(), recipe, 8, device="cpu", seed=seed, **kw))
+    gpu_images, gpu = run(DetectionLoader(make(), recipe, 8, device="gpu", seed=seed, **kw))
+    assert [t["image_id"] for t in cpu] == [t["image_id"] for t in gpu]
+    for c, g in zip(cpu, gpu):
+        assert g["boxes"].is_cuda and g["labels"].is_cuda  # the targets come on the images' device
+        assert torch.equal(c["labels"], g["labels"].cpu())
+        torch.testing.assert_close(c["boxes"], g["boxes"].cpu(), atol=1e-4, rtol=0)
+    diff = (cpu_images.float() - gpu_images.float()).abs()
+    assert diff.mean() < max_mean_diff, f"{what}: mean abs pixel difference {diff.mean():.2f}"
+
+
 @pytest.mark.parametrize("kind", ["samples", "coco"])
 def test_cpu_and_gpu_give_same_boxes(kind, tmp_path):
     if kind == "samples":
@@ -40,16 +57,7 @@ def test_cpu_and_gpu_give_same_boxes(kind, tmp_path):
     else:
         write_coco_dataset(tmp_path, num_images=24, size=(200, 150), progress=False)
         make = lambda: CocoSource(tmp_path / "annotations.json", tmp_path / "images", shuffle=True, seed=4)  # noqa: E731
-    cpu_images, cpu = run(DetectionLoader(make(), RECIPE, 8, device="cpu", seed=11))
-    gpu_images, gpu = run(DetectionLoader(make(), RECIPE, 8, device="gpu", seed=11))
-    assert [t["image_id"] for t in cpu] == [t["image_id"] for t in gpu]
-    for c, g in zip(cpu, gpu):
-        assert g["boxes"].is_cuda and g["labels"].is_cuda  # the targets come on the images' device
-        assert torch.equal(c["labels"], g["labels"].cpu())
-        torch.testing.assert_close(c["boxes"], g["boxes"].cpu(), atol=1e-4, rtol=0)
-    # Pixels: same geometry, decoders and interpolation may differ by a few grey levels.
-    diff = (cpu_images.float() - gpu_images.float()).abs()
-    assert diff.mean() < 2.0, f"mean abs pixel difference {diff.mean():.2f}"
+    assert_same_on_cpu_and_gpu(make, RECIPE, 11, 2.0, kind)
 
 
 def _recipes() -> dict[str, T.Compose]:
@@ -75,12 +83,4 @@ def _recipes() -> dict[str, T.Compose]:
 def test_new_transforms_give_same_boxes_on_cpu_and_gpu(name):
     recipe = _recipes()[name]
     make = lambda: SampleListSource(scene_samples(24, seed=5)[0])  # noqa: E731
-    cpu_images, cpu = run(DetectionLoader(make(), recipe, 8, device="cpu", seed=3, shuffle=True))
-    gpu_images, gpu = run(DetectionLoader(make(), recipe, 8, device="gpu", seed=3, shuffle=True))
-    assert [t["image_id"] for t in cpu] == [t["image_id"] for t in gpu]
-    for c, g in zip(cpu, gpu):
-        assert g["boxes"].is_cuda and g["labels"].is_cuda  # the targets come on the images' device
-        assert torch.equal(c["labels"], g["labels"].cpu())
-        torch.testing.assert_close(c["boxes"], g["boxes"].cpu(), atol=1e-4, rtol=0)
-    diff = (cpu_images.float() - gpu_images.float()).abs()
-    assert diff.mean() < 3.0, f"{name}: mean abs pixel difference {diff.mean():.2f}"
+    assert_same_on_cpu_and_gpu(make, recipe, 3, 3.0, name, shuffle=True)

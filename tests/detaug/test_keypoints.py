@@ -33,6 +33,7 @@ from detaug.epochs import EpochSpec
 from detaug.planning import BatchPlanner
 from detaug.sources import CocoSource, Sample, SampleListSource
 from detaug.torch import DetectionLoader
+from tests.detaug.geometric import exif_rotated_png, geometric_recipes, keras_padded_field, plan_together_and_alone
 
 DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")  # DETAUG_TEST_DEVICE=gpu: the same checks on a GPU
 K = 3
@@ -156,25 +157,10 @@ def run_eager(recipe: T.Compose, sample: Sample, seed: int) -> tuple[dict, dict[
     return out, by_label([sample])
 
 
-GEOMETRIC = {
-    "affine": T.Compose([T.RandomAffine(degrees=30, translate=(0.1, 0.1), scale=(0.8, 1.3), shear=8)]),
-    "rotation": T.Compose([T.RandomRotation(degrees=(-60, 60))]),
-    "rotation_expand": T.Compose([T.RandomRotation(degrees=(100, 170), expand=True)]),
-    "perspective": T.Compose([T.RandomPerspective(distortion_scale=0.4, p=1.0)]),
-    "iou_crop_resize": T.Compose([T.RandomIoUCrop(), T.Resize((80, 112))]),
-    "resized_crop": T.Compose([T.RandomResizedCrop((96, 128), scale=(0.3, 1.0))]),
-    "crop_pad": T.Compose([T.RandomCrop((72, 100), padding=6)]),
-    "center_crop": T.Compose([T.CenterCrop((70, 90))]),
-    "zoom_out_resize": T.Compose([T.RandomZoomOut(side_range=(1.0, 2.0), p=1.0), T.Resize((112, 144))]),
-    "crop_then_zoom_out": T.Compose([T.RandomCrop((60, 80)), T.RandomZoomOut(side_range=(1.2, 1.8), p=1.0)]),
-    "rotate_then_zoom_out": T.Compose([T.RandomRotation(degrees=(25, 50)), T.RandomZoomOut(side_range=(1.3, 1.6), p=1.0)]),
-    "letterbox": T.Compose([T.Pad(4), T.LetterBox((128, 128), fill=0)]),
-    "shortest_size": T.Compose([T.RandomShortestSize([64, 80, 120], max_size=200)]),
-    "flip_affine_perspective": T.Compose([T.RandomHorizontalFlip(), T.RandomVerticalFlip(),
-                                          T.RandomAffine(degrees=15, scale=(0.9, 1.1)),
-                                          T.RandomPerspective(distortion_scale=0.3, p=0.5)]),
-    "mosaic": T.Compose([T.Mosaic(size=(96, 128), fill=0), T.RandomAffine(degrees=10, scale=(0.8, 1.2))]),
-}
+GEOMETRIC = geometric_recipes(
+    (96, 128), perspective=0.4, iou_crop_resize=(80, 112), crop_pad=(72, 100), center_crop=(70, 90),
+    zoom_out_resize=((1.0, 2.0), (112, 144)), crop_then_zoom_out=((60, 80), (1.2, 1.8)), letterbox=128,
+    shortest_size=([64, 80, 120], 200), mosaic=((96, 128), T.RandomAffine(degrees=10, scale=(0.8, 1.2))))
 
 
 @pytest.mark.parametrize("name", list(GEOMETRIC))
@@ -280,31 +266,15 @@ def test_batches_planned_together_move_keypoints_as_alone():
     source = SampleListSource([scene(s) for s in range(8)])
     recipe = T.Compose([T.Mosaic(size=(64, 96), fill=0), T.RandomHorizontalFlip(), T.RandomAffine(degrees=20)],
                        keypoint_flip_pairs=PAIRS)
-    planner = BatchPlanner(source, recipe, EpochSpec(n=8, batch_size=2, shuffle=True, seed=3))
-    together = planner.plan_many(1, [0, 1, 2, 3])
-    for step, got in enumerate(together):
-        alone = planner.plan(1, step)
-        for a, b in zip(got.fields, alone.fields):
-            np.testing.assert_array_equal(a["keypoints"], b["keypoints"])
+    together = plan_together_and_alone(source, recipe, "keypoints", steps=4)
     assert sum(len(f["keypoints"]) for g in together for f in g.fields) > 8
 
 
 def test_keras_targets_pad_keypoints_with_minus_one():
     pytest.importorskip("keras", reason="Keras 3 is not installed")
-    from detaug.keras import DetectionSequence
-
     source = SampleListSource([scene(s) for s in range(4)])
-    seq = DetectionSequence(source, T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))]), 2, max_boxes=5,
-                            seed=1, device=DEVICE, num_threads=1, images_on_device=False, plan_workers=0,
-                            fields=["keypoints"])
-    _, targets = seq[0]
-    assert targets["keypoints"].shape == (2, 5, K, 3) and targets["keypoints"].dtype == np.float32
-    n = (targets["labels"] >= 0).sum(axis=1)
-    planned = seq.planner.plan(0, 0)
-    for k in range(2):
-        np.testing.assert_array_equal(targets["keypoints"][k, :n[k]], planned.fields[k]["keypoints"])
-        assert (targets["keypoints"][k, n[k]:] == -1).all()
-    seq.close()
+    padded, _ = keras_padded_field(source, T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))]), "keypoints", DEVICE)
+    assert padded.shape == (2, 5, K, 3) and padded.dtype == np.float32
 
 
 @pytest.mark.parametrize("orientation", [6, 2, 5])
@@ -312,17 +282,8 @@ def test_keypoints_of_an_exif_rotated_image_follow_its_pixels(tmp_path, orientat
     """Keypoints annotated on the stored pixels (no declared size: the stored frame) are moved to
     the displayed frame the decoder delivers, as their boxes; a mirroring orientation (2, 5)
     swaps the flip pairs."""
-    import io
-
-    from PIL import Image
-
     sample = scene(8)
-    exif = Image.Exif()
-    exif[0x0112] = orientation
-    buffer = io.BytesIO()
-    Image.fromarray(sample.image).save(buffer, "PNG", exif=exif.tobytes())
-    path = tmp_path / "rotated.png"
-    path.write_bytes(buffer.getvalue())
+    path = exif_rotated_png(tmp_path / "rotated.png", sample.image, orientation)
     displayed = (128, 96) if orientation in (5, 6, 7, 8) else (96, 128)
     recipe = T.Compose([T.Resize(displayed)], keypoint_flip_pairs=PAIRS)
     stored = Sample(str(path), sample.boxes, sample.labels, image_id=3, fields=sample.fields)

@@ -25,6 +25,7 @@ from detaug.epochs import EpochSpec
 from detaug.planned_batch import batch_columns
 from detaug.planning import BatchPlanner
 from detaug.sources import Sample, SampleListSource
+from tests.detaug.geometric import exif_rotated_png, geometric_recipes, keras_padded_field, plan_together_and_alone
 
 DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")  # DETAUG_TEST_DEVICE=gpu: the same checks on a GPU
 COLOURS = np.array([[255, 0, 0], [0, 255, 0], [0, 0, 255]], np.float64)
@@ -105,28 +106,10 @@ def run_eager(recipe: T.Compose, sample: Sample, seed: int) -> dict:
                   seed=seed, image_id=sample.image_id, device=DEVICE)
 
 
-GEOMETRIC = {
-    "hflip": T.Compose([T.RandomHorizontalFlip(p=1.0)]),
-    "vflip": T.Compose([T.RandomVerticalFlip(p=1.0)]),
-    "affine": T.Compose([T.RandomAffine(degrees=30, translate=(0.1, 0.1), scale=(0.8, 1.3), shear=8)]),
-    "rotation": T.Compose([T.RandomRotation(degrees=(-60, 60))]),
-    "rotation_expand": T.Compose([T.RandomRotation(degrees=(100, 170), expand=True)]),
-    "perspective": T.Compose([T.RandomPerspective(distortion_scale=0.4, p=1.0)]),
-    "iou_crop_resize": T.Compose([T.RandomIoUCrop(), T.Resize((120, 160))]),
-    "resized_crop": T.Compose([T.RandomResizedCrop((144, 192), scale=(0.3, 1.0))]),
-    "crop_pad": T.Compose([T.RandomCrop((110, 150), padding=6)]),
-    "center_crop": T.Compose([T.CenterCrop((100, 130))]),
-    "zoom_out_resize": T.Compose([T.RandomZoomOut(fill=0, side_range=(1.0, 2.0), p=1.0), T.Resize((160, 208))]),
-    "crop_then_zoom_out": T.Compose([T.RandomCrop((100, 130)), T.RandomZoomOut(fill=0, side_range=(1.2, 1.8), p=1.0)]),
-    "rotate_then_zoom_out": T.Compose([T.RandomRotation(degrees=(25, 50)),
-                                       T.RandomZoomOut(fill=0, side_range=(1.3, 1.6), p=1.0)]),
-    "letterbox": T.Compose([T.Pad(4), T.LetterBox((192, 192), fill=0)]),
-    "shortest_size": T.Compose([T.RandomShortestSize([120, 160, 200], max_size=300)]),
-    "flip_affine_perspective": T.Compose([T.RandomHorizontalFlip(), T.RandomVerticalFlip(),
-                                          T.RandomAffine(degrees=15, scale=(0.9, 1.1)),
-                                          T.RandomPerspective(distortion_scale=0.3, p=0.5)]),
-    "mosaic": T.Compose([T.Mosaic(size=(192, 256), fill=0), T.RandomAffine(degrees=10, scale=(0.8, 1.2))]),
-}
+GEOMETRIC = geometric_recipes(
+    HW, flips="each", perspective=0.4, iou_crop_resize=(120, 160), crop_pad=(110, 150), center_crop=(100, 130),
+    zoom_out_resize=((1.0, 2.0), (160, 208)), crop_then_zoom_out=((100, 130), (1.2, 1.8)), letterbox=192,
+    shortest_size=([120, 160, 200], 300), mosaic=((192, 256), T.RandomAffine(degrees=10, scale=(0.8, 1.2))))
 
 
 @pytest.mark.parametrize("name", list(GEOMETRIC))
@@ -524,12 +507,7 @@ def test_batches_planned_together_move_masks_as_alone():
     gives every batch's masks exactly as ``plan`` does."""
     source = SampleListSource([scene(s) for s in range(6)])
     recipe = T.Compose([T.Mosaic(size=(64, 96), fill=0), T.RandomHorizontalFlip(), T.RandomAffine(degrees=20)])
-    planner = BatchPlanner(source, recipe, EpochSpec(n=6, batch_size=2, shuffle=True, seed=3))
-    together = planner.plan_many(1, [0, 1, 2])
-    for step, got in enumerate(together):
-        alone = planner.plan(1, step)
-        for a, b in zip(got.fields, alone.fields):
-            np.testing.assert_array_equal(a["masks"], b["masks"])
+    together = plan_together_and_alone(source, recipe, "masks", steps=3)
     assert sum(int(f["masks"].any(axis=(1, 2)).sum()) for g in together for f in g.fields) > 6
 
 
@@ -537,19 +515,10 @@ def test_batches_planned_together_move_masks_as_alone():
 def test_masks_of_an_exif_rotated_image_follow_its_pixels(tmp_path, orientation):
     """Masks given on the stored pixels (no declared size: the stored frame) are moved to the
     displayed frame the decoder delivers, as their boxes."""
-    import io
-
-    from PIL import Image
-
     from detaug.torch import DetectionLoader
 
     sample = scene(8)
-    exif = Image.Exif()
-    exif[0x0112] = orientation
-    buffer = io.BytesIO()
-    Image.fromarray(sample.image).save(buffer, "PNG", exif=exif.tobytes())
-    path = tmp_path / "rotated.png"
-    path.write_bytes(buffer.getvalue())
+    path = exif_rotated_png(tmp_path / "rotated.png", sample.image, orientation)
     displayed = HW[::-1] if orientation in (5, 6, 7, 8) else HW
     stored = Sample(str(path), sample.boxes, sample.labels, image_id=3, fields=sample.fields)
     loader = DetectionLoader(SampleListSource([stored]), T.Compose([T.Resize(displayed)]), 1, device=DEVICE, num_threads=1)
@@ -590,21 +559,10 @@ def test_torch_batched_target_forms_carry_masks(form):
 
 def test_keras_sequence_pads_masks_with_minus_one():
     pytest.importorskip("keras", reason="Keras 3 is not installed")
-    from detaug.keras import DetectionSequence
-
     source = SampleListSource([scene(s) for s in range(4)])
-    seq = DetectionSequence(source, T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))]), 2, max_boxes=5,
-                            seed=1, device=DEVICE, num_threads=1, images_on_device=False, plan_workers=0,
-                            fields=["masks"])
-    assert seq.field_specs["masks"] == (np.dtype(np.int8), (48, 64))
-    _, targets = seq[0]
-    assert targets["masks"].shape == (2, 5, 48, 64) and targets["masks"].dtype == np.int8
-    n = (targets["labels"] >= 0).sum(axis=1)
-    planned = seq.planner.plan(0, 0)
-    for k in range(2):
-        np.testing.assert_array_equal(targets["masks"][k, :n[k]], planned.fields[k]["masks"])
-        assert (targets["masks"][k, n[k]:] == -1).all()
-    seq.close()
+    padded, spec = keras_padded_field(source, T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))]), "masks", DEVICE)
+    assert spec == (np.dtype(np.int8), (48, 64))
+    assert padded.shape == (2, 5, 48, 64) and padded.dtype == np.int8
 
 
 def test_planning_workers_give_the_masks_of_the_main_process(tmp_path):

@@ -27,6 +27,7 @@ from detaug.rotated import (
 )
 from detaug.sources import Sample, SampleListSource
 from detaug.torch import DetectionLoader
+from tests.detaug.geometric import exif_rotated_png, geometric_recipes, keras_padded_field, plan_together_and_alone
 
 DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")
 COLOURS = np.array([[0, 0, 255], [255, 0, 0], [0, 255, 0]], np.float64)
@@ -98,26 +99,12 @@ def run(recipe: T.Compose, sample: Sample, seed: int, fmt: str = "cxcywhr") -> d
                   seed=seed, image_id=sample.image_id, device=DEVICE)
 
 
-GEOMETRIC = {
-    "flips": T.Compose([T.RandomHorizontalFlip(), T.RandomVerticalFlip()]),
-    "affine": T.Compose([T.RandomAffine(degrees=30, translate=(0.1, 0.1), scale=(0.8, 1.3), shear=8)]),
-    "rotation": T.Compose([T.RandomRotation(degrees=(-60, 60))]),
-    "rotation_expand": T.Compose([T.RandomRotation(degrees=(100, 170), expand=True)]),
-    "perspective": T.Compose([T.RandomPerspective(distortion_scale=0.3, p=1.0)]),
-    "iou_crop_resize": T.Compose([T.RandomIoUCrop(), T.Resize((100, 140))]),
-    "resized_crop": T.Compose([T.RandomResizedCrop((120, 168), scale=(0.3, 1.0))]),
-    "crop_pad": T.Compose([T.RandomCrop((90, 120), padding=6)]),
-    "center_crop": T.Compose([T.CenterCrop((90, 110))]),
-    "zoom_out_resize": T.Compose([T.RandomZoomOut(side_range=(1.0, 1.6), p=1.0), T.Resize((140, 180))]),
-    "crop_then_zoom_out": T.Compose([T.RandomCrop((80, 110)), T.RandomZoomOut(side_range=(1.2, 1.5), p=1.0)]),
-    "resize": T.Compose([T.Resize((84, 118))]),  # a strong aspect change: test_an_aspect_change_gives_...
-    "letterbox": T.Compose([T.Pad(4), T.LetterBox((160, 160), fill=0)]),
-    "flip_affine_perspective": T.Compose([T.RandomHorizontalFlip(), T.RandomVerticalFlip(),
-                                          T.RandomAffine(degrees=15, scale=(0.9, 1.1)),
-                                          T.RandomPerspective(distortion_scale=0.3, p=0.5)]),
-    "mosaic": T.Compose([T.Mosaic(size=(120, 168), fill=0), T.RandomRotation(degrees=10)]),
-    "mosaic_affine": T.Compose([T.Mosaic(size=(120, 168), fill=0), T.RandomAffine(degrees=10, scale=(0.9, 1.2), shear=5)]),
-}
+GEOMETRIC = geometric_recipes(
+    (120, 168), flips="random", perspective=0.3, iou_crop_resize=(100, 140), crop_pad=(90, 120), center_crop=(90, 110),
+    zoom_out_resize=((1.0, 1.6), (140, 180)), crop_then_zoom_out=((80, 110), (1.2, 1.5)), rotate_then_zoom_out=False,
+    resize=(84, 118),  # a strong aspect change: test_an_aspect_change_gives_...
+    letterbox=160, mosaic=((120, 168), T.RandomRotation(degrees=10)),
+    mosaic_affine=T.RandomAffine(degrees=10, scale=(0.9, 1.2), shear=5))
 
 
 @pytest.mark.parametrize("name", list(GEOMETRIC))
@@ -266,17 +253,9 @@ def test_unclipped_rotated_boxes_are_their_corners_moved_as_keypoints(recipe):
 
 
 def test_batches_planned_together_move_rotated_boxes_as_alone():
-    from detaug.epochs import EpochSpec
-    from detaug.planning import BatchPlanner
-
     source = SampleListSource([scene(s) for s in range(8)])
     recipe = T.Compose([T.Mosaic(size=(96, 128), fill=0), T.RandomHorizontalFlip(), T.RandomAffine(degrees=20)])
-    planner = BatchPlanner(source, recipe, EpochSpec(n=8, batch_size=2, shuffle=True, seed=3))
-    together = planner.plan_many(1, [0, 1, 2, 3])
-    for step, got in enumerate(together):
-        alone = planner.plan(1, step)
-        for a, b in zip(got.fields, alone.fields):
-            np.testing.assert_array_equal(a["rotated_boxes"], b["rotated_boxes"])
+    together = plan_together_and_alone(source, recipe, "rotated_boxes", steps=4)
     assert sum(len(f["rotated_boxes"]) for g in together for f in g.fields) > 8
 
 
@@ -393,36 +372,17 @@ def test_torch_loader_targets_with_mosaic_carry_rotated_boxes_of_every_tile():
 
 def test_keras_targets_pad_rotated_boxes_with_minus_one():
     pytest.importorskip("keras", reason="Keras 3 is not installed")
-    from detaug.keras import DetectionSequence
-
     samples = [scene(s) for s in range(4)]
     quads = [Sample(s.image, s.boxes, s.labels, image_id=s.image_id,
                     fields={"rotated_boxes": to_corners(s.fields["rotated_boxes"]).reshape(-1, 8)}) for s in samples]
-    seq = DetectionSequence(SampleListSource(quads), T.Compose([T.RandomHorizontalFlip(), T.Resize((60, 84))]), 2,
-                            max_boxes=5, seed=1, device=DEVICE, num_threads=1, images_on_device=False, plan_workers=0,
-                            fields=["rotated_boxes"])
-    _, targets = seq[0]
-    assert targets["rotated_boxes"].shape == (2, 5, 8) and targets["rotated_boxes"].dtype == np.float32
-    n = (targets["labels"] >= 0).sum(axis=1)
-    planned = seq.planner.plan(0, 0)
-    for k in range(2):
-        np.testing.assert_array_equal(targets["rotated_boxes"][k, :n[k]], planned.fields[k]["rotated_boxes"])
-        assert (targets["rotated_boxes"][k, n[k]:] == -1).all()
-    seq.close()
+    padded, _ = keras_padded_field(SampleListSource(quads), T.Compose([T.RandomHorizontalFlip(), T.Resize((60, 84))]),
+                                   "rotated_boxes", DEVICE)
+    assert padded.shape == (2, 5, 8) and padded.dtype == np.float32
 
 
 def test_rotated_boxes_of_an_exif_rotated_image_follow_its_pixels(tmp_path):
-    import io
-
-    from PIL import Image
-
     sample = scene(8)
-    exif = Image.Exif()
-    exif[0x0112] = 6
-    buffer = io.BytesIO()
-    Image.fromarray(sample.image).save(buffer, "PNG", exif=exif.tobytes())
-    path = tmp_path / "rotated.png"
-    path.write_bytes(buffer.getvalue())
+    path = exif_rotated_png(tmp_path / "rotated.png", sample.image, 6)
     stored = Sample(str(path), sample.boxes, sample.labels, image_id=3, fields=sample.fields)
     loader = DetectionLoader(SampleListSource([stored]), T.Compose([T.Resize((168, 120))]), 1, device=DEVICE,
                              num_threads=1)

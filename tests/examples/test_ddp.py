@@ -23,10 +23,11 @@ PER_RANK = -(-NUM_IMAGES // WORLD)  # 7
 STEPS = -(-PER_RANK // BATCH)  # 2
 TIMEOUT_S = 120
 
-pytestmark = pytest.mark.skipif(
+needs_gloo = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
     reason="torch.distributed with the gloo backend is not available in this torch build",
 )
+pytestmark = needs_gloo
 
 
 def torchrun(tmp: Path, log_dir: Path, *args: str) -> list[dict]:
@@ -51,26 +52,38 @@ def full_run(tmp_path_factory):
     return tmp, torchrun(tmp, tmp / "full", "--epochs", "2", "--max-steps", "3")
 
 
-def test_equal_steps_and_whole_dataset_every_epoch(full_run):
-    _, logs = full_run
+def check_exact_epochs(logs: list[dict], epochs: int) -> None:
+    """The ranks' logs (rank 0 first) of ``epochs`` whole epochs: every rank sees the same dataset
+    and takes the same steps; each epoch's shards are positions r, r + W, ... of one padded order
+    (PER_RANK samples a rank; interleaved, a permutation of the dataset followed by the padding,
+    one repeat of the order's first sample: rank 1's last is rank 0's first), shuffled anew each
+    epoch; nothing skipped."""
     dataset = logs[0]["dataset_image_ids"]
     assert len(set(dataset)) == NUM_IMAGES and all(log["dataset_image_ids"] == dataset for log in logs)
     assert all(log["batches_per_epoch"] == STEPS for log in logs)
     orders = []
-    for e in range(2):
-        epochs = [log["epochs"][e] for log in logs]
-        assert [ep["epoch"] for ep in epochs] == [e, e]
-        assert [ep["steps"] for ep in epochs] == [STEPS, STEPS]  # equal steps on both ranks
-        assert [len(ep["image_ids"]) for ep in epochs] == [PER_RANK, PER_RANK]
-        seen = [i for ep in epochs for i in ep["image_ids"]]
+    for e in range(epochs):
+        shards = [log["epochs"][e] for log in logs]
+        assert [ep["epoch"] for ep in shards] == [e, e]
+        assert [ep["steps"] for ep in shards] == [STEPS, STEPS]  # equal steps on both ranks
+        assert [len(ep["image_ids"]) for ep in shards] == [PER_RANK, PER_RANK]
+        seen = [i for ep in shards for i in ep["image_ids"]]
         assert sorted(set(seen)) == sorted(dataset)  # the union is the whole dataset
         repeated = [i for i in set(seen) if seen.count(i) > 1]
-        assert len(repeated) == 1 and seen.count(repeated[0]) == 2  # one padding repeat (W - 1 = 1)
-        # Padding repeats the start of the epoch's order: rank 1's last sample is rank 0's first.
-        assert epochs[1]["image_ids"][-1] == epochs[0]["image_ids"][0] == repeated[0]
-        orders.append(seen)
-    assert orders[0] != orders[1]  # shuffled anew each epoch
+        # the documented padding: ceil(n / W) * W - n = 1 repeat, the first sample of the order
+        assert len(seen) - NUM_IMAGES == PER_RANK * WORLD - NUM_IMAGES == 1
+        assert len(repeated) == 1 and seen.count(repeated[0]) == 2
+        assert shards[1]["image_ids"][-1] == shards[0]["image_ids"][0] == repeated[0]
+        order = [i for pair in zip(*(ep["image_ids"] for ep in shards)) for i in pair]
+        assert sorted(order[:NUM_IMAGES]) == sorted(dataset) and order[NUM_IMAGES:] == order[:1]
+        orders.append(order)
+    assert orders[0] != orders[1]  # shuffled anew each epoch (the same seed on every rank)
     assert all(log["skipped"] == [] for log in logs)
+
+
+def test_equal_steps_and_whole_dataset_every_epoch(full_run):
+    _, logs = full_run
+    check_exact_epochs(logs, 2)
 
 
 def test_resume_mid_epoch_gives_the_remaining_batches(full_run):

@@ -19,20 +19,12 @@ import sys
 import uuid
 from pathlib import Path
 
-import pytest
-import torch.distributed as dist
+from tests.examples.test_ddp import BATCH, EXAMPLE, NUM_IMAGES, REPO, WORLD, check_exact_epochs, needs_gloo
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "torch_ddp_train.py"
-NUM_IMAGES, NODES, BATCH, EPOCHS = 13, 2, 4, 2
-PER_RANK = -(-NUM_IMAGES // NODES)  # 7
-STEPS = -(-PER_RANK // BATCH)  # 2
+NODES, EPOCHS = WORLD, 2  # one process a node: the world of test_ddp.py
 TIMEOUT_S = 90
 
-pytestmark = pytest.mark.skipif(
-    not (dist.is_available() and dist.is_gloo_available()),
-    reason="torch.distributed with the gloo backend is not available in this torch build",
-)
+pytestmark = needs_gloo
 
 
 def free_port() -> int:
@@ -81,25 +73,4 @@ def run_two_nodes(tmp: Path) -> list[dict]:
 def test_two_nodes_have_exact_epochs(tmp_path: Path) -> None:
     logs = run_two_nodes(tmp_path)
     assert [log["rank"] for log in logs] == [0, 1] and all(log["world_size"] == NODES for log in logs)
-    dataset = logs[0]["dataset_image_ids"]
-    assert len(set(dataset)) == NUM_IMAGES and all(log["dataset_image_ids"] == dataset for log in logs)
-    assert all(log["batches_per_epoch"] == STEPS for log in logs)
-    orders = []
-    for e in range(EPOCHS):
-        epochs = [log["epochs"][e] for log in logs]
-        assert [ep["epoch"] for ep in epochs] == [e, e]
-        assert [ep["steps"] for ep in epochs] == [STEPS, STEPS]  # the same steps on both nodes
-        assert [len(ep["image_ids"]) for ep in epochs] == [PER_RANK, PER_RANK]
-        seen = [i for ep in epochs for i in ep["image_ids"]]
-        assert sorted(set(seen)) == sorted(dataset)  # every image, every epoch
-        repeated = sorted(i for i in set(seen) if seen.count(i) > 1)
-        # the documented padding: ceil(n / W) * W - n = 1 repeat, the first sample of the order
-        assert len(seen) - NUM_IMAGES == PER_RANK * NODES - NUM_IMAGES == 1
-        assert repeated == [epochs[0]["image_ids"][0]] and epochs[1]["image_ids"][-1] == repeated[0]
-        # shards are positions r, r + W, ... of one padded order: interleaved, the ranks' samples
-        # give a permutation of the dataset followed by the padding (the order's start)
-        order = [i for pair in zip(*(ep["image_ids"] for ep in epochs)) for i in pair]
-        assert sorted(order[:NUM_IMAGES]) == sorted(dataset) and order[NUM_IMAGES:] == order[:1]
-        orders.append(order)
-    assert orders[0] != orders[1]  # the same seed on both nodes, a new order each epoch
-    assert all(log["skipped"] == [] for log in logs)
+    check_exact_epochs(logs, EPOCHS)

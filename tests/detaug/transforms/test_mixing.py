@@ -74,6 +74,63 @@ def run(source, recipe: Compose, batch_size: int, *, seed: int = 0, epoch: int =
     return out
 
 
+def assert_same_as_without(results, plain) -> None:
+    """Asserts that a mixing transform applied to no sample (``p=0``) reads no partner and leaves
+    every image and box as the recipe without it gives them (``results`` and ``plain``:
+    :func:`run`'s, the same batches)."""
+    for (pa, ia), (pb, ib) in zip(results, plain):
+        assert (pa.partner_positions == -1).all()  # no partner read
+        for a, b in zip(ia, ib):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(pa.boxes, pb.boxes):
+            np.testing.assert_array_equal(a, b)
+
+
+def dropped_by_min_visibility(loose, strict) -> int:
+    """How many boxes ``min_visibility`` dropped: ``loose`` and ``strict`` are :func:`run`'s
+    batches of one recipe without and with it. Asserts that it only drops: each kept box is one of
+    the loose boxes of its label (an image shown twice has its label twice), unchanged."""
+    dropped = 0
+    for (pl, _), (ps, _) in zip(loose, strict):
+        for bl, ll, bs, ls in zip(pl.boxes, pl.labels, ps.boxes, ps.labels):
+            assert set(ls.tolist()) <= set(ll.tolist())
+            dropped += len(ll) - len(ls)
+            for label, box in zip(ls, bs):
+                assert any(np.array_equal(box, b) for b in bl[ll == label]), f"box {box} of label {label} changed"
+    return dropped
+
+
+def plans_by_id(source, recipe: Compose, seed: int, batch_size: int, shuffle: bool, steps=None,
+                epoch: int = 0) -> dict[int, tuple]:
+    """``{image_id: (partner positions, params, boxes)}`` of every sample planned in ``steps``
+    (default: every step, in order) of ``epoch``, batches of ``batch_size``."""
+    planner = BatchPlanner(source, recipe, EpochSpec(n=len(source), batch_size=batch_size, seed=seed, shuffle=shuffle))
+    out = {}
+    for step in steps if steps is not None else range(len(planner.spec)):
+        planned = planner.plan(epoch, step)
+        for k, image_id in enumerate(planned.image_ids):
+            out[int(image_id)] = (planned.partner_positions[k], planned.params[k], planned.boxes[k])
+    return out
+
+
+def assert_plans_follow_the_seed(source, recipe: Compose, seed: int, single_steps=None) -> dict[int, tuple]:
+    """The seed contract: asserts that a sample's partners, parameters and boxes are the same in
+    batches of 4 in order, of 3 shuffled, of 1 (planned in ``single_steps``' order; default in
+    order) and of the whole dataset shuffled, and that its partners change with the epoch.
+    Returns the plans of batches of 4 (:func:`plans_by_id`)."""
+    reference = plans_by_id(source, recipe, seed, 4, False)
+    for other in (plans_by_id(source, recipe, seed, 3, True), plans_by_id(source, recipe, seed, 1, False, single_steps),
+                  plans_by_id(source, recipe, seed, len(source), True)):
+        assert other.keys() == reference.keys()
+        for image_id, (positions, params, boxes) in other.items():
+            np.testing.assert_array_equal(positions, reference[image_id][0])
+            np.testing.assert_array_equal(params, reference[image_id][1])
+            np.testing.assert_array_equal(boxes, reference[image_id][2])
+    later = plans_by_id(source, recipe, seed, 4, False, epoch=1)
+    assert any(not np.array_equal(later[k][0], reference[k][0]) for k in reference)
+    return reference
+
+
 def apart(masks: list[np.ndarray]) -> list[np.ndarray]:
     """Each colour's mask without the lines drawn between two other colours: where two objects
     meet, bilinear blending draws a thin line of in-between colours, which can read as a third
@@ -274,15 +331,7 @@ def test_min_visibility_applies_after_composition():
     recipe = [T.Mosaic((96, 96), fill=FILL)]
     loose = run(source, Compose(recipe, min_visibility=0.0), 6)
     strict = run(source, Compose(recipe, min_visibility=0.6), 6)
-    dropped = 0
-    for (pl, _), (ps, _) in zip(loose, strict):
-        for bl, ll, bs, ls in zip(pl.boxes, pl.labels, ps.boxes, ps.labels):
-            assert set(ls.tolist()) <= set(ll.tolist())
-            dropped += len(ll) - len(ls)
-            for label, box in zip(ls, bs):  # kept boxes are unchanged
-                if ll.tolist().count(label) == 1:  # (an image shown twice has its label twice)
-                    np.testing.assert_array_equal(box, bl[ll.tolist().index(label)])
-    assert dropped > 0
+    assert dropped_by_min_visibility(loose, strict) > 0
 
 
 # -- MixUp -----------------------------------------------------------------------------------------
@@ -327,13 +376,7 @@ def test_mixup_not_applied_leaves_the_sample_as_it_is():
     samples, _ = scene_samples(6, seed=1)
     source = SampleListSource(samples)
     mixed = run(source, Compose([T.Resize((64, 64)), T.MixUp(p=0.0)]), 3)
-    plain = run(source, Compose([T.Resize((64, 64))]), 3)
-    for (pm, im), (pp, ip) in zip(mixed, plain):
-        assert (pm.partner_positions == -1).all()  # no partner read
-        for a, b in zip(im, ip):
-            np.testing.assert_array_equal(a, b)
-        for a, b in zip(pm.boxes, pp.boxes):
-            np.testing.assert_array_equal(a, b)
+    assert_same_as_without(mixed, run(source, Compose([T.Resize((64, 64))]), 3))
 
 
 @pytest.mark.parametrize("pool", ["dataset", "batch"])
@@ -480,19 +523,28 @@ def drawn_problems(recipe: Compose, trials: int, batch: int = 8) -> tuple[list[s
                 for (k, c), strong in zip(shown, clear):
                     box = by_label.get(100 * k + c)
                     where = f"trial {trial}, sample {i}, {view} view, slot {k}, colour {c}"
-                    if box is None:
-                        tight = mask_box(strong)
-                        if tight is not None and strong.sum() >= 4 and (tight[2:] - tight[:2]).min() >= 2:
-                            problems.append(f"{where}: object drawn at {tight.tolist()} ({strong.sum()} pixels) but no box")
-                        continue
-                    checked += 1
-                    x0, y0 = (int(np.floor(v)) for v in box[:2])
-                    x1, y1 = (int(np.ceil(v)) for v in box[2:])
-                    share = colour_share(image[y0:y1, x0:x1], GROUPS[picks[i][k][0]][c]).max(initial=0.0)
-                    if share < 1 / 3:
-                        problems.append(f"{where}: box {np.round(box, 2).tolist()} holds no pixel of its object "
-                                        f"(at most {share:.2f} of its colour)")
+                    problems += drawn_box_problems(image, strong, box, GROUPS[picks[i][k][0]][c], where)
+                    checked += int(box is not None)
     return problems, checked
+
+
+def drawn_box_problems(image: np.ndarray, mask: np.ndarray, box: np.ndarray | None, colour: tuple[int, int, int],
+                       where: str) -> list[str]:
+    """The problem (``[]``: none) of one object of ``colour`` on ``image`` (``[H, W, 3]``): its
+    ``box`` (xyxy) with no pixel showing a third of the colour, or, without a box (``None``), the
+    object drawn (``mask``: bool ``[H, W]``, its pixels at half its colour) on 4 pixels or more
+    spanning 2 or more in x and y. ``where`` starts the message."""
+    if box is None:
+        tight = mask_box(mask)
+        if tight is not None and mask.sum() >= 4 and (tight[2:] - tight[:2]).min() >= 2:
+            return [f"{where}: object drawn at {tight.tolist()} ({mask.sum()} pixels) but no box"]
+        return []
+    x0, y0 = (int(np.floor(v)) for v in box[:2])
+    x1, y1 = (int(np.ceil(v)) for v in box[2:])
+    share = colour_share(image[y0:y1, x0:x1], colour).max(initial=0.0)
+    if share < 1 / 3:
+        return [f"{where}: box {np.round(box, 2).tolist()} holds no pixel of its object (at most {share:.2f} of its colour)"]
+    return []
 
 
 def test_a_layer_drops_what_its_canvas_does_not_draw_before_a_warp():
@@ -537,27 +589,8 @@ def test_partners_and_plans_do_not_depend_on_batch_or_order():
     """A sample's partners, parameters and boxes are the same in any batch, batch size, epoch
     order and random access order; they change with the epoch."""
     samples, _ = one_object_images()
-    source = SampleListSource(samples)
-    recipe = T.yolo_recipe(64)
-
-    def by_id(batch_size, shuffle, steps=None, epoch=0):
-        planner = BatchPlanner(source, recipe, EpochSpec(n=len(source), batch_size=batch_size, seed=7, shuffle=shuffle))
-        out = {}
-        for step in steps if steps is not None else range(len(planner.spec)):
-            planned = planner.plan(epoch, step)
-            for k, image_id in enumerate(planned.image_ids):
-                out[int(image_id)] = (planned.partner_positions[k], planned.params[k], planned.boxes[k])
-        return out
-
-    reference = by_id(4, False)
-    for other in (by_id(3, True), by_id(1, False, steps=np.random.default_rng(1).permutation(len(samples))), by_id(len(samples), True)):
-        assert other.keys() == reference.keys()
-        for image_id, (positions, params, boxes) in other.items():
-            np.testing.assert_array_equal(positions, reference[image_id][0])
-            np.testing.assert_array_equal(params, reference[image_id][1])
-            np.testing.assert_array_equal(boxes, reference[image_id][2])
-    later = by_id(4, False, epoch=1)
-    assert any(not np.array_equal(later[k][0], reference[k][0]) for k in reference)
+    reference = assert_plans_follow_the_seed(SampleListSource(samples), T.yolo_recipe(64), 7,
+                                             single_steps=np.random.default_rng(1).permutation(len(samples)))
     drawn = np.concatenate([v[0][:3] for v in reference.values()])
     assert len(set(drawn.tolist())) >= 6  # uniform over the dataset, not the batch
 
