@@ -47,7 +47,7 @@ from detaug.pipeline import build_pipeline, feed, feed_first_run, pick_device, r
 from detaug.plan_ahead import PlanPool, batches_ahead, group_size
 from detaug.decode_failures import DecodeFailure, undecodable
 from detaug.epochs import EpochSpec, source_groups
-from detaug.planned_batch import PlannedBatch
+from detaug.planned_batch import BatchFindings, PlannedBatch
 from detaug.planning import BatchPlanner
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ class Bookkeeper(Protocol):
     _bad: dict[int, str]  # positions whose image failed in DALI -> reason
 
 
-def record(face: Bookkeeper, planned: PlannedBatch) -> list[str]:
+def record(face: Bookkeeper, planned: PlannedBatch | BatchFindings) -> list[str]:
     """Keep the batch's skipped images and repaired boxes (``face.skipped``, ``face.repaired``);
     the messages of the findings not said before (once per file and reason), for the face to
     warn in its caller's thread."""
@@ -210,8 +210,8 @@ def build(loader: LoaderState) -> Any:
     return pipe
 
 
-def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[tuple[int, PlannedBatch, Any, Any]]:
-    """``(step, planned, images, targets)`` of the batches from ``(epoch, start)`` to the
+def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[tuple[int, BatchFindings, Any, Any]]:
+    """``(step, findings, images, targets)`` of the batches from ``(epoch, start)`` to the
     end of the epoch: plans submitted ahead, fed to DALI ahead, outputs converted. At the
     end of the epoch the next epoch's first batches stay in flight (:class:`Carry`).
 
@@ -265,7 +265,7 @@ def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[tuple[int, 
                 top_up()
             except ImageError:  # raised again by the next top_up, once this batch is yielded
                 pass
-            yield (step, planned, *loader._to_torch(images, planned))
+            yield (step, planned.findings, *loader._to_torch(images, planned))  # the batch's arrays freed here
         loader._carry = Carry((epoch + 1, 0), pending, inflight, next_key)
         completed = True
     finally:
@@ -274,7 +274,7 @@ def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[tuple[int, 
                 discard(loader, pending, inflight)
 
 
-def produce_on(loader: LoaderState, epoch: int, start: int) -> Iterator[tuple[int, int, PlannedBatch, Any, Any]]:
+def produce_on(loader: LoaderState, epoch: int, start: int) -> Iterator[tuple[int, int, BatchFindings, Any, Any]]:
     """``(epoch, step, planned, images, targets)`` from ``(epoch, start)`` on, epoch after
     epoch: the background feed's generator (``loader`` a weak proxy); it ends only when stopped."""
     if not len(loader):

@@ -11,7 +11,30 @@ import numpy as np
 from detaug.masks import MASKS, join_masks
 from detaug.plan_layout import PlanLayout
 
-__all__ = ["PlannedBatch", "batch_columns"]
+__all__ = ["BatchFindings", "PlannedBatch", "batch_columns"]
+
+
+@dataclass
+class BatchFindings:
+    """A batch's skipped images and repaired boxes (:class:`PlannedBatch`'s ``skipped`` and
+    ``repaired``) without its arrays: what the loader's caller records of a batch made in the
+    background feed, whose planned batch is freed there (freeing it took 0.05-0.06 ms of the
+    caller's ``next()`` a batch of 64 on the dev machine, of 0.18-0.28 ms in all)."""
+
+    skipped: list[dict[str, Any]]
+    repaired: list[dict[str, Any]]
+
+    def new_findings(self, warned: set[tuple[str, str]]) -> list[str]:
+        """Warning texts for this batch's skipped images and repaired boxes not warned of
+        before (one per file and reason); ``warned`` is updated."""
+        messages = []
+        for found in self.skipped + self.repaired:
+            key = (found["file"], found["reason"])
+            if key not in warned:
+                warned.add(key)
+                verb = "skipped" if "count" not in found else f"{found['count']} box(es) of"
+                messages.append(f"{verb} {found['file']} (image_id {found['image_id']}): {found['reason']}")
+        return messages
 
 
 @dataclass
@@ -86,17 +109,14 @@ class PlannedBatch:
         batch-mates, and data left out, carry none)."""
         return list(self.data or []) + [a for images in self.partners or [] if images is not None for a in images]
 
+    @property
+    def findings(self) -> BatchFindings:
+        """The batch's skipped images and repaired boxes, without its arrays."""
+        return BatchFindings(self.skipped, self.repaired)
+
     def new_findings(self, warned: set[tuple[str, str]]) -> list[str]:
-        """Warning texts for this batch's skipped images and repaired boxes not warned of
-        before (one per file and reason); ``warned`` is updated."""
-        messages = []
-        for found in self.skipped + self.repaired:
-            key = (found["file"], found["reason"])
-            if key not in warned:
-                warned.add(key)
-                verb = "skipped" if "count" not in found else f"{found['count']} box(es) of"
-                messages.append(f"{verb} {found['file']} (image_id {found['image_id']}): {found['reason']}")
-        return messages
+        """:meth:`BatchFindings.new_findings` of this batch."""
+        return self.findings.new_findings(warned)
 
 
 def batch_columns(planned: PlannedBatch) -> tuple[list[int], np.ndarray, np.ndarray, dict[str, np.ndarray]]:

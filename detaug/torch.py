@@ -17,7 +17,7 @@ from detaug.labels import LabelMap
 from detaug.masks import MASKS
 from detaug.plan_ahead import PlanPool
 from detaug.pipeline import outputs_outlive_runs
-from detaug.planned_batch import PlannedBatch, batch_columns
+from detaug.planned_batch import BatchFindings, PlannedBatch, batch_columns
 from detaug.planning import BatchPlanner
 from detaug.transforms import Compose
 
@@ -325,12 +325,12 @@ class DetectionLoader:
         try:
             for _ in range(start, steps):
                 try:
-                    item_epoch, step, planned, images, targets = feed.take()
+                    item_epoch, step, findings, images, targets = feed.take()
                 except StopIteration:  # the producer runs on forever; only a bug ends it
                     raise RuntimeError("the loader's background feed ended before the epoch did") from None
                 assert item_epoch == epoch, (item_epoch, epoch)
                 feed.hand_over(_tensors_of(images, targets))
-                self._record(planned)
+                self._record(findings)
                 self._step = step + 1
                 yield images, targets
             self._epoch, self._step, self._abandoned = epoch + 1, 0, False
@@ -351,8 +351,8 @@ class DetectionLoader:
         """:meth:`_consume` without a thread: each batch made inside ``next()``."""
         made = core.produce(self, epoch, start)
         try:
-            for step, planned, images, targets in made:
-                self._record(planned)
+            for step, findings, images, targets in made:
+                self._record(findings)
                 self._step = step + 1
                 yield images, targets
             self._epoch, self._step, self._abandoned = epoch + 1, 0, False
@@ -368,10 +368,10 @@ class DetectionLoader:
             current, self._current = self._current, None
             current.close()  # drains its batches in flight; keeps the position it reached
 
-    def _record(self, planned: PlannedBatch) -> None:
+    def _record(self, findings: BatchFindings) -> None:
         while self._pool is not None and self._pool.deferred:
             warnings.warn(self._pool.deferred.pop(0), RuntimeWarning, stacklevel=4)
-        for message in core.record(self, planned):
+        for message in core.record(self, findings):
             warnings.warn(message, DataWarning, stacklevel=4)
 
     def _to_torch(self, images: Any, planned: PlannedBatch) -> tuple[torch.Tensor | list[torch.Tensor], Any]:
