@@ -187,9 +187,7 @@ def convert_splits(voc_root: str | PathLike | None, splits: Sequence[str | None]
                       verify_images, orientation, workers)
     buffers = {split: bytearray() for split in splits}
     writers = {split: CocoStreamWriter(buffers[split].extend) for split in splits}
-    reports, names = plan.run({s: _JsonSink(w) for s, w in writers.items()}, progress)
-    for writer in writers.values():
-        writer.finish(names)
+    reports = _write_documents(plan, writers, progress)
     return {split: ConversionResult(bytes(buffers[split]), plan.layout.images, reports[split],
                                     split) for split in splits}
 
@@ -238,9 +236,7 @@ def write_splits(voc_root: str | PathLike | None,
                         on_stale(stale)
                 spool_error = functools.partial(output.error, doing="spooling annotations")
                 writers[split] = CocoStreamWriter(output.write, output.path.parent, spool_error)
-            reports, names = plan.run({s: _JsonSink(w) for s, w in writers.items()}, progress)
-            for writer in writers.values():
-                writer.finish(names)
+            reports = _write_documents(plan, writers, progress)
             if before_commit is not None and not before_commit(reports):
                 raise _Discard
             for split, output in outputs.items():
@@ -256,6 +252,17 @@ def write_splits(voc_root: str | PathLike | None,
                 output.discard()  # nothing after a commit
     return reports
 
+
+
+def _write_documents(plan: _Plan, writers: Mapping[str | None, CocoStreamWriter],
+                     progress: bool | None) -> dict[str | None, Report]:
+    """Run ``plan`` into ``writers`` (one COCO document a split: each image's record and its
+    annotations as its XML is converted), then finish every document with the categories the
+    conversion found. Returns ``{split: report}``."""
+    reports, names = plan.run({s: _JsonSink(w) for s, w in writers.items()}, progress)
+    for writer in writers.values():
+        writer.finish(names)
+    return reports
 
 
 class _Discard(Exception):

@@ -55,8 +55,35 @@ def plan_batch(
     *,
     geometry: bool = False,
 ) -> tuple[list[np.ndarray], ...]:
-    """Plan one batch of ``recipe``: :meth:`detaug.transforms.Compose.plan_batch` (its
-    docstring gives the arguments and the results)."""
+    """Plan one batch of ``recipe`` (a :class:`~detaug.transforms.Compose`, whose
+    :meth:`~detaug.transforms.Compose.plan_batch` this is, with the recipe as ``self``); a
+    scheduled recipe plans at the epoch of ``keys`` (:meth:`~detaug.transforms.Compose.for_keys`).
+
+    Args:
+        shapes: per sample, the decoded image shape ``(H, W, C)`` (int).
+        boxes: per sample, float32 ``[N, 4]`` absolute xyxy boxes on the source image.
+        labels: per sample, int ``[N]`` (or ``[N, 1]``) category ids.
+        keys: int64 ``[B, 3]`` sample keys ``(seed, epoch, image_id)`` from
+            :func:`detaug.seeds.sample_keys` (or a list of ``B`` such rows). Sample ``k``'s
+            outputs are a pure function of ``keys[k]``, ``shapes[k]``, ``boxes[k]`` and
+            ``labels[k]`` (and its partners'): planning it alone or in any batch gives the
+            same arrays, except for the partner slots of ``recipe.batch_slots``, which are
+            positions in this batch.
+        partners: the partner images (required when ``recipe.num_partners`` > 0), in the slots
+            of :meth:`~detaug.transforms.Compose.partner_draws`.
+
+    Returns:
+        Three per-sample lists: the parameter vectors (float32 ``[num_params]``: decode ROI
+        ``(x, y, w, h)``; per Mosaic tile its ROI, matrix ``[2, 3]`` and size; per warp
+        segment the forward matrix (``[2, 3]`` row-major, ``[3, 3]`` when projective) and the
+        output size ``(h, w)``; MixUp's partner ROI, matrix, size and blend ratio; per
+        photometric transform its parameters; ``recipe.plan_layout`` names them), the output boxes
+        (float32 ``[M, 4]`` xyxy: the sample's boxes first, then each partner's) and labels
+        (int32 ``[M]``); with ``geometry``, a fourth list: per sample the
+        :class:`~detaug.plan.PointGeometry` of its kept boxes, in the same order (what moves
+        their points: keypoints, :mod:`detaug.keypoints`).
+    """
+    recipe = recipe.for_keys(keys)
     n = len(shapes)
     keys = as_keys(keys, batch_size=n)
     j = recipe.num_partners

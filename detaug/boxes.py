@@ -67,22 +67,25 @@ def _eye(n: int) -> np.ndarray:
     return np.broadcast_to(np.eye(3), (n, 3, 3)).copy()
 
 
+def _with_pair(at: tuple[tuple[int, int], tuple[int, int]], a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``[B, 3, 3]`` identity matrices with ``a`` and ``b`` (per-sample parameters, float64,
+    broadcast against each other to ``B`` values) at the entries ``at``, ``((row, col), (row, col))``."""
+    a, b = np.broadcast_arrays(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    m = _eye(a.size)
+    (ra, ca), (rb, cb) = at
+    m[:, ra, ca] = a.ravel()
+    m[:, rb, cb] = b.ravel()
+    return m
+
+
 def translation_matrix(tx: np.ndarray, ty: np.ndarray) -> np.ndarray:
     """``[B, 3, 3]`` maps ``(x, y)`` to ``(x + tx, y + ty)``."""
-    tx, ty = np.broadcast_arrays(np.asarray(tx, np.float64), np.asarray(ty, np.float64))
-    m = _eye(tx.size)
-    m[:, 0, 2] = tx.ravel()
-    m[:, 1, 2] = ty.ravel()
-    return m
+    return _with_pair(((0, 2), (1, 2)), tx, ty)
 
 
 def scale_matrix(sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
     """``[B, 3, 3]`` maps ``(x, y)`` to ``(sx * x, sy * y)`` (negative factors mirror)."""
-    sx, sy = np.broadcast_arrays(np.asarray(sx, np.float64), np.asarray(sy, np.float64))
-    m = _eye(sx.size)
-    m[:, 0, 0] = sx.ravel()
-    m[:, 1, 1] = sy.ravel()
-    return m
+    return _with_pair(((0, 0), (1, 1)), sx, sy)
 
 
 def rotation_matrix(degrees: np.ndarray) -> np.ndarray:

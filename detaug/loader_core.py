@@ -10,8 +10,11 @@ state, the iteration protocol) and :class:`~detaug.keras.DetectionSequence` (Ker
   :func:`planning_workers`, :func:`pipeline_threads`, :func:`epoch_spec`), so that one argument
   means and defaults to the same on both (the recipe's type is checked by each face: this
   engine module reads a recipe only through its methods);
-* the bookkeeping of skipped and repaired images (:func:`record`, :func:`skip_undecodable`,
-  :func:`plan_here`): a batch DALI fails on is planned again without its culprits, named once.
+* their class indices and what they answer from them (:class:`LabelledFace`, a base class of
+  both);
+* the bookkeeping of skipped and repaired images (:func:`start_bookkeeping`, :func:`record`,
+  :func:`skip_undecodable`, :func:`plan_here`): a batch DALI fails on is planned again without
+  its culprits, named once.
 
 The rest is the machinery of the iterator face (the Sequence runs its batches through
 :mod:`detaug.keras.pipeline_queue` instead: docs/keras.md says why), free of any framework but
@@ -43,6 +46,7 @@ import numpy as np
 from detaug.decoding import default_planning_workers, threads_beside
 from detaug.epochs import check_shard
 from detaug.errors import ImageError
+from detaug.labels import LabelMap
 from detaug.pipeline import build_pipeline, feed, feed_first_run, pick_device, resolve_device, take_outputs
 from detaug.plan_ahead import PlanPool, batches_ahead, group_size
 from detaug.decode_failures import DecodeFailure, undecodable
@@ -53,10 +57,10 @@ from detaug.planning import BatchPlanner
 if TYPE_CHECKING:
     from detaug.feeder import BackgroundFeed
 
-__all__ = ["Carry", "LoaderState", "build", "check_count", "discard", "discard_carry", "drain",
+__all__ = ["Carry", "LabelledFace", "LoaderState", "build", "check_count", "discard", "discard_carry", "drain",
            "epoch_spec", "feed_batches", "outputs", "pipeline_threads", "plan_here", "planning_workers", "produce",
            "produce_on", "rebuild", "record", "resolve_device_once", "resolve_shard", "resolve_shuffle", "result",
-           "skip_undecodable", "stop_feed", "stop_feeds", "take_carry", "take_feed"]
+           "skip_undecodable", "start_bookkeeping", "stop_feed", "stop_feeds", "take_carry", "take_feed"]
 
 
 # -- what both faces resolve alike -------------------------------------------------------------------
@@ -119,6 +123,37 @@ def epoch_spec(source: Any, batch_size: int, shard: tuple[int, int], *, shuffle:
                      drop_last=drop_last, seed=seed, groups=source_groups(source))
 
 
+class LabelledFace:
+    """A face's class indices: ``label_map`` and ``num_classes`` as given, ``label_mapping``
+    (:class:`~detaug.labels.LabelMap`), set by :meth:`_set_labels`, and what the face answers
+    from them (:attr:`class_names`, :attr:`category_ids`)."""
+
+    label_map: str | None
+    label_mapping: LabelMap
+    num_classes: int | None
+
+    def _set_labels(self, source: Any, label_map: str | None, num_classes: int | None, *, first: int,
+                    adapter: str) -> None:
+        """The class indices of ``source`` (:meth:`LabelMap.from_source
+        <detaug.labels.LabelMap.from_source>`: ``first`` the index of the first category), checked
+        against ``num_classes`` where given (its errors name ``adapter``, the face's class)."""
+        self.label_map = label_map
+        self.label_mapping = LabelMap.from_source(source, label_map, first=first)
+        if num_classes is not None:
+            self.label_mapping.check_num_classes(num_classes, adapter=adapter)
+        self.num_classes = num_classes
+
+    @property
+    def class_names(self) -> list[str | None]:
+        """The name of each class index (see the class docstring); a new list."""
+        return self.label_mapping.class_names
+
+    @property
+    def category_ids(self) -> list[int]:
+        """The category id of each class index, ``-1`` for none (see the class docstring); a new list."""
+        return self.label_mapping.category_ids
+
+
 class Bookkeeper(Protocol):
     """What :func:`record`, :func:`skip_undecodable` and :func:`plan_here` read and write on a face."""
 
@@ -129,6 +164,15 @@ class Bookkeeper(Protocol):
     repaired: list[dict[str, Any]]
     _warned: set[tuple[str, str]]
     _bad: dict[int, str]  # positions whose image failed in DALI -> reason
+
+
+def start_bookkeeping(face: Bookkeeper) -> None:
+    """Nothing skipped, repaired, said or failed in DALI yet: the face's lists and sets that
+    :func:`record` and :func:`skip_undecodable` fill."""
+    face.skipped = []
+    face.repaired = []
+    face._warned = set()
+    face._bad = {}
 
 
 def record(face: Bookkeeper, planned: PlannedBatch | BatchFindings) -> list[str]:

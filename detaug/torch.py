@@ -13,7 +13,6 @@ from detaug import loader_core as core
 from detaug.errors import DataWarning
 from detaug.feeder import BackgroundFeed, FeedStats
 from detaug.handover import TARGET_FORMS, build_targets, dali_images_to_torch
-from detaug.labels import LabelMap
 from detaug.masks import MASKS
 from detaug.plan_ahead import PlanPool
 from detaug.pipeline import outputs_outlive_runs
@@ -42,7 +41,7 @@ def distributed_shard() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-class DetectionLoader:
+class DetectionLoader(core.LabelledFace):
     """Iterate over augmented batches: ``for images, targets in loader``.
 
     Args:
@@ -189,11 +188,7 @@ class DetectionLoader:
         core.check_count("max_boxes", max_boxes, 0, none_ok=True)
         core.check_count("ready_batches", ready_batches, 0)
         self.targets, self.max_boxes, self.ready_batches = targets, max_boxes, int(ready_batches)
-        self.label_map = label_map
-        self.label_mapping = LabelMap.from_source(source, label_map, first=1)  # before any pipeline
-        if num_classes is not None:
-            self.label_mapping.check_num_classes(num_classes, adapter="DetectionLoader")
-        self.num_classes = num_classes
+        self._set_labels(source, label_map, num_classes, first=1, adapter="DetectionLoader")  # before any pipeline
         shard_id, num_shards = core.resolve_shard(source, shard_id, num_shards, default=distributed_shard())
         shuffle = core.resolve_shuffle(source, shuffle)
         device, self.device_id = core.resolve_device_once(device, device_id, default_gpu=_local_gpu)
@@ -225,10 +220,7 @@ class DetectionLoader:
                 f"{self.spec.n // num_shards if drop_last else -(-self.spec.n // num_shards)} per rank, "
                 f"fewer than batch_size={batch_size} with drop_last=True", stacklevel=2,
             )
-        self.skipped: list[dict[str, Any]] = []
-        self.repaired: list[dict[str, Any]] = []
-        self._warned: set[tuple[str, str]] = set()
-        self._bad: dict[int, str] = {}  # positions whose image failed in DALI -> reason
+        core.start_bookkeeping(self)  # skipped, repaired, ...
         self._epoch, self._step = 0, 0  # where the next batch comes from
         self._abandoned = False  # an iteration stopped early: the next one starts the next epoch
         self._current: Iterator[Any] | None = None
@@ -238,16 +230,6 @@ class DetectionLoader:
         self._live_feeds: list[BackgroundFeed] = []  # stopped when the loader is collected
         self.feed_stats = FeedStats()  # what the caller found at each take, over the loader's life
         weakref.finalize(self, core.stop_feeds, self._live_feeds)
-
-    @property
-    def class_names(self) -> list[str | None]:
-        """The name of each class index (see the class docstring); a new list."""
-        return self.label_mapping.class_names
-
-    @property
-    def category_ids(self) -> list[int]:
-        """The category id of each class index, ``-1`` for none (see the class docstring); a new list."""
-        return self.label_mapping.category_ids
 
     # -- epochs and resume ---------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,14 +172,20 @@ class _Parser:
         self.report.finish()
         return CocoDataset(self.source, list(images.values()), categories, self.report)
 
+    def objects(self, raw: list[Any], key: str, reason: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+        """``(where, entry)`` of each entry of the list ``key`` that is an object, ``where`` its
+        place (``"images[3]"``); any other entry is reported as ``reason`` and passed over."""
+        for k, entry in enumerate(raw):
+            where = f"{key}[{k}]"
+            if not isinstance(entry, Mapping):
+                self.error(reason, annotation=where, detail=f"{_short(entry)} is not an object")
+                continue
+            yield where, entry
+
     # -- categories ------------------------------------------------------------------------
     def categories(self, raw: list[Any]) -> dict[int, str]:
         categories: dict[int, str] = {}
-        for k, c in enumerate(raw):
-            where = f"categories[{k}]"
-            if not isinstance(c, Mapping):
-                self.error(v.MALFORMED_CATEGORY, annotation=where, detail=f"{_short(c)} is not an object")
-                continue
+        for where, c in self.objects(raw, "categories", v.MALFORMED_CATEGORY):
             cid = v.as_int(c.get("id"))
             if cid is None:
                 self.error(v.MALFORMED_CATEGORY, annotation=where, detail=f"id {_short(c.get('id'))} is not an integer")
@@ -205,11 +211,7 @@ class _Parser:
         images: dict[int, CocoImage] = {}
         unusable: set[int] = set()
         by_file: dict[str, int] = {}
-        for k, im in enumerate(raw):
-            where = f"images[{k}]"
-            if not isinstance(im, Mapping):
-                self.error(v.MALFORMED_IMAGE, annotation=where, detail=f"{_short(im)} is not an object")
-                continue
+        for where, im in self.objects(raw, "images", v.MALFORMED_IMAGE):
             iid = v.as_int(im.get("id"))
             if iid is None or not v.INT64_MIN <= iid <= v.INT64_MAX:
                 self.error(v.BAD_IMAGE_ID, annotation=where, detail=f"id {_short(im.get('id'))}")
@@ -262,7 +264,7 @@ class _Parser:
                     categories: dict[int, str]) -> _Columns:
         """The well-formed annotations, as columns (the hot loop: plain types take fast paths)."""
         cols = _Columns()
-        for k, ann in enumerate(raw):
+        for k, ann in enumerate(raw):  # the check of objects() inline: no place string made per entry
             if type(ann) is not dict and not isinstance(ann, Mapping):
                 self.error(v.MALFORMED_ANNOTATION, annotation=f"annotations[{k}]", detail=f"{_short(ann)} is not an object")
                 continue

@@ -37,7 +37,6 @@ from detaug.keras.flavor import keras_backend, keras_base, keras_module
 from detaug.keras.pipeline_queue import DLPACK_BACKENDS, PIPELINE_DEPTH, PipelineQueue
 from detaug.keras.plan_ahead import PlanAhead, any_planned
 from detaug.keras.targets import OVERFLOW_POLICIES, check_box_format, keras_field_spec
-from detaug.labels import LabelMap
 from detaug.field_selection import field_outputs
 from detaug.planning import BatchPlanner
 from detaug.transforms import Compose
@@ -47,8 +46,10 @@ __all__ = ["DetectionSequence"]
 #: The class ``DetectionSequence`` subclasses: Keras 3's ``PyDataset``, ``tf_keras.utils.Sequence``
 #: or ``object`` (see :mod:`detaug.keras.flavor`).
 _Base = keras_base()
-#: Its bases: the Keras class first (``DetectionSequence.__mro__[1]``), then the batches' half.
-_BASES = (SequenceBatches,) if _Base is object else (_Base, SequenceBatches)
+#: Its bases: the Keras class first (``DetectionSequence.__mro__[1]``), then the batches' half and
+#: the class indices (shared with the PyTorch loader).
+_BASES = ((SequenceBatches, core.LabelledFace) if _Base is object
+          else (_Base, SequenceBatches, core.LabelledFace))
 
 
 class DetectionSequence(*_BASES):  # type: ignore[misc]
@@ -225,11 +226,7 @@ class DetectionSequence(*_BASES):  # type: ignore[misc]
         max_boxes = core.check_count("max_boxes", max(most, 1) if max_boxes is None else max_boxes, 1, none_ok=True)
 
         # 3. Class indices (before any pipeline is built).
-        self.label_map = label_map
-        self.label_mapping = LabelMap.from_source(source, label_map, first=0)
-        if num_classes is not None:
-            self.label_mapping.check_num_classes(num_classes, adapter="DetectionSequence")
-        self.num_classes = num_classes
+        self._set_labels(source, label_map, num_classes, first=0, adapter="DetectionSequence")
 
         self.source, self.categories, self.transforms = source, source.categories, transforms
         self.batch_size, self.max_boxes, self.most_source_boxes = int(batch_size), max_boxes, most
@@ -251,10 +248,7 @@ class DetectionSequence(*_BASES):  # type: ignore[misc]
                 f"the sequence has no batches: each of the {num_shards} shard(s) holds {self.spec.n // num_shards} "
                 f"samples, fewer than batch_size={self.batch_size} with drop_last=True", stacklevel=2,
             )
-        self.skipped: list[dict[str, Any]] = []
-        self.repaired: list[dict[str, Any]] = []
-        self._warned: set[tuple[str, str]] = set()
-        self._bad: dict[int, str] = {}  # positions whose image failed in DALI -> reason
+        core.start_bookkeeping(self)  # skipped, repaired, ...
 
         self.boxes_truncated = self.samples_truncated = self.prefetch_hits = self.planned_ahead = self.planned_inline = 0
         self._lock = threading.Condition()  # guards the counters, the epoch and the pipeline queue
@@ -268,16 +262,6 @@ class DetectionSequence(*_BASES):  # type: ignore[misc]
                                     images_on_device=self.images_on_device, backend=keras_backend())
 
     # -- the classic Sequence protocol ------------------------------------------------------------
-
-    @property
-    def class_names(self) -> list[str | None]:
-        """The name of each class index (see the class docstring); a new list."""
-        return self.label_mapping.class_names
-
-    @property
-    def category_ids(self) -> list[int]:
-        """The category id of each class index, ``-1`` for none (see the class docstring); a new list."""
-        return self.label_mapping.category_ids
 
     @property
     def prefetch_wasted(self) -> int:

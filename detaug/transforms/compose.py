@@ -14,7 +14,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from detaug.batch_plan import partner_block, plan_batch
+from detaug.batch_plan import partner_block
+from detaug.batch_plan import plan_batch as _plan_batch
 from detaug.errors import RecipeError
 from detaug.keypoints import check_flip_pairs
 from detaug.plan import Partners
@@ -275,43 +276,10 @@ class Compose:
         positions, needed = partner_block(self.for_keys(keys), SampleRandom(keys), int(dataset_size))
         return positions, needed
 
-    def plan_batch(
-        self,
-        shapes: list[np.ndarray],
-        boxes: list[np.ndarray],
-        labels: list[np.ndarray],
-        keys: np.ndarray | list[np.ndarray],
-        partners: Partners | None = None,
-        *,
-        geometry: bool = False,
-    ) -> tuple[list[np.ndarray], ...]:
-        """Plan one batch (called by :mod:`detaug.planning`, before DALI).
-
-        Args:
-            shapes: per sample, the decoded image shape ``(H, W, C)`` (int).
-            boxes: per sample, float32 ``[N, 4]`` absolute xyxy boxes on the source image.
-            labels: per sample, int ``[N]`` (or ``[N, 1]``) category ids.
-            keys: int64 ``[B, 3]`` sample keys ``(seed, epoch, image_id)`` from
-                :func:`detaug.seeds.sample_keys` (or a list of ``B`` such rows). Sample ``k``'s
-                outputs are a pure function of ``keys[k]``, ``shapes[k]``, ``boxes[k]`` and
-                ``labels[k]`` (and its partners'): planning it alone or in any batch gives the
-                same arrays, except for the partner slots of :attr:`batch_slots`, which are
-                positions in this batch.
-            partners: the partner images (required when :attr:`num_partners` > 0), in the slots
-                of :meth:`partner_draws`.
-
-        Returns:
-            Three per-sample lists: the parameter vectors (float32 ``[num_params]``: decode ROI
-            ``(x, y, w, h)``; per Mosaic tile its ROI, matrix ``[2, 3]`` and size; per warp
-            segment the forward matrix (``[2, 3]`` row-major, ``[3, 3]`` when projective) and the
-            output size ``(h, w)``; MixUp's partner ROI, matrix, size and blend ratio; per
-            photometric transform its parameters; :attr:`plan_layout` names them), the output boxes
-            (float32 ``[M, 4]`` xyxy: the sample's boxes first, then each partner's) and labels
-            (int32 ``[M]``); with ``geometry``, a fourth list: per sample the
-            :class:`~detaug.plan.PointGeometry` of its kept boxes, in the same order (what moves
-            their points: keypoints, :mod:`detaug.keypoints`).
-        """
-        return plan_batch(self.for_keys(keys), shapes, boxes, labels, keys, partners, geometry=geometry)
+    #: Plan one batch (called by :mod:`detaug.planning`, before DALI):
+    #: :func:`detaug.batch_plan.plan_batch` with this recipe as ``recipe`` (its docstring gives the
+    #: arguments and the results).
+    plan_batch = _plan_batch
 
     def output_size(self) -> tuple[int, int] | None:
         """``(height, width)`` of every output image when the recipe fixes it, else ``None``."""

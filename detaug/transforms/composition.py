@@ -40,7 +40,7 @@ from __future__ import annotations
 import copy
 import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -51,7 +51,8 @@ from detaug.seeds import SampleRandom
 from detaug.transforms.base import TRANSFORMS, Param, Transform, register, where_applied
 from detaug.transforms.schema import REQUIRED, closest
 
-__all__ = ["Composition", "OneOf", "RandomChoice", "RandomApply", "SomeOf", "build_entry", "field_path", "entry_lines"]
+__all__ = ["Composition", "OneOf", "RandomChoice", "RandomApply", "SomeOf", "build_entry", "entry_transform", "field_path",
+           "entry_lines"]
 
 _TRANSFORMS = Param("transforms", "transforms", REQUIRED, "the transforms (recipe entries) to choose from")
 _WEIGHTS_DOC = "relative weights of the transforms (null: uniform)"
@@ -67,17 +68,27 @@ def build_entry(spec: Any, index: int, owner: str) -> Transform:
         return spec
     if not isinstance(spec, Mapping):
         raise RecipeError(f"an entry is a transform or a mapping with a 'name', got {spec!r}", transform=owner, field=here)
-    spec = dict(spec)
-    name = spec.pop("name", None)
-    if name is None:
-        raise RecipeError("entry has no 'name'", transform=owner, field=here)
-    if name not in TRANSFORMS:
-        raise RecipeError(f"unknown transform {name!r}{closest(name, TRANSFORMS)}", transform=owner, field=here)
+    kind, fields = entry_transform(spec, lambda problem, _: RecipeError(problem, transform=owner, field=here))
     try:
-        return TRANSFORMS[name](**spec)
+        return kind(**fields)
     except RecipeError as err:
         inner = ".".join(x for x in (err.transform, err.field) if x)
         raise RecipeError(err.problem, transform=owner, field=f"{here} {inner}" if inner else here) from None
+
+
+def entry_transform(spec: Mapping[str, Any],
+                    fail: Callable[[str, bool], RecipeError]) -> tuple[type[Transform], dict[str, Any]]:
+    """The transform class that the recipe entry ``spec`` names (its ``"name"``, a registered
+    transform) and the entry's other fields, its arguments. An entry without a ``"name"``, or
+    whose name is no transform, raises ``fail(problem, at_name)``: the caller locates the
+    error (``at_name``: the problem is the name's value, not the entry's)."""
+    fields = dict(spec)
+    name = fields.pop("name", None)
+    if name is None:
+        raise fail("entry has no 'name'", False)
+    if name not in TRANSFORMS:
+        raise fail(f"unknown transform {name!r}{closest(name, TRANSFORMS)}", True)
+    return TRANSFORMS[name], fields
 
 
 def field_path(field: str | None) -> tuple:

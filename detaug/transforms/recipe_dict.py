@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from detaug.errors import RecipeError
-from detaug.transforms.base import TRANSFORMS
-from detaug.transforms.composition import entry_lines, field_path
+from detaug.transforms.composition import entry_lines, entry_transform, field_path
 from detaug.transforms.schema import Param, closest
 
 __all__ = ["RECIPE_SCHEMA", "recipe_from_dict", "recipe_lines"]
@@ -50,17 +49,13 @@ def recipe_from_dict(cls: Any, recipe: Mapping[str, Any] | Sequence[Mapping[str,
         here = ("transforms", i)
         if not isinstance(spec, Mapping):
             raise fail(f"an entry is a mapping with a 'name', got {spec!r}", where=here, index=i)
-        spec = dict(spec)
-        name = spec.pop("name", None)
-        if name is None:
-            raise fail("entry has no 'name'", where=here, index=i)
-        if name not in TRANSFORMS:
-            raise fail(f"unknown transform {name!r}{closest(name, TRANSFORMS)}", where=here + ("name",), index=i)
+        kind, fields = entry_transform(
+            spec, lambda problem, at_name: fail(problem, where=here + (("name",) if at_name else ()), index=i))
         try:
-            transforms.append(TRANSFORMS[name](**spec))
+            transforms.append(kind(**fields))
         except RecipeError as err:
             path = field_path(err.field)
-            where = here + path if path and path[0] in spec else here
+            where = here + path if path and path[0] in fields else here
             raise err.located(index=i, line=_line(lines, where), file=file) from None
     if not isinstance(recipe.get("boxes_from_masks", False), bool):
         raise fail(f"boxes_from_masks must be true or false, got {recipe['boxes_from_masks']!r:.40}",

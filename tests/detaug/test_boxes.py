@@ -14,6 +14,7 @@ from detaug.boxes import (
     polygon_area,
     polygon_bounds,
     rotation_matrix,
+    scale_matrix,
     shear_matrix,
     transform_points,
     translation_matrix,
@@ -41,6 +42,17 @@ def test_rotation_is_counter_clockwise_on_screen():
     m = rotation_matrix(np.array([90.0]))
     p = transform_points(m, np.array([[[1.0, 0.0]]]))
     np.testing.assert_allclose(p[0, 0], [0.0, -1.0], atol=1e-12)
+
+
+def test_translation_and_scale_matrices_broadcast_their_two_parameters():
+    # one parameter per sample against a scalar: B matrices, float64, the rest the identity
+    t = translation_matrix(np.array([1.0, 2.0, 3.0]), 5)
+    s = scale_matrix(np.float32(-1.0), np.array([2.0, 0.5, 4.0]))
+    assert t.shape == s.shape == (3, 3, 3) and t.dtype == s.dtype == np.float64
+    np.testing.assert_array_equal(t[1], [[1, 0, 2], [0, 1, 5], [0, 0, 1]])
+    np.testing.assert_array_equal(s[2], [[-1, 0, 0], [0, 4, 0], [0, 0, 1]])
+    p = transform_points(t @ s, np.array([[[1.0, 1.0]]] * 3))  # scaled, then moved
+    np.testing.assert_array_equal(p[:, 0], [[0.0, 7.0], [1.0, 5.5], [2.0, 9.0]])
 
 
 def test_shear_matrix_x():

@@ -196,6 +196,13 @@ def test_bad_categories(category, reason):
     expect(mutate(lambda d: d["categories"].append(category)), reason, "categories[2]")
 
 
+@pytest.mark.parametrize("key, reason", [("images", v.MALFORMED_IMAGE), ("categories", v.MALFORMED_CATEGORY)])
+def test_list_entries_that_are_not_objects(key, reason):
+    def spoil(d):
+        d[key][1] = ["x"]
+    expect(mutate(spoil), reason, f"{key}[1]", "['x'] is not an object")
+
+
 @pytest.mark.parametrize("change, fragment", [
     (lambda a: a.update(image_id=99), "annotation of an unknown image"),
     (lambda a: a.update(image_id="1"), "image_id '1' is not an integer"),

@@ -208,6 +208,8 @@ def test_nested_entries_are_checked_with_their_path():
     assert field_path(e.field) == ("transforms", 1, "transforms", 0, "size")
     with pytest.raises(RecipeError, match=r"OneOf\.transforms\[0\]: unknown transform 'Resise' \(did you mean 'Resize'\?\)"):
         T.OneOf([{"name": "Resise", "size": 3}])
+    with pytest.raises(RecipeError, match=r"OneOf\.transforms\[1\]: entry has no 'name'$"):
+        T.OneOf([H, {"size": 3}])
     with pytest.raises(RecipeError, match=r"OneOf\.transforms\[1\] RandomHorizontalFlip\.q: unknown field"):
         T.OneOf([H, {"name": "RandomHorizontalFlip", "q": 1}])
 

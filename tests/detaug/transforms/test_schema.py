@@ -105,6 +105,10 @@ def test_errors_from_a_file_give_the_file_and_the_line(tmp_path):
     path.write_text(json.dumps(recipe, indent=2))
     with pytest.raises(RecipeError, match=r"r\.json: line 8: transforms\[1\]: unknown transform 'Padd' \(did you mean 'Pad'\?\)") as err:
         Compose.load(path)
+    path = tmp_path / "nameless.yaml"  # no name: the entry's line
+    path.write_text("transforms:\n  - name: Resize\n    size: 8\n  - p: 0.5\n")
+    with pytest.raises(RecipeError, match=r"nameless\.yaml: line 4: transforms\[1\]: entry has no 'name'$"):
+        Compose.load(path)
 
 
 def test_python_calls_get_the_same_checks():
