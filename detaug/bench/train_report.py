@@ -52,6 +52,9 @@ class TrainResult:
             (ranks' sum).
         gpu_peak_mib: peak device-wide GPU memory above the row's start (ranks' max).
         torch_peak_mib: ``torch.cuda.max_memory_allocated`` (ranks' max).
+        runs: a ceiling's ``total_img_per_s`` of each of its timings (before and after the other
+            rows of its batch size: a machine whose speed drifts shows here); its figures are
+            their mean (memory: the larger). Empty for the other rows.
     """
 
     row: TrainRow
@@ -73,6 +76,7 @@ class TrainResult:
     world_size: int = 1
     ranks: list[dict] = field(default_factory=list)
     model: str = ""
+    runs: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -82,7 +86,7 @@ class TrainResult:
             "img_per_s": self.img_per_s, "total_img_per_s": self.total_img_per_s, "vs_ceiling": self.vs_ceiling,
             "data_wait": self.data_wait, "not_ready_wait": self.not_ready_wait, "cpu_cores": self.cpu_cores, "gpu_peak_mib": self.gpu_peak_mib,
             "torch_peak_mib": self.torch_peak_mib, "host_peak_rss_mib": self.host_peak_rss_mib,
-            "world_size": self.world_size, "ranks": self.ranks, "model": self.model,
+            "world_size": self.world_size, "ranks": self.ranks, "model": self.model, "runs": self.runs,
         }
 
 
@@ -185,7 +189,8 @@ class TrainReport:
                 "-" if r.not_ready_wait is None else f"{r.not_ready_wait:.1%}",
                 "-" if r.cpu_cores is None else f"{r.cpu_cores:.1f}",
                 *(["-" if r.gpu_peak_mib is None else f"{r.gpu_peak_mib:,.0f}"] if gpu else []),
-                r.row.note,
+                r.row.note + (f"; timed before and after the other rows: {' and '.join(f'{v:,.0f}' for v in r.runs)} "
+                              "img/s, their mean" if len(r.runs) > 1 else ""),
             ))
         return format_table(rows)
 

@@ -210,7 +210,8 @@ def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
     for name in ("ceiling", "detaug", "detaug-list"):
         row = rows[name]
         assert ROW_FIELDS <= set(row) and row["status"] == "ok", row
-        assert row["batch_size"] == 2 and row["steps"] == 2 and row["images"] == 4
+        timings = 2 if name == "ceiling" else 1
+        assert row["batch_size"] == 2 and row["steps"] == 2 * timings and row["images"] == 4 * timings
         assert row["img_per_s"] == row["total_img_per_s"] > 0
         assert 0.0 <= row["data_wait"] < 1.0 and row["cpu_cores"] > 0
         assert row["gpu_peak_mib"] is None and row["torch_peak_mib"] is None
@@ -220,10 +221,16 @@ def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
         assert 0.0 <= rows[name]["not_ready_wait"] <= rows[name]["data_wait"], rows[name]
     assert rows["ceiling"]["not_ready_wait"] is None and rows["torchvision"].get("not_ready_wait") is None
     assert rows["ceiling"]["vs_ceiling"] == pytest.approx(1.0)
+    for name in ("ceiling", "ceiling-padded"):  # timed before and after the rows against them: the mean
+        first, second = rows[name]["runs"]
+        assert rows[name]["img_per_s"] == pytest.approx((first + second) / 2)
+        assert rows[name]["steps"] == 4 and rows[name]["images"] == 8
+    assert rows["detaug"]["runs"] == []
     assert rows["detaug-padded"]["status"] == "ok"
     assert rows["torchvision"]["status"] in ("ok", "unavailable")
     keras_ok = rows["keras-ceiling"]["status"] == "ok"
     if keras_ok:  # Keras with its torch backend in this process
+        assert len(rows["keras-ceiling"]["runs"]) == 2
         assert rows["sequence"]["status"] == "ok", rows["sequence"]["message"]
         assert 0 < rows["sequence"]["vs_ceiling"] < math.inf and rows["sequence"]["images"] == 4
     checks = results["train"]["checks"]
@@ -320,7 +327,8 @@ def test_train_rows_under_torchrun_with_ddp(coco_folder, tmp_path, nodes):
         assert row["status"] == "ok" and row["world_size"] == 2 and len(row["ranks"]) == 2, row
         assert row["total_img_per_s"] == pytest.approx(sum(r["img_per_s"] for r in row["ranks"]))
         assert row["img_per_s"] == pytest.approx(row["total_img_per_s"] / 2)
-        assert row["images"] == 4  # one step of 2 images on each rank
+        timings = 2 if name == "ceiling" else 1  # a ceiling is timed before and after the other rows
+        assert row["images"] == 4 * timings  # one step of 2 images on each rank
     assert rows["sequence"]["status"] == "unavailable" and "torchrun" in rows["sequence"]["message"]
 
 
