@@ -101,9 +101,9 @@ def run(recipe: T.Compose, sample: Sample, seed: int, fmt: str = "cxcywhr") -> d
 
 GEOMETRIC = geometric_recipes(
     (120, 168), flips="random", perspective=0.3, iou_crop_resize=(100, 140), crop_pad=(90, 120), center_crop=(90, 110),
-    zoom_out_resize=((1.0, 1.6), (140, 180)), crop_then_zoom_out=((80, 110), (1.2, 1.5)), rotate_then_zoom_out=False,
+    zoom_out_resize=((1.0, 1.6), (140, 180)), crop_then_zoom_out=((80, 110), (1.2, 1.5)),
     resize=(84, 118),  # a strong aspect change: test_an_aspect_change_gives_...
-    letterbox=160, mosaic=((120, 168), T.RandomRotation(degrees=10)),
+    letterbox=160, shortest_size=([100, 140, 180], 260), mosaic=((120, 168), T.RandomRotation(degrees=10)),
     mosaic_affine=T.RandomAffine(degrees=10, scale=(0.9, 1.2), shear=5))
 
 
