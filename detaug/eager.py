@@ -166,11 +166,11 @@ def apply(
     if planned.data is None or planned.partners is None:
         planner.fill_data(planned)
     layout = "CHW" if kind == "torch" else "HWC"
-    from detaug.pipeline import feed, pick_device
+    from detaug.pipeline import feed, pick_device, take_outputs
 
     pipe = _pipeline(recipe, source, pick_device(device), layout)
     feed(pipe, planned.data, planned.params, planned.partners)
-    out = pipe.outputs()[0]
+    out = take_outputs(pipe)[0]
     kept = planned.labels[0].astype(np.int64)
     out_image = _image_out(out, kind, image)
     out_hw = tuple(int(v) for v in (out_image.shape[-2:] if kind == "torch" else np.asarray(out_image).shape[:2]))

@@ -12,6 +12,7 @@ from detaug.eager import apply
 from detaug.formats.box_formats import from_xyxy, to_xyxy
 from detaug.sources import Sample, SampleListSource
 from detaug.torch import DetectionLoader
+from tests.detaug.conftest import cyclic_garbage
 
 
 def scenes(n: int = 6, seed: int = 0) -> list[Sample]:
@@ -120,3 +121,15 @@ def test_boxes_on_the_border_come_back_exactly_there():
                 assert not ((b != 0) & (np.abs(b) < 1e-4)).any(), (recipe, seed, box, b)
                 at_zero += int((b == 0).sum())
     assert at_zero > 0
+
+
+def test_eager_calls_leave_no_garbage_for_the_cycle_collector():
+    """The cached pipeline is run and read as the loaders run theirs (no class defined per call by
+    DALI's public run calls)."""
+    sample = scenes(1)[0]
+    recipe = T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))])
+    call = lambda seed: recipe(image=sample.image, boxes=sample.boxes, labels=sample.labels, seed=seed)  # noqa: E731
+    call(0)  # the pipeline's first (public) run
+    seeds = iter(range(1, 5))
+    garbage = cyclic_garbage(lambda: call(next(seeds)), 4)
+    assert not [o for o in garbage if isinstance(o, type)], "a class made per call"
