@@ -18,9 +18,10 @@ from detaug.plan_ahead import PlanPool
 from detaug.pipeline import outputs_outlive_runs
 from detaug.planned_batch import BatchFindings, PlannedBatch, batch_columns
 from detaug.planning import BatchPlanner
+from detaug.streams import training_stream
 from detaug.transforms import Compose
 
-__all__ = ["DetectionLoader", "distributed_shard", "dali_images_to_torch"]
+__all__ = ["DetectionLoader", "distributed_shard", "dali_images_to_torch", "training_stream"]
 
 Target = dict[str, Any]
 

@@ -1,0 +1,57 @@
+"""``detaug.torch.training_stream``: a loop's steps on a CUDA stream of their own, ordered with the
+code around the block; a no-op without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import detaug.torch
+from detaug.streams import TRAINING_STREAM_PRIORITY, training_stream
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA stream needs a GPU")
+
+
+def test_it_is_the_torch_faces():
+    assert detaug.torch.training_stream is training_stream and "training_stream" in detaug.torch.__all__
+
+
+def test_on_the_cpu_nothing_changes():
+    """A CPU device: the block runs as it would, and is given no stream; so does a machine
+    without CUDA where no device is named."""
+    with training_stream("cpu") as stream:
+        assert stream is None
+        assert torch.ones(2).add(1).tolist() == [2.0, 2.0]
+    if not torch.cuda.is_available():
+        with training_stream() as stream:
+            assert stream is None
+
+
+def test_an_error_in_the_block_comes_through():
+    with pytest.raises(KeyError, match="inside"), training_stream("cpu"):
+        raise KeyError("inside")
+
+
+@CUDA
+def test_the_block_runs_on_a_high_priority_stream_ordered_with_the_code_around_it():
+    """A new stream of priority -1 is current inside; it waits for what was queued before (a
+    long kernel then a write: a race would read the old values), and the stream current before
+    waits for the block's work after it."""
+    before = torch.cuda.current_stream()
+    x = torch.zeros(1 << 24, device="cuda")
+    torch.cuda._sleep(50_000_000)  # keeps the first stream busy while the block is queued
+    x += 1
+    with training_stream() as stream:
+        assert torch.cuda.current_stream() == stream != before
+        assert stream.priority == TRAINING_STREAM_PRIORITY < before.priority
+        torch.cuda._sleep(50_000_000)
+        y = x * 2
+    assert torch.cuda.current_stream() == before
+    z = y + 1  # on the first stream again, after the block's work
+    assert torch.equal(z, torch.full_like(z, 3.0))
+
+
+@CUDA
+def test_a_device_index_and_a_priority_are_taken():
+    with training_stream(torch.cuda.current_device(), priority=0) as stream:
+        assert stream.priority == 0 and stream.device == torch.device("cuda", torch.cuda.current_device())
