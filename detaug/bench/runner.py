@@ -222,6 +222,11 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
         "DDP under torchrun",
     )
     parser.add_argument("--steps", type=positive_int, help="timed training steps of --train")
+    parser.add_argument(
+        "--train-stream", choices=("default", "high"), default="default",
+        help="the CUDA stream of --train's steps, every row's alike: CUDA's default stream (default), or a "
+        "high-priority one, so that the model's kernels run before DALI's (docs/loader.md, 'Feeding a fast model')",
+    )
     parser.add_argument("--json", type=Path, dest="json_path", help="also write the results as JSON here")
     parser.add_argument("--check", action="store_true", help="exit with status 1 when a target check fails")
     parser.add_argument("--quiet", action="store_true", help="no progress messages")
@@ -317,6 +322,7 @@ def main(argv: Sequence[str] | None = None, *, debug: bool = False) -> int:
                 log=(lambda msg: None) if args.quiet else None,
                 train=args.train,
                 steps=args.steps,
+                train_stream=args.train_stream,
             )
         except ValueError as exc:
             if debug:

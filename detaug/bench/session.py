@@ -62,6 +62,7 @@ def run_bench(
     log: Callable[[str], None] | None = None,
     train: bool = False,
     steps: int | None = None,
+    train_stream: str = "default",
 ) -> BenchReport | TrainReport:
     """Run the selected variants on one dataset at each batch size and return the report.
 
@@ -105,7 +106,8 @@ def run_bench(
         log: progress messages (default: stderr).
         train: time a detector's training loop on each loader instead
             (:func:`detaug.bench.train.run_train_bench`: a :class:`~detaug.bench.train.TrainReport`;
-            ``warmup`` and ``steps`` are its steps, ``only`` its rows, ``size`` its input side).
+            ``warmup`` and ``steps`` are its steps, ``only`` its rows, ``size`` its input side,
+            ``train_stream`` the CUDA stream its steps run on: ``"default"`` or ``"high"`` priority).
 
     Raises:
         ValueError: bad arguments or dataset, or ``device="gpu"`` without CUDA.
@@ -128,9 +130,11 @@ def run_bench(
             device=device, batch_sizes=_batch_sizes(batch_size, batch_sizes, DEFAULTS[device]) if (
                 batch_size is not None or batch_sizes is not None) else None,
             workers=workers, threads=threads, size=size, seed=seed, only=only, warmup=warmup, steps=steps,
-            progress=progress, log=log)
+            stream=train_stream, progress=progress, log=log)
     if steps is not None:
         raise ValueError("--steps is a number of training steps: give it with --train")
+    if train_stream != "default":
+        raise ValueError("--train-stream is where training steps run: give it with --train")
     defaults = DEFAULTS[device]
     sizes = _batch_sizes(batch_size, batch_sizes, defaults)
     recipes = _recipes(recipes)

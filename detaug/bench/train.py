@@ -131,24 +131,25 @@ def _time_torch(batches: Iterator, ctx: _Context, warmup: int, steps: int, seed:
     were not ready."""
     probe = _Probe(ctx)
     try:
-        model, optimizer, described = _model(ctx, seed)
-        step = lambda images, targets: train_step(  # noqa: E731
-            model, optimizer, images, targets, device=ctx.device, autocast=ctx.autocast)
-        it = iter(batches)
-        for _ in range(warmup):
-            step(*next(it))
-        ctx.sync()
-        ctx.barrier()
-        start, cpu_start = time.perf_counter(), process_tree_cpu_seconds()
-        not_ready_start = feed_stats.waited_s if feed_stats is not None else None
-        wait, images = 0.0, 0
-        for _ in range(steps):
-            before = time.perf_counter()
-            batch_images, targets = next(it)
-            wait += time.perf_counter() - before
-            images += count_images(batch_images)
-            step(batch_images, targets)
-        ctx.sync()
+        with ctx.training_stream():
+            model, optimizer, described = _model(ctx, seed)
+            step = lambda images, targets: train_step(  # noqa: E731
+                model, optimizer, images, targets, device=ctx.device, autocast=ctx.autocast)
+            it = iter(batches)
+            for _ in range(warmup):
+                step(*next(it))
+            ctx.sync()
+            ctx.barrier()
+            start, cpu_start = time.perf_counter(), process_tree_cpu_seconds()
+            not_ready_start = feed_stats.waited_s if feed_stats is not None else None
+            wait, images = 0.0, 0
+            for _ in range(steps):
+                before = time.perf_counter()
+                batch_images, targets = next(it)
+                wait += time.perf_counter() - before
+                images += count_images(batch_images)
+                step(batch_images, targets)
+            ctx.sync()
         seconds, cpu = time.perf_counter() - start, process_tree_cpu_seconds() - cpu_start
         not_ready = None if not_ready_start is None else feed_stats.waited_s - not_ready_start
         return probe.finish(_Timed(images, steps, seconds, wait, cpu, not_ready_wait=not_ready)), described
@@ -204,12 +205,14 @@ def run_train_bench(
     only: Sequence[str] | None = None,
     warmup: int | None = None,
     steps: int | None = None,
+    stream: str = "default",
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> TrainReport:
     """``detaug bench --train``: the dataset of :func:`detaug.bench.session.run_bench` (its
-    arguments alike; under ``torchrun`` rank 0 prepares it first), then :func:`run_train`. Under
-    ``torchrun`` only rank 0 logs."""
+    arguments alike; under ``torchrun`` rank 0 prepares it first), then :func:`run_train`;
+    ``stream``: where every row's steps run on CUDA, a key of
+    :data:`~detaug.bench.train_context.TRAIN_STREAMS`. Under ``torchrun`` only rank 0 logs."""
     import shutil
     import tempfile
 
@@ -219,7 +222,7 @@ def run_train_bench(
 
     selected_rows(only)  # said before any work
     started = torch.distributed.is_available() and torch.distributed.is_initialized()
-    ctx = distributed_context(device)
+    ctx = distributed_context(device, stream)
     if ctx.rank != 0:
         log, progress = (lambda msg: None), False
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
@@ -297,7 +300,8 @@ def run_train(
         results += ordered
     checks = [_evaluate(check, results, b, base.device) for b in sizes for check in TRAIN_CHECKS
               if check.row in selected]
-    return TrainReport(base, dataset, environment, results, checks, warmup, steps, sizes, ctx.world, ctx.rank)
+    return TrainReport(base, dataset, environment, results, checks, warmup, steps, sizes, ctx.world, ctx.rank,
+                       ctx.stream)
 
 
 #: Rows timed twice, before and after the rows whose ceiling they are.

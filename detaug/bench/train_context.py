@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from detaug.bench.resources import ResourceSampler, process_tree
+from detaug.streams import TRAINING_STREAM_PRIORITY, training_stream
 
 
 def process_tree_cpu_seconds(pid: int | None = None) -> float:
@@ -35,6 +36,13 @@ def process_tree_cpu_seconds(pid: int | None = None) -> float:
     return total
 
 
+#: ``--train-stream``: where the training steps run on CUDA. ``"default"``: CUDA's default stream,
+#: as most training loops run; ``"high"``: a stream of their own at high priority
+#: (:func:`detaug.torch.training_stream`, docs/loader.md, "Feeding a fast model"). Values: the
+#: CUDA priority (``None``: the default stream).
+TRAIN_STREAMS: dict[str, int | None] = {"default": None, "high": TRAINING_STREAM_PRIORITY}
+
+
 @dataclass
 class _Context:
     """Where the rows run: the device, autocast, the DDP rank and world."""
@@ -44,10 +52,18 @@ class _Context:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    stream: str = "default"  # TRAIN_STREAMS: where the steps run on CUDA
 
     @property
     def cuda(self) -> bool:
         return self.device.type == "cuda"
+
+    def training_stream(self) -> contextlib.AbstractContextManager:
+        """Where the block's steps run: the current stream (``"default"``, or on the CPU), or
+        :func:`detaug.streams.training_stream` at the :data:`TRAIN_STREAMS` priority."""
+        if not self.cuda or self.stream == "default":
+            return contextlib.nullcontext()
+        return training_stream(self.device, TRAIN_STREAMS[self.stream])
 
     def sync(self) -> None:
         if self.cuda:
@@ -58,9 +74,12 @@ class _Context:
             torch.distributed.barrier()
 
 
-def distributed_context(device: str) -> _Context:
+def distributed_context(device: str, stream: str = "default") -> _Context:
     """The context of this process: under ``torchrun`` (``WORLD_SIZE > 1``) the process group
-    initialised (NCCL on CUDA, gloo on the CPU) and this rank's GPU (``LOCAL_RANK``) made current."""
+    initialised (NCCL on CUDA, gloo on the CPU) and this rank's GPU (``LOCAL_RANK``) made current;
+    ``stream``: a key of :data:`TRAIN_STREAMS`."""
+    if stream not in TRAIN_STREAMS:
+        raise ValueError(f"--train-stream should be one of {', '.join(TRAIN_STREAMS)}, got {stream!r}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     cuda = device == "gpu"
@@ -69,7 +88,7 @@ def distributed_context(device: str) -> _Context:
     if world > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if cuda else "gloo")
     return _Context(torch.device("cuda", local_rank) if cuda else torch.device("cpu"), autocast=cuda,
-                    rank=rank, world=world, local_rank=local_rank)
+                    rank=rank, world=world, local_rank=local_rank, stream=stream)
 
 
 @contextlib.contextmanager

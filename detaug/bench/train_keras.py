@@ -108,7 +108,8 @@ def _time_keras(keras: Any, data: Any, ctx: _Context, size: int, warmup: int, st
 
         timer = Timer()
         epochs = math.ceil((warmup + steps) / len(data))
-        model.fit(data, epochs=epochs, shuffle=False, verbose=0, callbacks=[timer])
+        with ctx.training_stream():
+            model.fit(data, epochs=epochs, shuffle=False, verbose=0, callbacks=[timer])
         if "stop" not in clock:
             raise RuntimeError(f"fit stopped after {timer.done} of {warmup + steps} steps")
         seconds = clock["stop"] - clock["start"]

@@ -131,6 +131,7 @@ class TrainReport:
     batch_sizes: tuple[int, ...]
     world_size: int = 1
     rank: int = 0
+    stream: str = "default"  # --train-stream (detaug.bench.train_context.TRAIN_STREAMS)
 
     @property
     def runs(self) -> list[TrainReport]:
@@ -147,7 +148,8 @@ class TrainReport:
             + " | ".join(f"{k} {v}" for k, v in env["versions"].items() if v),
             f"device {s.device}{ddp} | batch {', '.join(map(str, self.batch_sizes))} | "
             f"{'bf16 autocast' if gpu else 'float32'}, channels last, SGD | {self.warmup} warm-up steps, "
-            f"{self.steps} timed | seed {s.seed}",
+            f"{self.steps} timed | seed {s.seed}"
+            + (f" | steps on a {self.stream}-priority CUDA stream" if gpu and self.stream != "default" else ""),
             f"dataset: {self.dataset.describe()}",
         ]
         model = next((r.model for r in self.results if r.model), "")
@@ -203,7 +205,7 @@ class TrainReport:
             "mode": "train",
             "settings": {"device": s.device, "batch_sizes": list(self.batch_sizes), "size": s.size,
                          "seed": s.seed, "warmup": self.warmup, "steps": self.steps,
-                         "world_size": self.world_size, "workers": s.workers},
+                         "world_size": self.world_size, "workers": s.workers, "train_stream": self.stream},
             "environment": self.environment,
             "dataset": self.dataset.to_dict(),
             "results": [],

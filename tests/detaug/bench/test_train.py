@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from detaug.bench import train
+from detaug.bench.train_context import TRAIN_STREAMS, distributed_context
 from detaug.bench.train_model import (
     MAX_BOXES,
     RESNET18_TRUNK_PARAMS,
@@ -205,6 +206,7 @@ def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
     assert status == 0
     results = json.loads(out.read_text(encoding="utf-8"))
     assert results["mode"] == "train" and results["settings"]["steps"] == 2 and results["settings"]["size"] == 64
+    assert results["settings"]["train_stream"] == "default"
     rows = {r["variant"]: r for r in results["train"]["rows"]}
     assert set(rows) == set(train.TRAIN_ROW_NAMES)
     for name in ("ceiling", "detaug", "detaug-list"):
@@ -273,6 +275,38 @@ def test_steps_need_train(capsys):
     with pytest.raises(SystemExit) as stop:
         cli.main(["bench", "--device", "cpu", "--steps", "3", "--only", "decode"])
     assert stop.value.code == 2 and "--steps" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "--device", "cpu", "--train-stream", "high", "--only", "decode"])
+    assert stop.value.code == 2 and "--train-stream" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "--train", "--device", "cpu", "--train-stream", "low"])
+    assert stop.value.code == 2 and "invalid choice: 'low'" in capsys.readouterr().err
+
+
+def test_train_stream_high_is_recorded(coco_folder, tmp_path):
+    """``--train-stream high``: the ceiling still trains (on the CPU the stream is moot) and the
+    report says where the steps ran."""
+    from detaug import cli
+
+    out = tmp_path / "train.json"
+    assert cli.main(["bench", "--train", "--device", "cpu", "--quiet", "--json", str(out), "--only", "ceiling",
+                     "--data", str(coco_folder), "--batch-sizes", "2", "--warmup", "1", "--steps", "1",
+                     "--size", "64", "--threads", "1", "--workers", "0", "--train-stream", "high"]) == 0
+    results = json.loads(out.read_text(encoding="utf-8"))
+    assert results["settings"]["train_stream"] == "high"
+    assert [r["status"] for r in results["train"]["rows"]] == ["ok"]
+    with pytest.raises(ValueError, match="--train-stream should be one of default, high"):
+        distributed_context("cpu", "low")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA stream's priority needs a GPU")
+def test_train_stream_high_runs_the_steps_on_the_training_stream():
+    ctx, before = distributed_context("gpu", "high"), torch.cuda.current_stream()
+    with ctx.training_stream():
+        assert torch.cuda.current_stream() != before
+        assert torch.cuda.current_stream().priority == TRAIN_STREAMS["high"]
+    with distributed_context("gpu").training_stream():
+        assert torch.cuda.current_stream() == before
 
 
 @pytest.mark.parametrize("nodes", [1, 2], ids=["one node, 2 ranks", "two simulated nodes"])
