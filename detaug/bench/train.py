@@ -23,10 +23,11 @@ each target's tensors ``.to(device, non_blocking=True)`` (nothing when they are 
 the targets padded to 64 boxes on the device (:func:`~detaug.bench.train_model.pad_targets`, which
 takes the batched form too), forward, loss, backward, SGD step; no host synchronisation inside.
 
-Timing: ``warmup`` steps, a CUDA synchronize, then ``steps`` timed steps and a synchronize. The
-ceilings are timed twice, before the rows measured against them and again after every other row
-of their batch size, and count as the mean of the two (on H200s the same ceiling differed by up
-to 17% within a few minutes: both timings are printed). Per row:
+Timing: ``warmup`` steps, a CUDA synchronize, then ``steps`` timed steps and a synchronize. A
+ceiling is timed before the rows measured against it and again after each of them (twice at
+least); a row's ratio is over the mean of the two timings around it (on H200s the same ceiling
+differed by up to 28% within a few minutes: every timing is printed), the ceiling row's figures
+the mean of all its timings. Per row:
 img/s, the ratio to its ceiling (``ceiling`` for the PyTorch rows, ``keras-ceiling`` for the
 Sequence), the share of the timed wall time spent blocked in ``next()`` (in ``seq[i]`` for the
 Sequence), the CPU cores used (CPU time of this process and its child processes over the timed
@@ -280,20 +281,36 @@ def run_train(
     for b in sizes:
         settings = replace(base, batch_size=b)
         done: dict[str, TrainResult] = {}
-        for name in TRAIN_RUN_ORDER:
-            if name in selected:
-                log(f"training: {rows[name].label}, batch {b} ...")
-                done[name] = _run_row(rows[name], dataset, settings, ctx, warmup, steps, log)
-                r = done[name]
-                log(f"  {r.img_per_s:,.1f} img/s, data wait {r.data_wait:.1%}" if r.status == "ok"
-                    else f"  {r.status}: {r.message}")
-        for name in [n for n in TRAIN_RUN_ORDER if n in done and rows[n].kind in CEILING_KINDS]:
-            log(f"training: {rows[name].label} again, batch {b} ...")
-            again = _run_row(rows[name], dataset, settings, ctx, warmup, steps, log)
-            log(f"  {again.img_per_s:,.1f} img/s" if again.status == "ok" else f"  {again.status}: {again.message}")
-            done[name] = _both_timings(done[name], again)
+        timings: dict[str, list[TrainResult]] = {}  # each ceiling's timings, in order
+        brackets: dict[str, tuple[TrainResult, TrainResult]] = {}  # a row: its ceiling just before and after
+
+        def run(name: str, again: bool = False) -> TrainResult:
+            log(f"training: {rows[name].label}{' again' if again else ''}, batch {b} ...")
+            r = _run_row(rows[name], dataset, settings, ctx, warmup, steps, log)
+            log(f"  {r.img_per_s:,.1f} img/s" + ("" if again else f", data wait {r.data_wait:.1%}")
+                if r.status == "ok" else f"  {r.status}: {r.message}")
+            return r
+
+        for name in (n for n in TRAIN_RUN_ORDER if n in selected):
+            if rows[name].kind in CEILING_KINDS:
+                timings[name] = [run(name)]
+                continue
+            done[name] = run(name)
+            ceiling = rows[name].ceiling
+            if ceiling in timings and done[name].status == timings[ceiling][-1].status == "ok":  # again after it
+                timings[ceiling].append(run(ceiling, again=True))
+                brackets[name] = (timings[ceiling][-2], timings[ceiling][-1])
+        for name, timed in timings.items():
+            if len(timed) == 1:  # no row after it: a second timing all the same
+                timed.append(run(name, again=True))
+            done[name] = _all_timings(timed)
         ordered = [done[row.name] for row in TRAIN_ROWS if row.name in done]
         for r in ordered:
+            before, after = brackets.get(r.row.name, (None, None))
+            if before is not None and before.status == after.status == "ok" and r.total_img_per_s is not None:
+                r.ceiling_runs = [before.total_img_per_s, after.total_img_per_s]
+                r.vs_ceiling = r.total_img_per_s / (sum(r.ceiling_runs) / 2)
+                continue
             ceiling = done.get(r.row.ceiling)
             if r.total_img_per_s is not None and ceiling is not None and ceiling.total_img_per_s:
                 r.vs_ceiling = r.total_img_per_s / ceiling.total_img_per_s
@@ -304,34 +321,40 @@ def run_train(
                        ctx.stream)
 
 
-#: Rows timed twice, before and after the rows whose ceiling they are.
+#: Rows timed before the rows whose ceiling they are and again after each of them.
 CEILING_KINDS = ("ceiling", "keras-ceiling")
 
 
-def _both_timings(first: TrainResult, second: TrainResult) -> TrainResult:
-    """A ceiling timed twice, as one row: its rates the mean of the two, its steps, images and
-    seconds their sums, its memory the larger (each rank's figures alike); ``runs`` each timing's
-    ``total_img_per_s``. Where either timing failed, the one that did not (``first`` where both
-    did)."""
-    if first.status != "ok" or second.status != "ok":
-        return first if first.status == "ok" or second.status != "ok" else second
-    mean = lambda a, b: None if a is None or b is None else (a + b) / 2  # noqa: E731
-    most = lambda a, b: a if b is None else b if a is None else max(a, b)  # noqa: E731
+def _all_timings(timings: list[TrainResult]) -> TrainResult:
+    """A ceiling timed several times, as one row: its rates the mean of the timings, its steps,
+    images and seconds their sums, its memory the largest (each rank's figures alike); ``runs``
+    each timing's ``total_img_per_s``. Failed timings are left out; where all failed, the first."""
+    ok = [t for t in timings if t.status == "ok"]
+    if not ok:
+        return timings[0]
+    if len(ok) == 1:
+        return replace(ok[0], runs=[ok[0].total_img_per_s])
 
-    def rank(a: dict, b: dict) -> dict:
+    def mean(values: list) -> float | None:
+        return None if any(v is None for v in values) else sum(values) / len(values)
+
+    def most(values: list) -> float | None:
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
+    def rank(per_timing: list[dict]) -> dict:
         summed, largest = ("images", "seconds"), ("gpu_peak_mib", "torch_peak_mib", "host_peak_rss_mib")
-        return {k: a[k] + b[k] if k in summed else most(a[k], b[k]) if k in largest else mean(a[k], b[k]) for k in a}
+        return {k: sum(d[k] for d in per_timing) if k in summed else most([d[k] for d in per_timing]) if k in largest
+                else mean([d[k] for d in per_timing]) for k in per_timing[0]}
 
+    first = ok[0]
     return replace(
-        first, steps=first.steps + second.steps, images=first.images + second.images,
-        seconds=first.seconds + second.seconds, img_per_s=mean(first.img_per_s, second.img_per_s),
-        total_img_per_s=mean(first.total_img_per_s, second.total_img_per_s),
-        data_wait=mean(first.data_wait, second.data_wait), cpu_cores=mean(first.cpu_cores, second.cpu_cores),
-        gpu_peak_mib=most(first.gpu_peak_mib, second.gpu_peak_mib),
-        torch_peak_mib=most(first.torch_peak_mib, second.torch_peak_mib),
-        host_peak_rss_mib=most(first.host_peak_rss_mib, second.host_peak_rss_mib),
-        runs=[first.total_img_per_s, second.total_img_per_s],
-        ranks=[rank(a, b) for a, b in zip(first.ranks, second.ranks)],
+        first, steps=sum(t.steps for t in ok), images=sum(t.images for t in ok), seconds=sum(t.seconds for t in ok),
+        img_per_s=mean([t.img_per_s for t in ok]), total_img_per_s=mean([t.total_img_per_s for t in ok]),
+        data_wait=mean([t.data_wait for t in ok]), cpu_cores=mean([t.cpu_cores for t in ok]),
+        gpu_peak_mib=most([t.gpu_peak_mib for t in ok]), torch_peak_mib=most([t.torch_peak_mib for t in ok]),
+        host_peak_rss_mib=most([t.host_peak_rss_mib for t in ok]), runs=[t.total_img_per_s for t in ok],
+        ranks=[rank(list(per)) for per in zip(*(t.ranks for t in ok))],
     )
 
 

@@ -43,7 +43,9 @@ class TrainResult:
     Attributes:
         img_per_s: images per second of this process (per GPU under DDP: the ranks' mean).
         total_img_per_s: of all ranks together (``img_per_s`` without DDP).
-        vs_ceiling: ``total_img_per_s`` over its ceiling row's.
+        vs_ceiling: ``total_img_per_s`` over its ceiling's: the mean of the ceiling's two
+            timings just before and just after this row (``ceiling_runs``) where it has them, else
+            the ceiling row's (its timings' mean).
         data_wait: seconds blocked in ``next()`` over the timed wall time, 0 to 1 (ranks' mean).
         not_ready_wait: of those, the seconds the loader's next batch was not made yet (its
             :class:`~detaug.feeder.FeedStats`), over the timed wall time; ``None`` for rows
@@ -52,9 +54,12 @@ class TrainResult:
             (ranks' sum).
         gpu_peak_mib: peak device-wide GPU memory above the row's start (ranks' max).
         torch_peak_mib: ``torch.cuda.max_memory_allocated`` (ranks' max).
-        runs: a ceiling's ``total_img_per_s`` of each of its timings (before and after the other
-            rows of its batch size: a machine whose speed drifts shows here); its figures are
-            their mean (memory: the larger). Empty for the other rows.
+        runs: a ceiling's ``total_img_per_s`` of each of its timings (before its first row and
+            after each row timed against it: a machine whose speed drifts shows here); its
+            figures are their mean (memory: the larger). Empty for the other rows.
+        ceiling_runs: the ceiling's ``total_img_per_s`` timed just before and just after this
+            row, which its ``vs_ceiling`` is taken over; empty where there are not both (the
+            ceilings, a row timed before its ceiling, a failed timing).
     """
 
     row: TrainRow
@@ -77,6 +82,7 @@ class TrainResult:
     ranks: list[dict] = field(default_factory=list)
     model: str = ""
     runs: list[float] = field(default_factory=list)
+    ceiling_runs: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -87,6 +93,7 @@ class TrainResult:
             "data_wait": self.data_wait, "not_ready_wait": self.not_ready_wait, "cpu_cores": self.cpu_cores, "gpu_peak_mib": self.gpu_peak_mib,
             "torch_peak_mib": self.torch_peak_mib, "host_peak_rss_mib": self.host_peak_rss_mib,
             "world_size": self.world_size, "ranks": self.ranks, "model": self.model, "runs": self.runs,
+            "ceiling_runs": self.ceiling_runs,
         }
 
 
@@ -162,7 +169,8 @@ class TrainReport:
         lines += [
             "",
             "img/s" + (f" per {'GPU' if gpu else 'rank'} (the ranks' mean) and total" if self.world_size > 1 else "")
-            + "; vs ceiling: over its ceiling row (the Sequence: the Keras one); data wait: time blocked in "
+            + "; vs ceiling: over its ceiling (the Sequence: the Keras one) timed just before and after the row, "
+            "their mean; data wait: time blocked in "
             "next() (seq[i]) over the timed time; not ready: of it, the time detaug's next batch was not made "
             "yet (the rest is next()'s own work); CPU cores: CPU time of the process and its children over the "
             "timed time" + ("; GPU MiB: peak device-wide memory above the row's start" if gpu else "") + ".",
@@ -191,7 +199,7 @@ class TrainReport:
                 "-" if r.not_ready_wait is None else f"{r.not_ready_wait:.1%}",
                 "-" if r.cpu_cores is None else f"{r.cpu_cores:.1f}",
                 *(["-" if r.gpu_peak_mib is None else f"{r.gpu_peak_mib:,.0f}"] if gpu else []),
-                r.row.note + (f"; timed before and after the other rows: {' and '.join(f'{v:,.0f}' for v in r.runs)} "
+                r.row.note + (f"; timed before and after each row against it: {', '.join(f'{v:,.0f}' for v in r.runs)} "
                               "img/s, their mean" if len(r.runs) > 1 else ""),
             ))
         return format_table(rows)

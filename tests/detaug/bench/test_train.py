@@ -212,22 +212,31 @@ def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
     for name in ("ceiling", "detaug", "detaug-list"):
         row = rows[name]
         assert ROW_FIELDS <= set(row) and row["status"] == "ok", row
-        timings = 2 if name == "ceiling" else 1
+        timings = 3 if name == "ceiling" else 1  # before detaug, after it, after detaug-list
         assert row["batch_size"] == 2 and row["steps"] == 2 * timings and row["images"] == 4 * timings
         assert row["img_per_s"] == row["total_img_per_s"] > 0
         assert 0.0 <= row["data_wait"] < 1.0 and row["cpu_cores"] > 0
         assert row["gpu_peak_mib"] is None and row["torch_peak_mib"] is None
         assert 0 < row["vs_ceiling"] < math.inf
-        assert row["vs_ceiling"] == pytest.approx(row["img_per_s"] / rows["ceiling"]["img_per_s"])
+    # each iterator's ratio: over the ceiling timed just before and just after it
+    ceiling_runs = rows["ceiling"]["runs"]
+    assert len(ceiling_runs) == 3 and rows["ceiling"]["img_per_s"] == pytest.approx(sum(ceiling_runs) / 3)
+    for name, around in (("detaug", ceiling_runs[0:2]), ("detaug-list", ceiling_runs[1:3]),
+                         ("detaug-padded", rows["ceiling-padded"]["runs"])):
+        assert rows[name]["ceiling_runs"] == around
+        assert rows[name]["vs_ceiling"] == pytest.approx(rows[name]["img_per_s"] / (sum(around) / 2))
+    if rows["torchvision"]["status"] == "ok":  # timed before any ceiling: over the ceiling row
+        assert rows["torchvision"]["ceiling_runs"] == []
+        assert rows["torchvision"]["vs_ceiling"] == pytest.approx(
+            rows["torchvision"]["img_per_s"] / rows["ceiling"]["img_per_s"])
     for name in ("detaug", "detaug-list", "detaug-padded"):  # part of the data wait: the batch was not made yet
         assert 0.0 <= rows[name]["not_ready_wait"] <= rows[name]["data_wait"], rows[name]
     assert rows["ceiling"]["not_ready_wait"] is None and rows["torchvision"].get("not_ready_wait") is None
     assert rows["ceiling"]["vs_ceiling"] == pytest.approx(1.0)
-    for name in ("ceiling", "ceiling-padded"):  # timed before and after the rows against them: the mean
-        first, second = rows[name]["runs"]
-        assert rows[name]["img_per_s"] == pytest.approx((first + second) / 2)
-        assert rows[name]["steps"] == 4 and rows[name]["images"] == 8
-    assert rows["detaug"]["runs"] == []
+    first, second = rows["ceiling-padded"]["runs"]  # before and after detaug-padded: the mean
+    assert rows["ceiling-padded"]["img_per_s"] == pytest.approx((first + second) / 2)
+    assert rows["ceiling-padded"]["steps"] == 4 and rows["ceiling-padded"]["images"] == 8
+    assert rows["ceiling"]["ceiling_runs"] == [] and rows["detaug"]["runs"] == []
     assert rows["detaug-padded"]["status"] == "ok"
     assert rows["torchvision"]["status"] in ("ok", "unavailable")
     keras_ok = rows["keras-ceiling"]["status"] == "ok"
@@ -376,3 +385,23 @@ def test_options_of_the_rows_timed_alone_are_refused_with_train(capsys):
     with pytest.raises(SystemExit):
         cli.main(["bench", "--train", "--device", "cpu", "--only", "decode"])
     assert "unknown training row(s) ['decode']" in capsys.readouterr().err
+
+
+def test_a_ceiling_timed_several_times_is_their_mean():
+    """Rates the mean of the timings that ran, steps and images summed, memory the largest;
+    a failed timing is left out, and where all failed the first stands."""
+    row = {r.name: r for r in train.TRAIN_ROWS}["ceiling"]
+
+    def timing(rate, memory, status="ok"):
+        figures = {"img_per_s": rate, "data_wait": 0.0, "gpu_peak_mib": memory, "images": 8, "seconds": 8 / rate}
+        return train.TrainResult(row, status, batch_size=2, steps=4, images=8, seconds=8 / rate, img_per_s=rate,
+                                 total_img_per_s=rate, data_wait=0.0, cpu_cores=1.0, gpu_peak_mib=memory,
+                                 ranks=[figures])
+
+    merged = train._all_timings([timing(100.0, 10.0), timing(50.0, 30.0, "error"), timing(80.0, 20.0)])
+    assert merged.runs == [100.0, 80.0] and merged.img_per_s == merged.total_img_per_s == pytest.approx(90.0)
+    assert merged.steps == 8 and merged.images == 16 and merged.gpu_peak_mib == 20.0
+    assert merged.ranks == [{"img_per_s": 90.0, "data_wait": 0.0, "gpu_peak_mib": 20.0, "images": 16,
+                             "seconds": pytest.approx(0.08 + 0.1)}]
+    failed = [timing(1.0, 1.0, "error"), timing(2.0, 1.0, "unavailable")]
+    assert train._all_timings(failed) is failed[0]
