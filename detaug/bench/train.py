@@ -297,7 +297,8 @@ def run_train(
                 continue
             done[name] = run(name)
             ceiling = rows[name].ceiling
-            if ceiling in timings and done[name].status == timings[ceiling][-1].status == "ok":  # again after it
+            # again after it (unless either cannot run here: a decision every DDP rank takes alike)
+            if ceiling in timings and "unavailable" not in (done[name].status, timings[ceiling][-1].status):
                 timings[ceiling].append(run(ceiling, again=True))
                 brackets[name] = (timings[ceiling][-2], timings[ceiling][-1])
         for name, timed in timings.items():
