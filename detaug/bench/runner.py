@@ -224,8 +224,9 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=positive_int, help="timed training steps of --train")
     parser.add_argument(
         "--train-stream", choices=("default", "high"), default="default",
-        help="the CUDA stream of --train's steps, every row's alike: CUDA's default stream (default), or a "
-        "high-priority one, so that the model's kernels run before DALI's (docs/loader.md, 'Feeding a fast model')",
+        help="the CUDA stream of --train's PyTorch steps (the ceilings' too): CUDA's default stream (default), or "
+        "detaug.torch.training_stream(), a high-priority stream of their own (docs/loader.md, 'Feeding a fast "
+        "model'); the Keras rows stay on the default stream, which the Sequence hands its batches to",
     )
     parser.add_argument("--json", type=Path, dest="json_path", help="also write the results as JSON here")
     parser.add_argument("--check", action="store_true", help="exit with status 1 when a target check fails")

@@ -36,10 +36,11 @@ def process_tree_cpu_seconds(pid: int | None = None) -> float:
     return total
 
 
-#: ``--train-stream``: where the training steps run on CUDA. ``"default"``: CUDA's default stream,
-#: as most training loops run; ``"high"``: a stream of their own at high priority
+#: ``--train-stream``: where the PyTorch rows' training steps run on CUDA. ``"default"``: CUDA's
+#: default stream, as most training loops run; ``"high"``: a stream of their own at high priority
 #: (:func:`detaug.torch.training_stream`, docs/loader.md, "Feeding a fast model"). Values: the
-#: CUDA priority (``None``: the default stream).
+#: CUDA priority (``None``: the default stream). The Keras rows run on the default stream either
+#: way: the Sequence hands its device batches over to it.
 TRAIN_STREAMS: dict[str, int | None] = {"default": None, "high": TRAINING_STREAM_PRIORITY}
 
 

@@ -108,8 +108,9 @@ def _time_keras(keras: Any, data: Any, ctx: _Context, size: int, warmup: int, st
 
         timer = Timer()
         epochs = math.ceil((warmup + steps) / len(data))
-        with ctx.training_stream():
-            model.fit(data, epochs=epochs, shuffle=False, verbose=0, callbacks=[timer])
+        # on CUDA's default stream whatever --train-stream says: the Sequence hands its device
+        # batches over to that stream (detaug.keras.pipeline_queue)
+        model.fit(data, epochs=epochs, shuffle=False, verbose=0, callbacks=[timer])
         if "stop" not in clock:
             raise RuntimeError(f"fit stopped after {timer.done} of {warmup + steps} steps")
         seconds = clock["stop"] - clock["start"]

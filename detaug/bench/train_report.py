@@ -156,7 +156,7 @@ class TrainReport:
             f"device {s.device}{ddp} | batch {', '.join(map(str, self.batch_sizes))} | "
             f"{'bf16 autocast' if gpu else 'float32'}, channels last, SGD | {self.warmup} warm-up steps, "
             f"{self.steps} timed | seed {s.seed}"
-            + (f" | steps on a {self.stream}-priority CUDA stream" if gpu and self.stream != "default" else ""),
+            + (f" | PyTorch steps on a {self.stream}-priority CUDA stream" if gpu and self.stream != "default" else ""),
             f"dataset: {self.dataset.describe()}",
         ]
         model = next((r.model for r in self.results if r.model), "")
