@@ -34,9 +34,11 @@ def training_stream(device: torch.device | str | int | None = None,
 
     The stream first waits for the work queued on the stream that was current (the model's
     weights, a batch moved before the block), and that stream waits for the block's work when
-    it ends, so code before and after the block needs no synchronisation. detaug's loaders
-    hand their batches over to whatever stream is current when they are taken. Where CUDA is
-    not available, or ``device`` is not a CUDA device, nothing changes and it yields ``None``.
+    it ends, so code before and after the block needs no synchronisation. The PyTorch loader
+    (:class:`detaug.torch.DetectionLoader`) hands its batches over to whatever stream is current
+    when they are taken; the Keras ``DetectionSequence`` hands its device batches to CUDA's
+    default stream, so keep Keras' ``fit`` out of the block. Where CUDA is not available, or
+    ``device`` is not a CUDA device, nothing changes and it yields ``None``.
     """
     if device is None:
         if not torch.cuda.is_available():
