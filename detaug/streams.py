@@ -1,11 +1,12 @@
 """The CUDA stream a training loop runs its steps on, beside a detaug loader.
 
-A loop that runs on CUDA's default stream (PyTorch's, unless it picks another) shares the GPU
-with DALI's work in ways that a stream of its own avoids: the default stream is the legacy one,
-which orders its work after the work of every blocking stream of the process and theirs after
-its own, and DALI's streams run at the same priority as it. On an H200 at batch 64 a fast
-model's steps on a stream of their own, at high priority, ran 5-19% faster beside the loader
-than on the default stream (docs/loader.md, "Feeding a fast model"; docs/benchmarks.md)::
+A loop on CUDA's default stream (PyTorch's, unless it picks another) shares the GPU with DALI's
+work less well than a loop on a stream of its own: the default stream is the legacy one, which
+CUDA orders with the work of the process's blocking streams, and DALI's streams run at its
+priority, where a stream of the loop's own can run at a higher one. On an H200 at batch 64 a
+fast model's steps on a high-priority stream of their own ran 5-19% faster beside the loader
+than on the default stream (no change at batch 256; how much each reason gives is not pinned
+down: docs/loader.md, "Feeding a fast model"; docs/benchmarks.md)::
 
     with detaug.torch.training_stream():
         for images, targets in loader:
@@ -37,8 +38,10 @@ def training_stream(device: torch.device | str | int | None = None,
     it ends, so code before and after the block needs no synchronisation. The PyTorch loader
     (:class:`detaug.torch.DetectionLoader`) hands its batches over to whatever stream is current
     when they are taken; the Keras ``DetectionSequence`` hands its device batches to CUDA's
-    default stream, so keep Keras' ``fit`` out of the block. Where CUDA is not available, or
-    ``device`` is not a CUDA device, nothing changes and it yields ``None``.
+    default stream, so keep Keras' ``fit`` out of the block. A tensor made in the block and used
+    on another stream later follows PyTorch's rules for any ``torch.cuda.stream`` block
+    (``Tensor.record_stream``). Where CUDA is not available, or ``device`` is not a CUDA device,
+    nothing changes and it yields ``None``.
     """
     if device is None:
         if not torch.cuda.is_available():
