@@ -319,7 +319,7 @@ def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[tuple[int, 
 
 
 def produce_on(loader: LoaderState, epoch: int, start: int) -> Iterator[tuple[int, int, BatchFindings, Any, Any]]:
-    """``(epoch, step, planned, images, targets)`` from ``(epoch, start)`` on, epoch after
+    """``(epoch, step, findings, images, targets)`` from ``(epoch, start)`` on, epoch after
     epoch: the background feed's generator (``loader`` a weak proxy); it ends only when stopped."""
     if not len(loader):
         return

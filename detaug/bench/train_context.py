@@ -62,9 +62,10 @@ class _Context:
     def training_stream(self) -> contextlib.AbstractContextManager:
         """Where the block's steps run: the current stream (``"default"``, or on the CPU), or
         :func:`detaug.streams.training_stream` at the :data:`TRAIN_STREAMS` priority."""
-        if not self.cuda or self.stream == "default":
+        priority = TRAIN_STREAMS[self.stream]
+        if not self.cuda or priority is None:
             return contextlib.nullcontext()
-        return training_stream(self.device, TRAIN_STREAMS[self.stream])
+        return training_stream(self.device, priority)
 
     def sync(self) -> None:
         if self.cuda:
