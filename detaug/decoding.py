@@ -97,9 +97,9 @@ def _check_load(value: object, what: str) -> float:
     try:
         load = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ValueError(f"{what}: should be a number in [0, 1]") from None
+        raise ValueError(f"{what}: should be a number in [0, 1], got {value!r}") from None
     if isinstance(value, bool) or not 0.0 <= load <= 1.0:
-        raise ValueError(f"{what}: should be a number in [0, 1]")
+        raise ValueError(f"{what}: should be a number in [0, 1], got {value!r}")
     return load
 
 

@@ -7,7 +7,8 @@ state, the iteration protocol) and :class:`~detaug.keras.DetectionSequence` (Ker
 
 * the checks and defaults of their common arguments (:func:`check_count`,
   :func:`resolve_device_once`, :func:`resolve_shard`, :func:`resolve_shuffle`,
-  :func:`planning_workers`, :func:`pipeline_threads`, :func:`epoch_spec`), so that one argument
+  :func:`planning_workers`, :func:`pipeline_threads`, :func:`hardware_decoder_share`,
+  :func:`epoch_spec`), so that one argument
   means and defaults to the same on both (the recipe's type is checked by each face: this
   engine module reads a recipe only through its methods);
 * their class indices and what they answer from them (:class:`LabelledFace`, a base class of
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Proto
 
 import numpy as np
 
-from detaug.decoding import default_planning_workers, threads_beside
+from detaug.decoding import decoder_options, default_planning_workers, threads_beside
 from detaug.epochs import check_shard
 from detaug.errors import ImageError
 from detaug.labels import LabelMap
@@ -58,9 +59,10 @@ if TYPE_CHECKING:
     from detaug.feeder import BackgroundFeed
 
 __all__ = ["Carry", "LabelledFace", "LoaderState", "build", "check_count", "discard", "discard_carry", "drain",
-           "epoch_spec", "feed_batches", "outputs", "pipeline_threads", "plan_here", "planning_workers", "produce",
-           "produce_on", "rebuild", "record", "resolve_device_once", "resolve_shard", "resolve_shuffle", "result",
-           "skip_undecodable", "start_bookkeeping", "stop_feed", "stop_feeds", "take_carry", "take_feed"]
+           "epoch_spec", "feed_batches", "hardware_decoder_share", "outputs", "pipeline_threads", "plan_here",
+           "planning_workers", "produce", "produce_on", "rebuild", "record", "resolve_device_once", "resolve_shard",
+           "resolve_shuffle", "result", "skip_undecodable", "start_bookkeeping", "stop_feed", "stop_feeds",
+           "take_carry", "take_feed"]
 
 
 # -- what both faces resolve alike -------------------------------------------------------------------
@@ -114,6 +116,16 @@ def pipeline_threads(num_threads: int | None, workers: int) -> int:
     """DALI's CPU threads: as given, or for ``None`` the CPUs of this rank that ``workers``
     planning processes leave (:func:`detaug.decoding.threads_beside`)."""
     return threads_beside(workers) if num_threads is None else int(num_threads)
+
+
+def hardware_decoder_share(hw_decoder_load: Any, device_id: int | None) -> float | None:
+    """The share of JPEGs DALI sends to the GPU's hardware decoder, resolved once when the face
+    is built: ``hw_decoder_load`` as given (a number in ``[0, 1]``, checked on any device), or for
+    ``None`` ``DETAUG_HW_DECODER_LOAD`` when set, else 0.8 (:func:`detaug.decoding.decoder_options`);
+    ``None`` on the CPU (``device_id`` ``None``), whose decoder has no hardware share."""
+    if hw_decoder_load is not None:
+        decoder_options(True, hw_decoder_load=hw_decoder_load)  # a bad value is an error on the CPU too
+    return decoder_options(device_id is not None, hw_decoder_load=hw_decoder_load).get("hw_decoder_load")
 
 
 def epoch_spec(source: Any, batch_size: int, shard: tuple[int, int], *, shuffle: bool, drop_last: bool,

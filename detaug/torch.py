@@ -60,9 +60,14 @@ class DetectionLoader(core.LabelledFace):
         num_threads: DALI CPU threads; ``None``: the CPUs of this rank (those this process may
             use divided by the ranks on the host, ``LOCAL_WORLD_SIZE``) that ``num_workers``
             leaves, 1 to 16 (:func:`detaug.decoding.threads_beside`: 8 beside 8 workers on 16
-            cores; all 16 with ``num_workers=0``). JPEGs go to the GPU's hardware
-            decoder where it has one (``DETAUG_HW_DECODER_LOAD`` sets the share; see
-            :mod:`detaug.decoding`).
+            cores; all 16 with ``num_workers=0``).
+        hw_decoder_load: the share of each batch's JPEGs DALI sends to the GPU's hardware
+            decoder where it has one (A100, H100, H200, ...), the rest to the CUDA decoder, whose
+            Huffman decoding runs on DALI's CPU threads; a number in ``[0, 1]``. ``None``:
+            ``DETAUG_HW_DECODER_LOAD`` when set, else 0.8 (:mod:`detaug.decoding`). Beside a
+            GPU-bound model at large batches, 0.0 can train faster where CPU cores are free
+            (docs/loader.md, "Feeding a fast model"). Resolved when the loader is built
+            (:attr:`hw_decoder_load`; ``None`` on the CPU).
         seed: seeds the orders and the augmentations: a sample's augmentation is a pure function
             of ``(seed, epoch, image_id)`` (docs/reproducibility.md); one seed gives the same
             boxes on both devices.
@@ -164,6 +169,7 @@ class DetectionLoader(core.LabelledFace):
         device: str = "auto",
         device_id: int | None = None,
         num_threads: int | None = None,
+        hw_decoder_load: float | None = None,
         shuffle: bool | None = None,
         drop_last: bool = False,
         seed: int = 0,
@@ -209,8 +215,10 @@ class DetectionLoader(core.LabelledFace):
         if self._pool is not None:
             self._pool.deferred = []  # said by _record, in the caller's thread
         num_threads = core.pipeline_threads(num_threads, self.num_workers)  # None: the CPUs the workers leave
+        self.hw_decoder_load = core.hardware_decoder_share(hw_decoder_load, self.device_id)
         self._pipeline_args = dict(batch_size=self.batch_size, device=device, device_id=self.device_id,
-                                   num_threads=num_threads, seed=self.seed, prefetch_queue_depth=prefetch_queue_depth)
+                                   num_threads=num_threads, seed=self.seed, prefetch_queue_depth=prefetch_queue_depth,
+                                   hw_decoder_load=self.hw_decoder_load)
         self._depth = max(1, int(prefetch_queue_depth))
         self._batch_bytes: int | None = None  # the most image bytes a worker's plan carried (None: none seen)
         self.pipeline = core.build(self)

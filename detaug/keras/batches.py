@@ -57,7 +57,8 @@ class SequenceBatches:
     def _build(self) -> Any:
         pipe = build_pipeline(
             self.source, self.transforms, batch_size=self.batch_size, device=self.device,
-            device_id=self.device_id, num_threads=self.num_threads, seed=self.seed, layout="HWC",
+            device_id=self.device_id, num_threads=self.num_threads, hw_decoder_load=self.hw_decoder_load,
+            seed=self.seed, layout="HWC",
             prefetch_queue_depth=PIPELINE_DEPTH,  # the batches of the calls waiting, in turn (detaug.keras.pipeline_queue)
         )
         pipe.build()

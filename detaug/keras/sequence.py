@@ -89,6 +89,10 @@ class DetectionSequence(*_BASES):  # type: ignore[misc]
         device_id: the GPU (``None``: 0).
         num_threads: DALI CPU threads of the pipeline; ``None``: the CPUs of this rank that
             ``plan_workers`` leaves, as the PyTorch loader's (:func:`detaug.loader_core.pipeline_threads`).
+        hw_decoder_load: the share of JPEGs for the GPU's hardware decoder, as the PyTorch
+            loader's (``None``: ``DETAUG_HW_DECODER_LOAD`` when set, else 0.8;
+            :func:`detaug.loader_core.hardware_decoder_share`); resolved when the sequence is
+            built (``None`` on the CPU).
         shard_id, num_shards: serve one shard of every epoch (the rules of
             :mod:`detaug.epochs`, as the PyTorch loader's: equal shards, padded).
         prefetch: prepare batches ``i + 1`` and ``i + 2`` (``PIPELINE_DEPTH``) while batch ``i``
@@ -175,6 +179,7 @@ class DetectionSequence(*_BASES):  # type: ignore[misc]
         drop_last: bool = False,
         device_id: int | None = None,
         num_threads: int | None = None,
+        hw_decoder_load: float | None = None,
         shard_id: int | None = None,
         num_shards: int | None = None,
         prefetch: bool = True,
@@ -234,6 +239,7 @@ class DetectionSequence(*_BASES):  # type: ignore[misc]
         self.overflow, self.drop_last, self.prefetch = overflow, bool(drop_last), bool(prefetch)
         self.plan_workers = core.planning_workers("plan_workers", plan_workers, self.device_id)
         self.num_threads = core.pipeline_threads(num_threads, self.plan_workers)  # None: the CPUs the workers leave
+        self.hw_decoder_load = core.hardware_decoder_share(hw_decoder_load, self.device_id)
         self.shard_id, self.num_shards = shard_id, num_shards
         self.spec = core.epoch_spec(source, self.batch_size, (shard_id, num_shards), shuffle=self.shuffle,
                                     drop_last=self.drop_last, seed=self.seed)

@@ -60,6 +60,18 @@ def test_cpu_and_gpu_give_same_boxes(kind, tmp_path):
     assert_same_on_cpu_and_gpu(make, RECIPE, 11, 2.0, kind)
 
 
+@pytest.mark.parametrize("hw_decoder_load", [0.0, 1.0])
+def test_every_hardware_decoder_share_gives_the_same_boxes(hw_decoder_load, tmp_path):
+    """The JPEGs all on the CUDA decoder (0.0) or all on the GPU's hardware decoder (1.0, where it
+    has one): the same boxes as on the CPU."""
+    write_coco_dataset(tmp_path, num_images=16, size=(200, 150), progress=False)
+    make = lambda: CocoSource(tmp_path / "annotations.json", tmp_path / "images", shuffle=True, seed=2)  # noqa: E731
+    loader = DetectionLoader(make(), RECIPE, 8, device="gpu", hw_decoder_load=hw_decoder_load)
+    assert loader.hw_decoder_load == hw_decoder_load
+    loader.close()
+    assert_same_on_cpu_and_gpu(make, RECIPE, 5, 2.0, f"hw_decoder_load={hw_decoder_load}", hw_decoder_load=hw_decoder_load)
+
+
 def _recipes() -> dict[str, T.Compose]:
     size = (160, 192)
     return {
