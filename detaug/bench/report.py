@@ -201,7 +201,7 @@ class BenchReport:
                 "warmup": self.warmup,
                 "rounds": self.rounds,
                 "cpus": available_cpus(),
-                "decoder_defaults": _decoder_defaults(s.device),
+                "decoder_defaults": decoder_defaults(s.device),
             },
             "environment": self.environment,
             "dataset": self.dataset.to_dict(),
@@ -213,8 +213,10 @@ class BenchReport:
         }
 
 
-def _decoder_defaults(device: str) -> dict:
-    """What detaug's loaders decode with by default here (:mod:`detaug.decoding`)."""
+def decoder_defaults(device: str) -> dict:
+    """What detaug's loaders decode with by default here (:mod:`detaug.decoding`): ``{"decoder_options":
+    {"hw_decoder_load": share} on a GPU ({} on the CPU; {"error": message} for a bad
+    ``DETAUG_HW_DECODER_LOAD``), "num_threads": DALI's threads}``."""
     from detaug.decoding import decoder_options, default_num_threads
 
     try:

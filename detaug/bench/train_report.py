@@ -10,6 +10,7 @@ from typing import Literal
 from detaug.bench.checks import check_line, target_met
 from detaug.bench.dataset import BenchDataset
 from detaug.bench.harness import BenchSettings
+from detaug.bench.report import SCHEMA, decoder_defaults
 from detaug.bench.tables import format_table
 from detaug.bench.train_rows import TrainRow
 
@@ -147,6 +148,7 @@ class TrainReport:
     def format(self) -> str:
         env, s = self.environment, self.settings
         gpu = s.device == "gpu"
+        share = decoder_defaults(s.device)["decoder_options"].get("hw_decoder_load")  # None: the CPU, or an error
         ddp = f" | DDP, {self.world_size} ranks" if self.world_size > 1 else ""
         lines = [
             f"detaug bench --train: a dense detector (ResNet-18 trunk, 1x1 head per 32-pixel cell) trained on "
@@ -156,7 +158,8 @@ class TrainReport:
             f"device {s.device}{ddp} | batch {', '.join(map(str, self.batch_sizes))} | "
             f"{'bf16 autocast' if gpu else 'float32'}, channels last, SGD | {self.warmup} warm-up steps, "
             f"{self.steps} timed | seed {s.seed}"
-            + (f" | PyTorch steps on a {self.stream}-priority CUDA stream" if gpu and self.stream != "default" else ""),
+            + (f" | PyTorch steps on a {self.stream}-priority CUDA stream" if gpu and self.stream != "default" else "")
+            + (f" | loaders' hw_decoder_load {share:g}" if gpu and share is not None else ""),
             f"dataset: {self.dataset.describe()}",
         ]
         model = next((r.model for r in self.results if r.model), "")
@@ -205,15 +208,14 @@ class TrainReport:
         return format_table(rows)
 
     def to_dict(self) -> dict:
-        from detaug.bench.report import SCHEMA
-
         s = self.settings
         return {
             "schema": SCHEMA,
             "mode": "train",
             "settings": {"device": s.device, "batch_sizes": list(self.batch_sizes), "size": s.size,
                          "seed": s.seed, "warmup": self.warmup, "steps": self.steps,
-                         "world_size": self.world_size, "workers": s.workers, "train_stream": self.stream},
+                         "world_size": self.world_size, "workers": s.workers, "train_stream": self.stream,
+                         "decoder_defaults": decoder_defaults(s.device)},
             "environment": self.environment,
             "dataset": self.dataset.to_dict(),
             "results": [],

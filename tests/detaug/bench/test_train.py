@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -207,6 +208,7 @@ def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
     results = json.loads(out.read_text(encoding="utf-8"))
     assert results["mode"] == "train" and results["settings"]["steps"] == 2 and results["settings"]["size"] == 64
     assert results["settings"]["train_stream"] == "default"
+    assert results["settings"]["decoder_defaults"]["decoder_options"] == {}  # the CPU decoder: no hardware share
     rows = {r["variant"]: r for r in results["train"]["rows"]}
     assert set(rows) == set(train.TRAIN_ROW_NAMES)
     for name in ("ceiling", "detaug", "detaug-list"):
@@ -308,6 +310,28 @@ def test_train_stream_high_is_recorded(coco_folder, tmp_path):
         distributed_context("cpu", "low")
 
 
+def test_the_loaders_decoder_share_is_recorded(monkeypatch):
+    """A GPU run's report says the share of JPEGs the loaders send to the hardware decoder (what
+    ``DETAUG_HW_DECODER_LOAD`` set), in its JSON and header; a bad value is recorded, not raised."""
+    from detaug.bench.report import decoder_defaults
+
+    from detaug.bench.dataset import BenchDataset
+    from detaug.bench.harness import BenchSettings
+    from detaug.bench.train_report import TrainReport
+
+    monkeypatch.setenv("DETAUG_HW_DECODER_LOAD", "0")
+    assert decoder_defaults("gpu")["decoder_options"] == {"hw_decoder_load": 0.0}
+    assert decoder_defaults("cpu")["decoder_options"] == {}
+    data = BenchDataset(Path("d"), Path("d/i"), Path("d/a.json"), 2, 3, 2, (8, 8), (8, 8), 100, True)
+    env = {"gpu": "a GPU", "cpus": 16, "versions": {}}
+    for device, said in (("gpu", True), ("cpu", False)):
+        report = TrainReport(BenchSettings(device=device, workers=1, threads=1), data, env, [], [], 1, 1, (2,))
+        assert ("loaders' hw_decoder_load 0" in report.format().splitlines()[2]) == said
+        assert report.to_dict()["settings"]["decoder_defaults"] == decoder_defaults(device)
+    monkeypatch.setenv("DETAUG_HW_DECODER_LOAD", "2")
+    assert "should be a number in [0, 1]" in decoder_defaults("gpu")["decoder_options"]["error"]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA stream's priority needs a GPU")
 def test_train_stream_high_runs_the_steps_on_the_training_stream():
     ctx, before = distributed_context("gpu", "high"), torch.cuda.current_stream()
@@ -328,7 +352,6 @@ def test_train_rows_under_torchrun_with_ddp(coco_folder, tmp_path, nodes):
     import subprocess
     import sys
     import uuid
-    from pathlib import Path
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
