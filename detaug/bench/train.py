@@ -326,6 +326,13 @@ def run_train(
 CEILING_KINDS = ("ceiling", "keras-ceiling")
 
 
+#: How :func:`_all_timings` joins a figure's timings: summed, the largest, else the mean.
+_SUMMED = ("steps", "images", "seconds")
+_LARGEST = ("gpu_peak_mib", "torch_peak_mib", "host_peak_rss_mib")
+#: The figures of a :class:`TrainResult` it joins (a rank's dict: all its keys).
+_JOINED = (*_SUMMED, *_LARGEST, "img_per_s", "total_img_per_s", "data_wait", "not_ready_wait", "cpu_cores")
+
+
 def _all_timings(timings: list[TrainResult]) -> TrainResult:
     """A ceiling timed several times, as one row: its rates the mean of the timings, its steps,
     images and seconds their sums, its memory the largest (each rank's figures alike); ``runs``
@@ -335,28 +342,25 @@ def _all_timings(timings: list[TrainResult]) -> TrainResult:
         return timings[0]
     if len(ok) == 1:
         return replace(ok[0], runs=[ok[0].total_img_per_s])
+    joined = _join([{k: getattr(t, k) for k in _JOINED} for t in ok])
+    return replace(ok[0], **joined, runs=[t.total_img_per_s for t in ok],
+                   ranks=[_join(list(per)) for per in zip(*(t.ranks for t in ok))])
 
-    def mean(values: list) -> float | None:
-        return None if any(v is None for v in values) else sum(values) / len(values)
 
-    def most(values: list) -> float | None:
+def _join(per_timing: list[dict]) -> dict:
+    """The figures of several timings as one (the keys of the first): :data:`_SUMMED` summed,
+    :data:`_LARGEST` the largest known (``None`` where none is), the rest the mean (``None``
+    where any is ``None``)."""
+
+    def join(key: str, values: list) -> Any:
+        if key in _SUMMED:
+            return sum(values)
         known = [v for v in values if v is not None]
-        return max(known) if known else None
+        if key in _LARGEST:
+            return max(known) if known else None
+        return None if len(known) < len(values) else sum(values) / len(values)
 
-    def rank(per_timing: list[dict]) -> dict:
-        summed, largest = ("images", "seconds"), ("gpu_peak_mib", "torch_peak_mib", "host_peak_rss_mib")
-        return {k: sum(d[k] for d in per_timing) if k in summed else most([d[k] for d in per_timing]) if k in largest
-                else mean([d[k] for d in per_timing]) for k in per_timing[0]}
-
-    first = ok[0]
-    return replace(
-        first, steps=sum(t.steps for t in ok), images=sum(t.images for t in ok), seconds=sum(t.seconds for t in ok),
-        img_per_s=mean([t.img_per_s for t in ok]), total_img_per_s=mean([t.total_img_per_s for t in ok]),
-        data_wait=mean([t.data_wait for t in ok]), cpu_cores=mean([t.cpu_cores for t in ok]),
-        gpu_peak_mib=most([t.gpu_peak_mib for t in ok]), torch_peak_mib=most([t.torch_peak_mib for t in ok]),
-        host_peak_rss_mib=most([t.host_peak_rss_mib for t in ok]), runs=[t.total_img_per_s for t in ok],
-        ranks=[rank(list(per)) for per in zip(*(t.ranks for t in ok))],
-    )
+    return {k: join(k, [d[k] for d in per_timing]) for k in per_timing[0]}
 
 
 def _run_row(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx: _Context, warmup: int,
