@@ -18,21 +18,32 @@ from detaug.bench.train_rows import TrainRow
 @dataclass(frozen=True)
 class TrainCheck:
     """A target of a training row: its ratio to its ceiling ``>= target`` (``wait=False``) or
-    its data-wait share ``<= target`` (``wait=True``). Targets of a GPU run."""
+    its data-wait share ``<= target`` (``wait=True``), at every batch size up to ``up_to_batch``
+    (``None``: at every one). Targets of a GPU run."""
 
     name: str
     row: str
     target: float
     wait: bool = False
+    up_to_batch: int | None = None
 
+    def applies_at(self, batch_size: int) -> bool:
+        return self.up_to_batch is None or batch_size <= self.up_to_batch
+
+
+#: The data-wait targets hold at batch 64 and below (issue 19's: at larger batches a step is long
+#: and a wait that overlaps queued steps costs little; the ratio is what counts there).
+WAIT_TARGET_BATCH = 64
 
 TRAIN_CHECKS: tuple[TrainCheck, ...] = (
     TrainCheck("training: detaug (COCO reader) / ceiling", "detaug", 0.9),
-    TrainCheck("training: detaug (COCO reader), data wait", "detaug", 0.05, wait=True),
+    TrainCheck("training: detaug (COCO reader), data wait", "detaug", 0.05, wait=True, up_to_batch=WAIT_TARGET_BATCH),
     TrainCheck("training: detaug (sample list) / ceiling", "detaug-list", 0.9),
-    TrainCheck("training: detaug (sample list), data wait", "detaug-list", 0.05, wait=True),
+    TrainCheck("training: detaug (sample list), data wait", "detaug-list", 0.05, wait=True,
+               up_to_batch=WAIT_TARGET_BATCH),
     TrainCheck("training: detaug (padded targets) / ceiling", "detaug-padded", 0.9),
-    TrainCheck("training: detaug (padded targets), data wait", "detaug-padded", 0.05, wait=True),
+    TrainCheck("training: detaug (padded targets), data wait", "detaug-padded", 0.05, wait=True,
+               up_to_batch=WAIT_TARGET_BATCH),
     TrainCheck("training: Keras Sequence in fit / Keras ceiling", "sequence", 0.85),
 )
 

@@ -280,6 +280,26 @@ def test_train_checks_hold_on_a_gpu_run_only():
         assert check.value is None or check.line().endswith("n/a on the CPU")
 
 
+def test_the_data_wait_targets_hold_up_to_batch_64(coco_folder, tmp_path):
+    """The issue's targets: the ratio at every batch size, the data wait at batch 64 and below
+    only; the checks a run evaluates say so by batch size."""
+    from detaug import cli
+
+    waits = {c.name for c in train.TRAIN_CHECKS if c.wait}
+    assert waits and all(c.applies_at(64) and c.applies_at(16) and not c.applies_at(256)
+                         for c in train.TRAIN_CHECKS if c.wait)
+    assert all(c.applies_at(256) for c in train.TRAIN_CHECKS if not c.wait)
+    out = tmp_path / "train.json"
+    assert cli.main(["bench", "--train", "--device", "cpu", "--quiet", "--json", str(out), "--only", "ceiling,detaug",
+                     "--data", str(coco_folder), "--batch-sizes", "2,65", "--warmup", "1", "--steps", "1",
+                     "--size", "64", "--threads", "1", "--workers", "0"]) == 0
+    checks = json.loads(out.read_text(encoding="utf-8"))["checks"]
+    by_batch = {b: {c["name"] for c in checks if c["batch_size"] == b} for b in (2, 65)}
+    assert "training: detaug (COCO reader), data wait" in by_batch[2]
+    assert "training: detaug (COCO reader), data wait" not in by_batch[65]
+    assert "training: detaug (COCO reader) / ceiling" in by_batch[65]
+
+
 def test_steps_need_train(capsys):
     from detaug import cli
 
