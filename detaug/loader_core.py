@@ -123,9 +123,10 @@ def hardware_decoder_share(hw_decoder_load: Any, device_id: int | None) -> float
     is built: ``hw_decoder_load`` as given (a number in ``[0, 1]``, checked on any device), or for
     ``None`` ``DETAUG_HW_DECODER_LOAD`` when set, else 0.8 (:func:`detaug.decoding.decoder_options`);
     ``None`` on the CPU (``device_id`` ``None``), whose decoder has no hardware share."""
-    if hw_decoder_load is not None:
-        decoder_options(True, hw_decoder_load=hw_decoder_load)  # a bad value is an error on the CPU too
-    return decoder_options(device_id is not None, hw_decoder_load=hw_decoder_load).get("hw_decoder_load")
+    if hw_decoder_load is None:
+        return decoder_options(device_id is not None).get("hw_decoder_load")
+    share = decoder_options(True, hw_decoder_load=hw_decoder_load)["hw_decoder_load"]  # checked on the CPU too
+    return None if device_id is None else share
 
 
 def epoch_spec(source: Any, batch_size: int, shard: tuple[int, int], *, shuffle: bool, drop_last: bool,

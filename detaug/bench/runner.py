@@ -209,6 +209,7 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
                         help=f"megapixels of --scaling (default {','.join(f'{m:g}' for m in DEFAULT_MEGAPIXELS)})")
     parser.add_argument("--scaling-batch-sizes", type=_int_list, metavar="B1,B2",
                         help=f"batch sizes of --scaling (default {','.join(map(str, DEFAULT_SCALING_BATCHES))})")
+    from detaug.bench.train_context import TRAIN_STREAMS
     from detaug.bench.train_rows import TRAIN_DEFAULTS, TRAIN_ROW_NAMES, TRAIN_SIZE
 
     tg, tc = TRAIN_DEFAULTS["gpu"], TRAIN_DEFAULTS["cpu"]
@@ -223,7 +224,7 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
     )
     parser.add_argument("--steps", type=positive_int, help="timed training steps of --train")
     parser.add_argument(
-        "--train-stream", choices=("default", "high"), default="default",
+        "--train-stream", choices=tuple(TRAIN_STREAMS), default="default",
         help="the CUDA stream of --train's PyTorch steps (the ceilings' too): CUDA's default stream (default), or "
         "detaug.torch.training_stream(), a high-priority stream of their own (docs/loader.md, 'Feeding a fast "
         "model'); the Keras rows stay on the default stream, which the Sequence hands its batches to",

@@ -37,7 +37,8 @@ WAIT_TARGET_BATCH = 64
 
 TRAIN_CHECKS: tuple[TrainCheck, ...] = (
     TrainCheck("training: detaug (COCO reader) / ceiling", "detaug", 0.9),
-    TrainCheck("training: detaug (COCO reader), data wait", "detaug", 0.05, wait=True, up_to_batch=WAIT_TARGET_BATCH),
+    TrainCheck("training: detaug (COCO reader), data wait", "detaug", 0.05, wait=True,
+               up_to_batch=WAIT_TARGET_BATCH),
     TrainCheck("training: detaug (sample list) / ceiling", "detaug-list", 0.9),
     TrainCheck("training: detaug (sample list), data wait", "detaug-list", 0.05, wait=True,
                up_to_batch=WAIT_TARGET_BATCH),
