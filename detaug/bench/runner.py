@@ -209,7 +209,7 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
                         help=f"megapixels of --scaling (default {','.join(f'{m:g}' for m in DEFAULT_MEGAPIXELS)})")
     parser.add_argument("--scaling-batch-sizes", type=_int_list, metavar="B1,B2",
                         help=f"batch sizes of --scaling (default {','.join(map(str, DEFAULT_SCALING_BATCHES))})")
-    from detaug.bench.train_context import TRAIN_STREAMS
+    from detaug.bench.train_context import TRAIN_STEPS, TRAIN_STREAMS
     from detaug.bench.train_rows import TRAIN_DEFAULTS, TRAIN_ROW_NAMES, TRAIN_SIZE
 
     tg, tc = TRAIN_DEFAULTS["gpu"], TRAIN_DEFAULTS["cpu"]
@@ -228,6 +228,12 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
         help="the CUDA stream of --train's PyTorch steps (the ceilings' too): CUDA's default stream (default), or "
         "detaug.torch.training_stream(), a high-priority stream of their own (docs/loader.md, 'Feeding a fast "
         "model'); the Keras rows stay on the default stream, which the Sequence hands its batches to",
+    )
+    parser.add_argument(
+        "--train-step", choices=TRAIN_STEPS, default="eager",
+        help="how --train's PyTorch steps run (the ceilings' too): op by op (eager, default), or captured once in "
+        "a CUDA graph and replayed (graph: a GPU and one process; docs/loader.md, 'Feeding a fast model'); the "
+        "Keras rows run Keras' fit either way",
     )
     parser.add_argument("--json", type=Path, dest="json_path", help="also write the results as JSON here")
     parser.add_argument("--check", action="store_true", help="exit with status 1 when a target check fails")
@@ -325,6 +331,7 @@ def main(argv: Sequence[str] | None = None, *, debug: bool = False) -> int:
                 train=args.train,
                 steps=args.steps,
                 train_stream=args.train_stream,
+                train_step=args.train_step,
             )
         except ValueError as exc:
             if debug:

@@ -63,6 +63,7 @@ def run_bench(
     train: bool = False,
     steps: int | None = None,
     train_stream: str = "default",
+    train_step: str = "eager",
 ) -> BenchReport | TrainReport:
     """Run the selected variants on one dataset at each batch size and return the report.
 
@@ -107,7 +108,8 @@ def run_bench(
         train: time a detector's training loop on each loader instead
             (:func:`detaug.bench.train.run_train_bench`: a :class:`~detaug.bench.train.TrainReport`;
             ``warmup`` and ``steps`` are its steps, ``only`` its rows, ``size`` its input side,
-            ``train_stream`` the CUDA stream its steps run on: ``"default"`` or ``"high"`` priority).
+            ``train_stream`` the CUDA stream its steps run on: ``"default"`` or ``"high"`` priority,
+            ``train_step`` how they run: ``"eager"`` or ``"graph"``, replayed from a CUDA graph).
 
     Raises:
         ValueError: bad arguments or dataset, or ``device="gpu"`` without CUDA.
@@ -130,11 +132,13 @@ def run_bench(
             device=device, batch_sizes=_batch_sizes(batch_size, batch_sizes, DEFAULTS[device]) if (
                 batch_size is not None or batch_sizes is not None) else None,
             workers=workers, threads=threads, size=size, seed=seed, only=only, warmup=warmup, steps=steps,
-            stream=train_stream, progress=progress, log=log)
+            stream=train_stream, step=train_step, progress=progress, log=log)
     if steps is not None:
         raise ValueError("--steps is a number of training steps: give it with --train")
     if train_stream != "default":
         raise ValueError("--train-stream is where training steps run: give it with --train")
+    if train_step != "eager":
+        raise ValueError("--train-step is how training steps run: give it with --train")
     defaults = DEFAULTS[device]
     sizes = _batch_sizes(batch_size, batch_sizes, defaults)
     recipes = _recipes(recipes)

@@ -22,6 +22,8 @@ The step is what a torchvision user writes (:func:`train_step`): ``images, targe
 each target's tensors ``.to(device, non_blocking=True)`` (nothing when they are there already),
 the targets padded to 64 boxes on the device (:func:`~detaug.bench.train_model.pad_targets`, which
 takes the batched form too), forward, loss, backward, SGD step; no host synchronisation inside.
+With ``--train-step graph`` every PyTorch row's step (the ceilings' too) is captured once in a CUDA
+graph and replayed (:class:`~detaug.bench.train_graph.GraphedStep`).
 
 Timing: ``warmup`` steps, a CUDA synchronize, then ``steps`` timed steps and a synchronize. A
 ceiling is timed before the rows measured against it and again after each of them (twice at
@@ -44,7 +46,8 @@ Sequence in fit >= 0.85x the Keras ceiling.
 
 Modules: this one runs the rows and times the PyTorch ones; :mod:`detaug.bench.train_rows` holds
 the rows and their defaults, :mod:`detaug.bench.train_keras` the Keras rows,
-:mod:`detaug.bench.train_context` the device, the DDP rank and the probes, and
+:mod:`detaug.bench.train_graph` the step in a CUDA graph, :mod:`detaug.bench.train_context` the
+device, the DDP rank and the probes, and
 :mod:`detaug.bench.train_report` the results, the checks and the report. Their public names are
 importable from here too.
 """
@@ -65,6 +68,7 @@ from detaug.bench.harness import BenchSettings, VariantUnavailable, count_images
 from detaug.bench.train_context import (
     _Context, _Probe, _Timed, distributed_context, process_tree_cpu_seconds, rank_zero_first,
 )
+from detaug.bench.train_graph import GraphedStep
 from detaug.bench.train_keras import _Repeat, _keras, _sequence, _time_keras, _timed_dataset
 from detaug.bench.train_model import DenseDetector, detection_loss, pad_targets
 from detaug.bench.train_report import TRAIN_CHECKS, TrainCheck, TrainCheckResult, TrainReport, TrainResult, _evaluate
@@ -135,8 +139,12 @@ def _time_torch(batches: Iterator, ctx: _Context, warmup: int, steps: int, seed:
     try:
         with ctx.training_stream():
             model, optimizer, described = _model(ctx, seed)
-            step = lambda images, targets: train_step(  # noqa: E731
-                model, optimizer, images, targets, device=ctx.device, autocast=ctx.autocast)
+            if ctx.step == "graph":
+                step = GraphedStep(model, optimizer, device=ctx.device, autocast=ctx.autocast)
+                described += ", the step replayed from a CUDA graph"
+            else:
+                step = lambda images, targets: train_step(  # noqa: E731
+                    model, optimizer, images, targets, device=ctx.device, autocast=ctx.autocast)
             it = iter(batches)
             for _ in range(warmup):
                 step(*next(it))
@@ -154,6 +162,8 @@ def _time_torch(batches: Iterator, ctx: _Context, warmup: int, steps: int, seed:
             ctx.sync()
         seconds, cpu = time.perf_counter() - start, process_tree_cpu_seconds() - cpu_start
         not_ready = None if not_ready_start is None else feed_stats.waited_s - not_ready_start
+        if getattr(step, "eager_steps", 0):
+            described += f" ({step.eager_steps} batch(es) of another shape stepped eagerly)"
         return probe.finish(_Timed(images, steps, seconds, wait, cpu, not_ready_wait=not_ready)), described
     finally:
         probe.sampler.stop()
@@ -208,13 +218,15 @@ def run_train_bench(
     warmup: int | None = None,
     steps: int | None = None,
     stream: str = "default",
+    step: str = "eager",
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> TrainReport:
     """``detaug bench --train``: the dataset of :func:`detaug.bench.session.run_bench` (its
     arguments alike; under ``torchrun`` rank 0 prepares it first), then :func:`run_train`;
     ``stream``: where every row's steps run on CUDA, a key of
-    :data:`~detaug.bench.train_context.TRAIN_STREAMS`. Under ``torchrun`` only rank 0 logs."""
+    :data:`~detaug.bench.train_context.TRAIN_STREAMS`; ``step``: how the PyTorch rows step, one of
+    :data:`~detaug.bench.train_context.TRAIN_STEPS`. Under ``torchrun`` only rank 0 logs."""
     import shutil
     import tempfile
 
@@ -224,7 +236,7 @@ def run_train_bench(
 
     selected_rows(only)  # said before any work
     started = torch.distributed.is_available() and torch.distributed.is_initialized()
-    ctx = distributed_context(device, stream)
+    ctx = distributed_context(device, stream, step)
     if ctx.rank != 0:
         log, progress = (lambda msg: None), False
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
@@ -320,7 +332,7 @@ def run_train(
     checks = [_evaluate(check, results, b, base.device) for b in sizes for check in TRAIN_CHECKS
               if check.row in selected and check.applies_at(b)]
     return TrainReport(base, dataset, environment, results, checks, warmup, steps, sizes, ctx.world, ctx.rank,
-                       ctx.stream)
+                       ctx.stream, ctx.step)
 
 
 #: Rows timed before the rows whose ceiling they are and again after each of them.

@@ -43,6 +43,12 @@ def process_tree_cpu_seconds(pid: int | None = None) -> float:
 #: way: the Sequence hands its device batches over to it.
 TRAIN_STREAMS: dict[str, int | None] = {"default": None, "high": TRAINING_STREAM_PRIORITY}
 
+#: ``--train-step``: how the PyTorch rows' step runs. ``"eager"``: op by op, as most loops run
+#: (:func:`detaug.bench.train.train_step`); ``"graph"``: captured once in a CUDA graph and
+#: replayed (:class:`detaug.bench.train_graph.GraphedStep`; CUDA, one process). The Keras rows run
+#: Keras' own ``fit`` either way.
+TRAIN_STEPS = ("eager", "graph")
+
 
 @dataclass
 class _Context:
@@ -54,6 +60,7 @@ class _Context:
     world: int = 1
     local_rank: int = 0
     stream: str = "default"  # TRAIN_STREAMS: where the steps run on CUDA
+    step: str = "eager"  # TRAIN_STEPS: op by op, or replayed from a CUDA graph
 
     @property
     def cuda(self) -> bool:
@@ -76,13 +83,19 @@ class _Context:
             torch.distributed.barrier()
 
 
-def distributed_context(device: str, stream: str = "default") -> _Context:
+def distributed_context(device: str, stream: str = "default", step: str = "eager") -> _Context:
     """The context of this process: under ``torchrun`` (``WORLD_SIZE > 1``) the process group
     initialised (NCCL on CUDA, gloo on the CPU) and this rank's GPU (``LOCAL_RANK``) made current;
-    ``stream``: a key of :data:`TRAIN_STREAMS`."""
+    ``stream``: a key of :data:`TRAIN_STREAMS`; ``step``: one of :data:`TRAIN_STEPS` (``"graph"``
+    needs ``device="gpu"`` and one process)."""
     if stream not in TRAIN_STREAMS:
         raise ValueError(f"--train-stream should be one of {', '.join(TRAIN_STREAMS)}, got {stream!r}")
+    if step not in TRAIN_STEPS:
+        raise ValueError(f"--train-step should be one of {', '.join(TRAIN_STEPS)}, got {step!r}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if step == "graph" and (device != "gpu" or world > 1):
+        raise ValueError("--train-step graph captures the step in a CUDA graph: it needs --device gpu and one "
+                         f"process (got --device {device}" + (f", WORLD_SIZE={world})" if world > 1 else ")"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     cuda = device == "gpu"
     if cuda:
@@ -90,7 +103,7 @@ def distributed_context(device: str, stream: str = "default") -> _Context:
     if world > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if cuda else "gloo")
     return _Context(torch.device("cuda", local_rank) if cuda else torch.device("cpu"), autocast=cuda,
-                    rank=rank, world=world, local_rank=local_rank, stream=stream)
+                    rank=rank, world=world, local_rank=local_rank, stream=stream, step=step)
 
 
 @contextlib.contextmanager

@@ -152,6 +152,7 @@ class TrainReport:
     world_size: int = 1
     rank: int = 0
     stream: str = "default"  # --train-stream (detaug.bench.train_context.TRAIN_STREAMS)
+    step: str = "eager"  # --train-step (detaug.bench.train_context.TRAIN_STEPS)
 
     @property
     def runs(self) -> list[TrainReport]:
@@ -171,6 +172,7 @@ class TrainReport:
             f"{'bf16 autocast' if gpu else 'float32'}, channels last, SGD | {self.warmup} warm-up steps, "
             f"{self.steps} timed | seed {s.seed}"
             + (f" | PyTorch steps on a {self.stream}-priority CUDA stream" if gpu and self.stream != "default" else "")
+            + (" | PyTorch steps replayed from a CUDA graph" if self.step == "graph" else "")
             + (f" | loaders' hw_decoder_load {share:g}" if gpu and share is not None else ""),
             f"dataset: {self.dataset.describe()}",
         ]
@@ -227,6 +229,7 @@ class TrainReport:
             "settings": {"device": s.device, "batch_sizes": list(self.batch_sizes), "size": s.size,
                          "seed": s.seed, "warmup": self.warmup, "steps": self.steps,
                          "world_size": self.world_size, "workers": s.workers, "train_stream": self.stream,
+                         "train_step": self.step,
                          "decoder_defaults": decoder_defaults(s.device)},
             "environment": self.environment,
             "dataset": self.dataset.to_dict(),

@@ -181,15 +181,6 @@ def test_process_tree_cpu_seconds_counts_this_process():
 # ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def coco_folder(tmp_path_factory):
-    from detaug.synthetic import write_coco_dataset
-
-    root = tmp_path_factory.mktemp("train_data")
-    write_coco_dataset(root, num_images=8, size=(160, 120), min_objects=1, max_objects=4, seed=0, progress=False)
-    return root
-
-
 ROW_FIELDS = {"variant", "label", "status", "batch_size", "img_per_s", "total_img_per_s", "vs_ceiling", "data_wait",
               "not_ready_wait", "cpu_cores", "gpu_peak_mib", "torch_peak_mib", "steps", "images", "world_size"}
 
