@@ -41,8 +41,8 @@ gloo on the CPU), its own shard by the loaders' defaults; rank 0 prints the rows
 GPU and for all of them. The Keras rows run without torchrun only.
 
 Targets (:data:`TRAIN_CHECKS`, for a GPU run; a CPU run prints "n/a"): every detaug iterator >= 0.9x
-the ceiling at every batch size, with data wait <= 5% of the step time at batch 64 and below; the
-Sequence in fit >= 0.85x the Keras ceiling.
+the ceiling at every batch size, with data wait <= 5% of the step time at batch 64 and below (with
+the step run op by op); the Sequence in fit >= 0.85x the Keras ceiling.
 
 Modules: this one runs the rows and times the PyTorch ones; :mod:`detaug.bench.train_rows` holds
 the rows and their defaults, :mod:`detaug.bench.train_keras` the Keras rows,
@@ -330,7 +330,7 @@ def run_train(
                 r.vs_ceiling = r.total_img_per_s / ceiling.total_img_per_s
         results += ordered
     checks = [_evaluate(check, results, b, base.device) for b in sizes for check in TRAIN_CHECKS
-              if check.row in selected and check.applies_at(b)]
+              if check.row in selected and check.applies_at(b, ctx.step)]
     return TrainReport(base, dataset, environment, results, checks, warmup, steps, sizes, ctx.world, ctx.rank,
                        ctx.stream, ctx.step)
 

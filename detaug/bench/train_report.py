@@ -19,7 +19,9 @@ from detaug.bench.train_rows import TrainRow
 class TrainCheck:
     """A target of a training row: its ratio to its ceiling ``>= target`` (``wait=False``) or
     its data-wait share ``<= target`` (``wait=True``), at every batch size up to ``up_to_batch``
-    (``None``: at every one). Targets of a GPU run."""
+    (``None``: at every one). Targets of a GPU run. A data-wait target holds for steps run op by
+    op only: a step replayed from a CUDA graph (``--train-step graph``) leaves the host idle while
+    the GPU works, so its time in ``next()`` is the GPU's pace, not the feed's."""
 
     name: str
     row: str
@@ -27,7 +29,9 @@ class TrainCheck:
     wait: bool = False
     up_to_batch: int | None = None
 
-    def applies_at(self, batch_size: int) -> bool:
+    def applies_at(self, batch_size: int, step: str = "eager") -> bool:
+        if self.wait and step != "eager":
+            return False
         return self.up_to_batch is None or batch_size <= self.up_to_batch
 
 

@@ -47,6 +47,15 @@ def test_train_step_is_a_train_option(coco_folder, tmp_path, capsys):
     assert json.loads(out.read_text(encoding="utf-8"))["settings"]["train_step"] == "eager"
 
 
+def test_a_graphed_run_holds_the_ratio_targets_only():
+    """Replayed from a graph the host waits in ``next()`` for the GPU's pace: no data-wait target."""
+    from detaug.bench.train_report import TRAIN_CHECKS
+
+    waits = [c for c in TRAIN_CHECKS if c.wait]
+    assert waits and all(c.applies_at(64) and not c.applies_at(64, "graph") for c in waits)
+    assert all(c.applies_at(b, "graph") for c in TRAIN_CHECKS if not c.wait for b in (64, 256))
+
+
 def _batch(seed: int, n: int, device: torch.device) -> tuple[torch.Tensor, list[dict]]:
     g = torch.Generator().manual_seed(seed)
     images = torch.randn(n, 3, 64, 64, generator=g)
