@@ -70,7 +70,7 @@ from detaug.bench.train_context import (
 )
 from detaug.bench.train_graph import GraphedStep
 from detaug.bench.train_keras import _Repeat, _keras, _sequence, _time_keras, _timed_dataset
-from detaug.bench.train_model import DenseDetector, detection_loss, pad_targets
+from detaug.bench.train_model import DenseDetector, batch_on, model_loss
 from detaug.bench.train_report import TRAIN_CHECKS, TrainCheck, TrainCheckResult, TrainReport, TrainResult, _evaluate
 from detaug.feeder import FeedStats
 from detaug.bench.train_rows import (
@@ -105,13 +105,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, images:
     with ``.to(device, non_blocking=True)`` (nothing where they are already there), the targets
     padded on the device, bf16 autocast where ``autocast``; returns the loss (not read: no host
     synchronisation)."""
-    if isinstance(images, (list, tuple)):
-        images = torch.stack([image.to(device, non_blocking=True) for image in images])
-    images = images.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
-    boxes, labels = pad_targets(targets, device)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-        outputs = model(images)
-    loss = detection_loss(outputs, boxes, labels)
+    images, boxes, labels = batch_on(images, targets, device)
+    loss = model_loss(model, images, boxes, labels, autocast=autocast)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()

@@ -7,10 +7,11 @@ launch: what is left of the loader's cost is its GPU work beside the model's. Th
 whole-network capture (``torch.cuda.graphs``, "CUDA Graphs" in PyTorch's CUDA semantics notes),
 as a user with a launch-bound model would write it:
 
-1. the batch is copied into static input tensors, the images as ``[B, 3, H, W]`` float in channels
-   last, the targets padded to :data:`~detaug.bench.train_model.MAX_BOXES` rows
-   (:func:`~detaug.bench.train_model.pad_targets`: ``boxes`` float32 ``[B, MAX_BOXES, 4]``,
-   ``labels`` int64 ``[B, MAX_BOXES]``, -1 for padding), so every batch has the shapes captured;
+1. the batch is moved as the eager step moves it (:func:`~detaug.bench.train_model.batch_on`: the
+   images ``[B, 3, H, W]`` float in channels last, the targets padded to
+   :data:`~detaug.bench.train_model.MAX_BOXES` rows, ``boxes`` float32 ``[B, MAX_BOXES, 4]``,
+   ``labels`` int64 ``[B, MAX_BOXES]``, -1 for padding) and copied into static input tensors, so
+   every batch has the shapes captured;
 2. the first batch warms the step up three times on a side stream, then the step is captured
    (autocast without its weight cache, as capture needs) and replayed for every batch after; the
    capture forbids unsafe CUDA calls in this thread only (``capture_error_mode="thread_local"``):
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from detaug.bench.train_model import MAX_BOXES, detection_loss, pad_targets
+from detaug.bench.train_model import batch_on, model_loss
 
 __all__ = ["GraphedStep"]
 
@@ -66,26 +67,17 @@ class GraphedStep:
         #: Batches run eagerly: their shapes differed from the captured batch's.
         self.eager_steps = 0
 
-    def _inputs(self, images: Any, targets: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if isinstance(images, (list, tuple)):
-            images = torch.stack([image.to(self.device, non_blocking=True) for image in images])
-        images = images.to(self.device, non_blocking=True)
-        boxes, labels = pad_targets(targets, self.device, MAX_BOXES)
-        return images, boxes, labels
-
     def _loss(self, images: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor, *, cache: bool) -> torch.Tensor:
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast, cache_enabled=cache):
-            outputs = self.model(images)
-        return detection_loss(outputs, boxes, labels)
+        return model_loss(self.model, images, boxes, labels, autocast=self.autocast, cache=cache)
 
     def _eager(self, images: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor) -> None:
-        loss = self._loss(images.contiguous(memory_format=torch.channels_last), boxes, labels, cache=True)
-        self.optimizer.zero_grad(set_to_none=self.graph is None)  # after a capture the graph owns .grad
+        loss = self._loss(images, boxes, labels, cache=True)
+        self.optimizer.zero_grad(set_to_none=False)  # after the capture the graph owns .grad
         loss.backward()
         self.optimizer.step()
 
     def _capture(self, images: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor) -> None:
-        self.images = torch.empty_like(images, memory_format=torch.channels_last).copy_(images)
+        self.images = images.clone(memory_format=torch.channels_last)
         self.boxes, self.labels = boxes.clone(), labels.clone()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -103,7 +95,7 @@ class GraphedStep:
         self.graph = graph
 
     def __call__(self, images: Any, targets: Any) -> None:
-        images, boxes, labels = self._inputs(images, targets)
+        images, boxes, labels = batch_on(images, targets, self.device)
         if self.graph is None:
             self._capture(images, boxes, labels)  # its warm-up steps train on this batch
         elif images.shape != self.images.shape or boxes.shape != self.boxes.shape:

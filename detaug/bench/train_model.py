@@ -36,7 +36,9 @@ __all__ = [
     "DenseDetector",
     "ResNet18Trunk",
     "detection_loss",
+    "batch_on",
     "keras_dense_detector",
+    "model_loss",
     "pad_targets",
     "resnet18_trunk",
 ]
@@ -166,6 +168,27 @@ def pad_targets(
         boxes = F.pad(boxes, (0, 0, 0, max_boxes - rows))
         labels = F.pad(labels, (0, max_boxes - rows), value=-1)
     return boxes.float(), labels.long()
+
+
+def batch_on(images: Any, targets: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batch as the bench's step takes it, moved as a torchvision user moves it
+    (``.to(device, non_blocking=True)``: nothing where it is already there): ``(images [B, 3, H, W]
+    in channels last (a list of ``[3, H, W]`` stacked), boxes, labels)``, the targets padded by
+    :func:`pad_targets`."""
+    if isinstance(images, (list, tuple)):
+        images = torch.stack([image.to(device, non_blocking=True) for image in images])
+    images = images.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
+    boxes, labels = pad_targets(targets, device)
+    return images, boxes, labels
+
+
+def model_loss(model: nn.Module, images: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor, *,
+               autocast: bool, cache: bool = True) -> torch.Tensor:
+    """:func:`detection_loss` of ``model(images)``, the forward in bf16 autocast where ``autocast``
+    (``cache``: autocast's weight cache, which a CUDA-graph capture needs off)."""
+    with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=autocast, cache_enabled=cache):
+        outputs = model(images)
+    return detection_loss(outputs, boxes, labels)
 
 
 def detection_loss(outputs: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor, *,
