@@ -113,7 +113,8 @@ def test_the_graphed_step_trains_as_the_eager_step():
     expected = torch.cat([(p.detach() - s).flatten() for p, s in zip(reference.parameters(), start)])
     assert expected.norm() > 0
     assert float((moved - expected).norm() / expected.norm()) < 0.02
-    # the padded batched form gives the same step as the per-image dicts
+    # the padded batched form pads to the captured shapes: it replays the graph, not the eager step
+    # (that both forms pad alike: test_train.py's test_pad_targets_against_numpy)
     images, targets = batches[0]
     padded = {"boxes": torch.nn.utils.rnn.pad_sequence([t["boxes"] for t in targets], batch_first=True),
               "labels": torch.nn.utils.rnn.pad_sequence([t["labels"] for t in targets], batch_first=True,
