@@ -38,9 +38,11 @@ def undecodable(planned: PlannedBatch) -> list[tuple[int, str]]:
 class DecodeFailure(Exception):
     """DALI failed on a batch (an image whose header was fine); the adapter finds the culprit."""
 
-    def __init__(self, planned: PlannedBatch, cause: BaseException) -> None:
+    def __init__(self, planned: PlannedBatch, cause: BaseException, where: str | None = None) -> None:
         super().__init__(str(cause))
         self.planned = planned
+        #: the batch (or run of batches, :mod:`detaug.pipeline_runs`) in words, for the error
+        self.where = where if where is not None else f"batch {planned.step} of epoch {planned.epoch}"
 
     def error(self, source: Any, culprits: list[tuple[int, str]]) -> Exception:
         """What the user gets when the culprit is not skipped: an :class:`ImageError` naming the
@@ -51,4 +53,4 @@ class DecodeFailure(Exception):
             p, reason = culprits[0]
             return ImageError(source.file_of(p), int(source.samples[p].image_id), reason)
         files = [source.file_of(int(p)) for p in planned.positions]
-        return RuntimeError(f"batch {planned.step} of epoch {planned.epoch} (files {files}) failed in DALI: {self}")
+        return RuntimeError(f"{self.where} (files {files}) failed in DALI: {self}")

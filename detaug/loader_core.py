@@ -29,10 +29,11 @@ reference to it beyond a call.
 
 The batches of one iteration go through three stages: ``pending``, ``(epoch, step, future or
 None)`` submitted to the planning workers (:class:`~detaug.plan_ahead.PlanPool`); ``inflight``,
-planned batches fed to the pipeline whose outputs are not taken yet (``None``: a filler of a
-fresh pipeline's first run); and ``next_key``, the next batch to submit. At the end of an
-epoch they run on into the next one (the pipeline does not run dry between epochs), kept as a
-:class:`Carry` for the next iteration if it starts there.
+runs of ``loader._run_batches`` consecutive planned batches (:class:`~detaug.pipeline_runs.Run`:
+one pipeline run each, its outputs split back batch by batch) fed to the pipeline whose outputs
+are not taken yet (``None``: a filler of a fresh pipeline's first run); and ``next_key``, the next
+batch to submit. At the end of an epoch they run on into the next one (the pipeline does not run
+dry between epochs), kept as a :class:`Carry` for the next iteration if it starts there.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from detaug.epochs import check_shard
 from detaug.errors import ImageError
 from detaug.labels import LabelMap
 from detaug.pipeline import build_pipeline, feed, feed_first_run, pick_device, resolve_device, take_outputs
+from detaug.pipeline_runs import Run, join_run
 from detaug.plan_ahead import PlanPool, batches_ahead, group_size
 from detaug.decode_failures import DecodeFailure, undecodable
 from detaug.epochs import EpochSpec, source_groups
@@ -233,6 +235,7 @@ class LoaderState(Protocol):
     _pipeline_args: dict[str, Any]  # build_pipeline's keyword arguments
     _fresh: bool  # the pipeline's first schedule_run is still to come (it runs prefetch_queue_depth batches)
     _depth: int  # prefetch_queue_depth, at least 1
+    _run_batches: int  # planned batches joined in one pipeline run (detaug.pipeline_runs), at least 1
     _pool: PlanPool | None
     _bad: dict[int, str]  # positions whose image failed in DALI -> reason
     _batch_bytes: int | None  # the most image bytes a worker's plan carried (None: none seen)
@@ -244,7 +247,9 @@ class LoaderState(Protocol):
 
     def __len__(self) -> int: ...
 
-    def _to_torch(self, images: Any, planned: PlannedBatch) -> tuple[Any, Any]: ...
+    def _images_to_torch(self, images: Any) -> Any: ...
+
+    def _batch_to_torch(self, batch: Any, planned: PlannedBatch) -> tuple[Any, Any]: ...
 
 
 @dataclass
@@ -255,7 +260,7 @@ class Carry:
 
     at: tuple[int, int]
     pending: deque[tuple[int, int, Any]]
-    inflight: deque[PlannedBatch | None]
+    inflight: deque[Run | None]
     next_key: tuple[int, int] | None
 
 
@@ -267,15 +272,19 @@ def build(loader: LoaderState) -> Any:
     return pipe
 
 
-def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[tuple[int, BatchFindings, Any, Any]]:
-    """``(step, findings, images, targets)`` of the batches from ``(epoch, start)`` to the
-    end of the epoch: plans submitted ahead, fed to DALI ahead, outputs converted. At the
-    end of the epoch the next epoch's first batches stay in flight (:class:`Carry`).
+def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[list[tuple[int, BatchFindings, Any, Any]]]:
+    """The batches from ``(epoch, start)`` to the end of the epoch, one list a run:
+    ``(step, findings, images, targets)`` of each batch of the run, in order. Plans are submitted
+    ahead and fed to DALI ahead in runs of ``loader._run_batches`` batches; each run's images
+    are copied once, each batch's a slice of them, and the run is handed over whole (one
+    hand-over between threads a run, not a batch). At the end of the epoch the next epoch's
+    first batches stay in flight (:class:`Carry`; a run holds batches of one epoch).
 
     A function, not a method: in the background feed's thread ``loader`` is a weak proxy of the
     loader, so that a loader nobody holds is collected (and its feed stopped) even while the
     feed waits to hand over the next epoch's batches."""
     steps = len(loader)
+    per_run = max(1, loader._run_batches)  # a run ends with its epoch: no batch of it is left at the end
     # Workers plan groups of consecutive batches (one plan_batch call each: less CPU a
     # sample); each worker gets one group to plan and one queued, within a byte budget.
     group = group_size(loader.batch_size) if loader._pool is not None else 1
@@ -284,45 +293,62 @@ def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[tuple[int, 
         if carry is not None:
             discard(loader, carry.pending, deque())  # its batches in flight went with the pipeline
         carry, loader.pipeline, loader._broken = None, build(loader), False
-    # pending: (epoch, step, future or None) submitted to the workers; inflight: fed to the
-    # pipeline, outputs not taken (None: a filler); next_key: the next batch to submit. At the
-    # end of an epoch they run on into the next one (the pipeline does not run dry between
+    # pending: (epoch, step, future or None) submitted to the workers; inflight: runs fed to
+    # the pipeline, outputs not taken (None: a filler); next_key: the next batch to submit. At
+    # the end of an epoch they run on into the next one (the pipeline does not run dry between
     # epochs), kept for the next iteration if it starts there (Carry).
     pending: deque[tuple[int, int, Any]] = carry.pending if carry else deque()
-    inflight: deque[PlannedBatch | None] = carry.inflight if carry else deque()
+    inflight: deque[Run | None] = carry.inflight if carry else deque()
     next_key: tuple[int, int] | None = carry.next_key if carry else ((epoch, start) if steps else None)
 
     def top_up() -> None:
-        """Submit plans up to ``ahead`` and feed the pipeline up to its depth."""
+        """Submit plans up to ``ahead`` and feed the pipeline up to its depth in runs."""
         nonlocal next_key
-        ahead = batches_ahead(loader._depth, loader.num_workers, group, loader._batch_bytes)
-        while next_key is not None and len(pending) + len(inflight) < ahead:
+        ahead = batches_ahead(loader._depth * per_run, loader.num_workers, group, loader._batch_bytes)
+        fed = sum(len(r.members) for r in inflight if r is not None)
+        while next_key is not None and len(pending) + fed < ahead:
             e, s = next_key
             group_steps = list(range(s, min(s + group, steps)))  # within the epoch
             futures = loader._pool.submit_many(e, group_steps, dict(loader._bad)) if loader._pool is not None else None
             pending.extend((e, k, futures[i] if futures else None) for i, k in enumerate(group_steps))
             next_key = loader.spec.after(e, group_steps[-1])
-        batches = []
+        runs = []
         try:
-            while pending and len(inflight) + len(batches) < loader._depth:
-                batches.append(result(loader, *pending[0]))  # left pending if it raises
-                pending.popleft()
+            while pending and len(inflight) + len(runs) < loader._depth:
+                take = 1  # consecutive batches of one epoch: a run ends with its epoch
+                while take < min(per_run, len(pending)) and pending[take][0] == pending[0][0]:
+                    take += 1
+                members = [result(loader, *pending[i]) for i in range(take)]  # left pending if one raises
+                for _ in range(take):
+                    pending.popleft()
+                runs.append(join_run(members))
         finally:
-            feed_batches(loader, batches, inflight)
+            feed_batches(loader, runs, inflight)
 
     completed = False
     try:
-        for step in range(start, steps):
+        step = start
+        while step < steps:
             top_up()
-            images, planned = outputs(loader, inflight)
-            # The next batch goes in before this one is converted, so that the pipeline
-            # always holds ``prefetch_queue_depth`` batches (DALI keeps these outputs until
-            # the next ``outputs()``).
+            images, run = outputs(loader, inflight)
+            # The next run goes in before this one is converted, so that the pipeline always
+            # holds ``prefetch_queue_depth`` runs (DALI keeps these outputs until the next
+            # ``outputs()``).
             try:
                 top_up()
-            except ImageError:  # raised again by the next top_up, once this batch is yielded
+            except ImageError:  # raised again by the next top_up, once this run is yielded
                 pass
-            yield (step, planned.findings, *loader._to_torch(images, planned))  # the batch's arrays freed here
+            whole = loader._images_to_torch(images)  # the run's images copied once
+            del images
+            made, first = [], 0
+            for planned in run.members:
+                assert (planned.epoch, planned.step) == (epoch, step), ((planned.epoch, planned.step), (epoch, step))
+                size = len(planned.image_ids)
+                made.append((step, planned.findings, *loader._batch_to_torch(whole[first : first + size], planned)))
+                first, step = first + size, step + 1
+            del whole, run, planned
+            yield made  # the batches' arrays freed with them
+            del made
         loader._carry = Carry((epoch + 1, 0), pending, inflight, next_key)
         completed = True
     finally:
@@ -331,14 +357,16 @@ def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[tuple[int, 
                 discard(loader, pending, inflight)
 
 
-def produce_on(loader: LoaderState, epoch: int, start: int) -> Iterator[tuple[int, int, BatchFindings, Any, Any]]:
-    """``(epoch, step, findings, images, targets)`` from ``(epoch, start)`` on, epoch after
-    epoch: the background feed's generator (``loader`` a weak proxy); it ends only when stopped."""
+def produce_on(loader: LoaderState, epoch: int,
+               start: int) -> Iterator[list[tuple[int, int, BatchFindings, Any, Any]]]:
+    """The runs of :func:`produce` from ``(epoch, start)`` on, epoch after epoch, each batch as
+    ``(epoch, step, findings, images, targets)``: the background feed's generator (``loader`` a
+    weak proxy); it ends only when stopped."""
     if not len(loader):
         return
     while True:
-        for item in produce(loader, epoch, start):
-            yield (epoch, *item)
+        for run in produce(loader, epoch, start):
+            yield [(epoch, *item) for item in run]
         epoch, start = epoch + 1, 0
 
 
@@ -383,8 +411,8 @@ def discard_carry(loader: LoaderState) -> None:
         discard(loader, carry.pending, carry.inflight)
 
 
-def discard(loader: LoaderState, pending: deque[tuple[int, int, Any]], inflight: deque[PlannedBatch | None]) -> None:
-    """Cancel plans nobody will take and drop the outputs of batches in flight."""
+def discard(loader: LoaderState, pending: deque[tuple[int, int, Any]], inflight: deque[Run | None]) -> None:
+    """Cancel plans nobody will take and drop the outputs of the runs in flight."""
     for *_, future in pending:
         if future is not None:
             future.cancel()
@@ -411,55 +439,57 @@ def result(loader: LoaderState, epoch: int, step: int, future: Any) -> PlannedBa
     return planned
 
 
-def feed_batches(loader: LoaderState, batches: list[PlannedBatch], inflight: deque[PlannedBatch | None]) -> None:
-    """Feed planned batches to the pipeline and schedule their runs. A fresh pipeline's
-    first run runs ``prefetch_queue_depth`` batches (DALI's prefetch): when fewer are left in
+def feed_batches(loader: LoaderState, runs: list[Run], inflight: deque[Run | None]) -> None:
+    """Feed runs of planned batches to the pipeline and schedule them. A fresh pipeline's
+    first run runs ``prefetch_queue_depth`` runs (DALI's prefetch): when fewer are left in
     the epoch, the last is fed again as a filler (``None`` in ``inflight``) whose output is
     dropped."""
-    if not batches:
+    if not runs:
         return
     if loader._fresh:
-        fillers = feed_first_run(loader.pipeline, batches, loader._depth)
+        fillers = feed_first_run(loader.pipeline, [run.joined for run in runs], loader._depth)
         loader._fresh = False
-        inflight.extend(batches)
+        inflight.extend(runs)
         inflight.extend([None] * fillers)
         return
-    for planned in batches:
-        feed(loader.pipeline, planned.data, planned.params, planned.partners)
-        inflight.append(planned)
+    for run in runs:
+        joined = run.joined
+        feed(loader.pipeline, joined.data, joined.params, joined.partners)
+        inflight.append(run)
 
 
-def outputs(loader: LoaderState, inflight: deque[PlannedBatch | None]) -> tuple[Any, PlannedBatch]:
-    """The images of the oldest batch in flight. When DALI fails on an image whose header
+def outputs(loader: LoaderState, inflight: deque[Run | None]) -> tuple[Any, Run]:
+    """The images of the oldest run in flight. When DALI fails on an image whose header
     was fine, the culprits are found (decoded one by one on the CPU) and skipped: the
-    batch is planned again without them, and the batches in flight are fed again to a
+    run's batches are planned again without them, and the runs in flight are fed again to a
     fresh pipeline (DALI's is unusable after an error)."""
     while True:
         try:
             images = take_outputs(loader.pipeline)[0]
             return images, inflight.popleft()
         except (RuntimeError, IndexError) as err:  # IndexError: DALI's "critical error"
-            failure = DecodeFailure(inflight[0], err)
+            run = inflight[0]
+            failure = DecodeFailure(run.joined, err, where=run.describe())
             try:
                 skip_undecodable(loader, failure, err)
             except Exception:
                 inflight.clear()
                 rebuild(loader, inflight)
                 raise
-            inflight[0] = result(loader, failure.planned.epoch, failure.planned.step, None)
+            inflight[0] = join_run([result(loader, m.epoch, m.step, None) for m in run.members])
             rebuild(loader, inflight)
 
 
-def rebuild(loader: LoaderState, inflight: deque[PlannedBatch | None]) -> None:
-    """A fresh pipeline, fed again with the batches in flight."""
+def rebuild(loader: LoaderState, inflight: deque[Run | None]) -> None:
+    """A fresh pipeline, fed again with the runs in flight."""
     loader.pipeline = build(loader)
-    batches = [b for b in inflight if b is not None]
+    runs = [r for r in inflight if r is not None]
     inflight.clear()
-    feed_batches(loader, batches, inflight)
+    feed_batches(loader, runs, inflight)
 
 
 def drain(loader: LoaderState, count: int) -> None:
-    """Take and drop the outputs of ``count`` batches in flight (an iteration that stopped
+    """Take and drop the outputs of ``count`` runs in flight (an iteration that stopped
     early); a pipeline that fails meanwhile is replaced."""
     for _ in range(count):
         try:

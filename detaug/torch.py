@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 import weakref
+from collections import deque
 from typing import Any, Iterator
 
 import torch
@@ -16,6 +18,7 @@ from detaug.handover import TARGET_FORMS, build_targets, dali_images_to_torch
 from detaug.masks import MASKS
 from detaug.plan_ahead import PlanPool
 from detaug.pipeline import outputs_outlive_runs
+from detaug.pipeline_runs import batches_per_run as batches_per_run_for
 from detaug.planned_batch import BatchFindings, PlannedBatch, batch_columns
 from detaug.planning import BatchPlanner
 from detaug.streams import training_stream
@@ -100,16 +103,27 @@ class DetectionLoader(core.LabelledFace):
             int64 [B], **fields [N, ...]}`` (YOLO-style losses).
         max_boxes: rows per image of ``targets="padded"`` (``None``: the batch's largest count;
             an image with more boxes is a ``ValueError`` naming it).
-        ready_batches: finished batches a background thread keeps ready (default 2): the next
+        ready_batches: finished batches a background thread keeps ready (default 2; rounded up
+            to whole runs, ``batches_per_run``): the next
             batches are fed to DALI, collected, copied and given their targets while the caller
             trains on this one (:mod:`detaug.feeder`: on the GPU on a stream of the loader's,
             handed over to the caller's current stream without a wait). ``0``: no thread, each
-            batch is made inside ``next()``. After an epoch the thread runs on into the next
+            run of batches is made inside ``next()``. After an epoch the thread runs on into the next
             one (taken over by the next iteration if it starts there; :meth:`close`, or
             collecting the loader, stops it). :attr:`feed_stats` (a
             :class:`~detaug.feeder.FeedStats`) counts the batches taken, those not made yet when
             ``next()`` asked for them and the seconds it waited for those: a training loop whose
             ``not_ready`` stays near 0 never waits for data.
+        batches_per_run: consecutive batches DALI makes in one pipeline run, its outputs then
+            handed out batch by batch (:mod:`detaug.pipeline_runs`): a run's own costs (feeding,
+            the executor's events and copies, the collection and hand-over of its outputs) are
+            paid once for all of them, which a fast model in the same process feels as less
+            time lost beside the loader. ``None`` (default): on the GPU enough batches for 256
+            images (4 of 64, 1 of 256 or more, at most 8), on the CPU 1. The batches, their
+            order, samples, augmentation and targets do not depend on it (a run ends with its
+            epoch); DALI's buffers and the run's images on the device grow with it. On the
+            GPU the JPEGs sent to the hardware decoder are a share of each run, so which image
+            a decoder gets can change with it (the two decoders' pixels may differ by rounding).
         num_classes: the model's ``num_classes`` (torchvision's, counting the background); when
             given, the loader checks when it is built that every class index fits, ``1 <=
             label < num_classes``, for every category of the source (also one without boxes),
@@ -184,6 +198,7 @@ class DetectionLoader(core.LabelledFace):
         fields: Any = "all",
         max_boxes: int | None = None,
         ready_batches: int = 2,
+        batches_per_run: int | None = None,
     ) -> None:
         core.check_count("batch_size", batch_size, 1)
         if not isinstance(transforms, Compose):
@@ -216,7 +231,10 @@ class DetectionLoader(core.LabelledFace):
             self._pool.deferred = []  # said by _record, in the caller's thread
         num_threads = core.pipeline_threads(num_threads, self.num_workers)  # None: the CPUs the workers leave
         self.hw_decoder_load = core.hardware_decoder_share(hw_decoder_load, self.device_id)
-        self._pipeline_args = dict(batch_size=self.batch_size, device=device, device_id=self.device_id,
+        self.batches_per_run = batches_per_run_for(self.batch_size, self.device_id is not None, batches_per_run)
+        self._run_batches = self.batches_per_run
+        self._pipeline_args = dict(batch_size=self.batch_size * self.batches_per_run, device=device,
+                                   device_id=self.device_id,
                                    num_threads=num_threads, seed=self.seed, prefetch_queue_depth=prefetch_queue_depth,
                                    hw_decoder_load=self.hw_decoder_load)
         self._depth = max(1, int(prefetch_queue_depth))
@@ -309,16 +327,23 @@ class DetectionLoader(core.LabelledFace):
             self._pool.start()  # here, in the caller's thread (SIGTERM's clean-up is installed from the main one)
         if feed is None and start < steps:
             proxy = weakref.proxy(self)
-            feed = BackgroundFeed(lambda: core.produce_on(proxy, epoch, start), self.ready_batches, self.device,
+            # The feed hands over whole runs (detaug.pipeline_runs): ready_batches rounded up to runs
+            runs_ready = -(-self.ready_batches // self.batches_per_run)
+            feed = BackgroundFeed(lambda: core.produce_on(proxy, epoch, start), runs_ready, self.device,
                                   stats=self.feed_stats)
             self._live_feeds.append(feed)
         completed = False
+        taken: deque[tuple[int, int, BatchFindings, Any, Any]] = deque()  # the run taken last, batches not yet yielded
         try:
             for _ in range(start, steps):
-                try:
-                    item_epoch, step, findings, images, targets = feed.take()
-                except StopIteration:  # the producer runs on forever; only a bug ends it
-                    raise RuntimeError("the loader's background feed ended before the epoch did") from None
+                if not taken:
+                    try:
+                        taken.extend(feed.take())
+                    except StopIteration:  # the producer runs on forever; only a bug ends it
+                        raise RuntimeError("the loader's background feed ended before the epoch did") from None
+                    self.feed_stats.taken -= 1  # the feed counts runs; counted below batch by batch
+                item_epoch, step, findings, images, targets = taken.popleft()
+                self.feed_stats.taken += 1
                 assert item_epoch == epoch, (item_epoch, epoch)
                 feed.hand_over(_tensors_of(images, targets))
                 self._record(findings)
@@ -339,10 +364,10 @@ class DetectionLoader(core.LabelledFace):
                     core.stop_feed(feed, self._live_feeds)
 
     def _consume_inline(self, epoch: int, start: int) -> Iterator[tuple[Any, Any]]:
-        """:meth:`_consume` without a thread: each batch made inside ``next()``."""
+        """:meth:`_consume` without a thread: each run of batches made inside ``next()``."""
         made = core.produce(self, epoch, start)
         try:
-            for step, findings, images, targets in made:
+            for step, findings, images, targets in itertools.chain.from_iterable(made):
                 self._record(findings)
                 self._step = step + 1
                 yield images, targets
@@ -365,10 +390,17 @@ class DetectionLoader(core.LabelledFace):
         for message in core.record(self, findings):
             warnings.warn(message, DataWarning, stacklevel=4)
 
-    def _to_torch(self, images: Any, planned: PlannedBatch) -> tuple[torch.Tensor | list[torch.Tensor], Any]:
+    def _images_to_torch(self, images: Any) -> torch.Tensor | list[torch.Tensor]:
+        """A run's DALI images as one tensor (or a list), copied once; each of its batches takes
+        its slice (:meth:`_batch_to_torch`)."""
         # host images of a pipeline whose outputs outlive their run: no copy (GPU images are
         # copied: see dali_images_to_torch)
-        batch = dali_images_to_torch(images, self.device, copy=not outputs_outlive_runs(self.pipeline))
+        return dali_images_to_torch(images, self.device, copy=not outputs_outlive_runs(self.pipeline))
+
+    def _batch_to_torch(self, batch: torch.Tensor | list[torch.Tensor],
+                        planned: PlannedBatch) -> tuple[torch.Tensor | list[torch.Tensor], Any]:
+        """One batch's images (its slice of its run's, :meth:`_images_to_torch`) and its targets
+        on the images' device."""
         if self._stacked != isinstance(batch, torch.Tensor):  # one batch type, whatever its size
             batch = torch.stack(batch) if self._stacked else list(batch)
         # The whole batch at once (category ids -> class indices too), one copy to the device;

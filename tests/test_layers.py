@@ -59,7 +59,7 @@ LAYERS: tuple[Layer, ...] = (
           "they read a recipe through its methods",
           ("detaug.batch_plan", "detaug.field_selection", "detaug.planned_batch", "detaug.gathered",
            "detaug.decoded_shapes", "detaug.decode_failures", "detaug.planning", "detaug.plan_jobs",
-           "detaug.plan_ahead", "detaug.pipeline", "detaug.loader_core", "detaug.eager")),
+           "detaug.plan_ahead", "detaug.pipeline", "detaug.pipeline_runs", "detaug.loader_core", "detaug.eager")),
     Layer("transform schema", "parameters and their checks", ("detaug.transforms.schema", "detaug.transforms.params")),
     Layer("transform base", "the base classes and the registry; the mixing kind's base classes",
           ("detaug.transforms.base", "detaug.transforms.mixing")),

@@ -275,7 +275,8 @@ def test_the_next_epoch_runs_on_in_the_pipeline_and_a_jump_drops_it(samples, num
     loader = loader_at(0, num_workers)
     _batches(loader)
     carry = loader._carry
-    assert carry.at == (1, 0) and [(b.epoch, b.step) for b in carry.inflight] == [(1, 0), (1, 1)]
+    assert carry.at == (1, 0)
+    assert [[(b.epoch, b.step) for b in run.members] for run in carry.inflight] == [[(1, 0)], [(1, 1)]]
     _same_batches(_batches(loader), _batches(loader_at(1)))  # epoch 1, begun at the end of epoch 0
     assert loader._carry.at == (2, 0)
     loader.set_epoch(4)
@@ -529,8 +530,10 @@ def test_batches_leave_no_garbage_for_the_cycle_collector(samples, targets, read
     assert len(garbage) < 3, sorted({type(o).__name__ for o in garbage})
 
 
-def test_feed_stats_count_the_batches_taken_and_those_not_ready(samples):
-    loader = DetectionLoader(SampleListSource(samples), RECIPE, 4, device=DEVICE, seed=1)
+@pytest.mark.parametrize("batches_per_run", [1, 3, None])
+def test_feed_stats_count_the_batches_taken_and_those_not_ready(samples, batches_per_run):
+    """Counted batch by batch, also where the feed hands over runs of several batches."""
+    loader = DetectionLoader(SampleListSource(samples), RECIPE, 4, device=DEVICE, seed=1, batches_per_run=batches_per_run)
     first = iter(loader)
     next(first)  # the first batch: asked for before it was made
     assert loader.feed_stats.taken == 1 and loader.feed_stats.not_ready == 1 and loader.feed_stats.waited_s > 0

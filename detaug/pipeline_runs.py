@@ -1,0 +1,115 @@
+"""Several planned batches in one DALI run: joined for the pipeline (:func:`join_run`), their
+outputs split back by the loader, batch by batch.
+
+A DALI run has costs of its own, whatever its size: the feeding of its inputs, the executor's
+per-operator events and copies, the collection of its outputs, the hand-over to PyTorch. Beside a
+fast model in the same process these calls slow the training thread (docs/loader.md, "Feeding a
+fast model"); a run of several batches pays them once. The batches stay what they are: each is
+planned alone (its samples, its augmentation: a pure function of ``(seed, epoch, image_id)``),
+counted, skipped and repaired alone, and handed over alone, in order.
+
+:func:`batches_per_run` is the default number, :data:`RUN_IMAGES` the images it aims at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from detaug.planned_batch import PlannedBatch
+
+__all__ = ["MAX_BATCHES_PER_RUN", "RUN_IMAGES", "Run", "batches_per_run", "join_run"]
+
+#: Images a DALI run aims at on the GPU (the default of :func:`batches_per_run`). With the bench's
+#: fast detector at batch 64 on an H200 (padded targets, a steady host), runs of 4 batches trained
+#: at 0.87-0.93x of the model's ceiling against 0.81-0.88x for runs of one batch (docs/benchmarks.md,
+#: "Runs of several batches").
+RUN_IMAGES = 256
+
+#: The most batches one run joins by default.
+MAX_BATCHES_PER_RUN = 8
+
+
+def batches_per_run(batch_size: int, on_gpu: bool, given: int | None = None) -> int:
+    """Batches a loader joins in one DALI run: ``given`` where not ``None`` (checked ``>= 1``),
+    else on the GPU enough batches for :data:`RUN_IMAGES` images (1 for a batch of 256 or more,
+    at most :data:`MAX_BATCHES_PER_RUN`), on the CPU 1 (a CPU pipeline's cost is per image)."""
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or given < 1:
+            raise ValueError(f"batches_per_run must be an integer >= 1 or None, got {given!r}")
+        return int(given)
+    if not on_gpu:
+        return 1
+    return max(1, min(MAX_BATCHES_PER_RUN, -(-RUN_IMAGES // max(1, int(batch_size)))))
+
+
+@dataclass
+class Run:
+    """Consecutive planned batches fed to the pipeline as one run.
+
+    Attributes:
+        members: the batches, in order (each a :class:`PlannedBatch` of its own step).
+        joined: one :class:`PlannedBatch` holding them all, what the pipeline is fed and what a
+            failed run is searched for culprits (:mod:`detaug.decode_failures`): the members'
+            samples in order, partner positions within the batch (``pool="batch"``) moved to
+            their places in the run. ``members[0]`` itself for a run of one batch.
+    """
+
+    members: list[PlannedBatch]
+    joined: PlannedBatch
+
+    @property
+    def sizes(self) -> list[int]:
+        """Each member's samples: how the run's outputs split."""
+        return [len(m.image_ids) for m in self.members]
+
+    def describe(self) -> str:
+        """``"batch 4 of epoch 0"`` or ``"batches 4-7 of epoch 0"`` (``"... 31 of epoch 0 to
+        batch 1 of epoch 1"`` across an epoch's end), for messages."""
+        first, last = self.members[0], self.members[-1]
+        if first is last:
+            return f"batch {first.step} of epoch {first.epoch}"
+        if first.epoch == last.epoch:
+            return f"batches {first.step}-{last.step} of epoch {first.epoch}"
+        return f"batches {first.step} of epoch {first.epoch} to {last.step} of epoch {last.epoch}"
+
+
+def join_run(members: list[PlannedBatch]) -> Run:
+    """The :class:`Run` of ``members`` (at least one), their inputs joined in order."""
+    if not members:
+        raise ValueError("a run needs at least one planned batch")
+    if len(members) == 1:
+        return Run(list(members), members[0])
+    first = members[0]
+    params = np.concatenate([m.params for m in members])
+    if first.layout is not None:
+        starts = np.cumsum([0] + [len(m.image_ids) for m in members[:-1]])
+        for name in first.layout.names:
+            if name.startswith("slot") and name.endswith(".batch_index"):  # a batch-mate's place in its batch
+                column = first.layout.slice(name)
+                for start, m in zip(starts.tolist(), members):
+                    params[start : start + len(m.image_ids), column] += start
+    slots = len(first.partners) if first.partners else 0
+    partners: list[list[np.ndarray] | None] | None
+    if first.partners is None or any(m.partners is None for m in members):
+        partners = None
+    else:
+        partners = [None if first.partners[k] is None else [a for m in members for a in m.partners[k]]
+                    for k in range(slots)]
+    joined = PlannedBatch(
+        epoch=first.epoch,
+        step=first.step,
+        positions=np.concatenate([m.positions for m in members]),
+        image_ids=np.concatenate([m.image_ids for m in members]),
+        data=None if any(m.data is None for m in members) else [a for m in members for a in m.data],
+        params=params,
+        boxes=[b for m in members for b in m.boxes],
+        labels=[lab for m in members for lab in m.labels],
+        partners=partners,
+        partner_positions=np.concatenate([m.partner_positions for m in members]),
+        fields=[f for m in members for f in m.fields],
+        layout=first.layout,
+        pasted=None if first.pasted is None else [a for m in members for a in m.pasted],
+    )
+    return Run(list(members), joined)
