@@ -8,7 +8,8 @@ fast model"); a run of several batches pays them once. The batches stay what the
 planned alone (its samples, its augmentation: a pure function of ``(seed, epoch, image_id)``),
 counted, skipped and repaired alone, and handed over alone, in order.
 
-:func:`batches_per_run` is the default number, :data:`RUN_IMAGES` the images it aims at.
+:func:`batches_per_run` is the default number, :data:`RUN_IMAGES` the images it aims at,
+:data:`RUN_BYTES` the output bytes it stays within.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from detaug.planned_batch import PlannedBatch
 
-__all__ = ["MAX_BATCHES_PER_RUN", "RUN_IMAGES", "Run", "batches_per_run", "join_run"]
+__all__ = ["MAX_BATCHES_PER_RUN", "RUN_BYTES", "RUN_IMAGES", "Run", "batches_per_run", "join_run"]
 
 #: Images a DALI run aims at on the GPU (the default of :func:`batches_per_run`). With the bench's
 #: fast detector at batch 64 on an H200 (padded targets, a steady host), runs of 4 batches trained
@@ -30,18 +31,28 @@ RUN_IMAGES = 256
 #: The most batches one run joins by default.
 MAX_BATCHES_PER_RUN = 8
 
+#: The most bytes of output images a run holds by default (DALI keeps ``prefetch_queue_depth``
+#: runs of outputs, and the caller's images are slices of a run's tensor): 256 images of 320x320
+#: float32 (315 MB) fit; 800x1333 float32 images (12.8 MB) make runs of 41 images at most.
+RUN_BYTES = 512 * 2**20
 
-def batches_per_run(batch_size: int, on_gpu: bool, given: int | None = None) -> int:
+
+def batches_per_run(batch_size: int, on_gpu: bool, given: int | None = None, image_bytes: int | None = None) -> int:
     """Batches a loader joins in one DALI run: ``given`` where not ``None`` (checked ``>= 1``),
     else on the GPU enough batches for :data:`RUN_IMAGES` images (1 for a batch of 256 or more,
-    at most :data:`MAX_BATCHES_PER_RUN`), on the CPU 1 (a CPU pipeline's cost is per image)."""
+    at most :data:`MAX_BATCHES_PER_RUN`) whose output images (``image_bytes`` each) fit in
+    :data:`RUN_BYTES` (at least one batch); 1 where ``image_bytes`` is ``None`` (a recipe that
+    fixes no output size: images of any size) and on the CPU (a CPU pipeline's cost is per image)."""
     if given is not None:
         if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or given < 1:
             raise ValueError(f"batches_per_run must be an integer >= 1 or None, got {given!r}")
         return int(given)
-    if not on_gpu:
+    if not on_gpu or image_bytes is None:
         return 1
-    return max(1, min(MAX_BATCHES_PER_RUN, -(-RUN_IMAGES // max(1, int(batch_size)))))
+    batch_size = max(1, int(batch_size))
+    by_count = -(-RUN_IMAGES // batch_size)
+    by_bytes = RUN_BYTES // max(1, batch_size * int(image_bytes))
+    return max(1, min(MAX_BATCHES_PER_RUN, by_count, by_bytes))
 
 
 @dataclass

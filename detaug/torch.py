@@ -119,7 +119,9 @@ class DetectionLoader(core.LabelledFace):
             the executor's events and copies, the collection and hand-over of its outputs) are
             paid once for all of them, which a fast model in the same process feels as less
             time lost beside the loader. ``None`` (default): on the GPU enough batches for 256
-            images (4 of 64, 1 of 256 or more, at most 8), on the CPU 1. The batches, their
+            images (4 of 64, 1 of 256 or more, at most 8) within 512 MiB of output images
+            (:data:`detaug.pipeline_runs.RUN_BYTES`), 1 for a recipe that fixes no output size;
+            on the CPU 1. The batches, their
             order, samples, augmentation and targets do not depend on it (a run ends with its
             epoch); DALI's buffers and the run's images on the device grow with it. On the
             GPU the JPEGs sent to the hardware decoder are a share of each run, so which image
@@ -231,7 +233,10 @@ class DetectionLoader(core.LabelledFace):
             self._pool.deferred = []  # said by _record, in the caller's thread
         num_threads = core.pipeline_threads(num_threads, self.num_workers)  # None: the CPUs the workers leave
         self.hw_decoder_load = core.hardware_decoder_share(hw_decoder_load, self.device_id)
-        self.batches_per_run = batches_per_run_for(self.batch_size, self.device_id is not None, batches_per_run)
+        size = transforms.output_size()  # (h, w) of every image, else None; float32 after an output stage
+        image_bytes = None if size is None else size[0] * size[1] * 3 * (4 if transforms.output is not None else 1)
+        self.batches_per_run = batches_per_run_for(self.batch_size, self.device_id is not None, batches_per_run,
+                                                   image_bytes)
         self._run_batches = self.batches_per_run
         self._pipeline_args = dict(batch_size=self.batch_size * self.batches_per_run, device=device,
                                    device_id=self.device_id,
