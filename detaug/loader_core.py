@@ -340,15 +340,22 @@ def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[list[tuple[
                 pass
             whole = loader._images_to_torch(images)  # the run's images copied once
             del images
-            made, first = [], 0
+            made, first, failed = [], 0, None
             for planned in run.members:
                 assert (planned.epoch, planned.step) == (epoch, step), ((planned.epoch, planned.step), (epoch, step))
                 size = len(planned.image_ids)
-                made.append((step, planned.findings, *loader._batch_to_torch(whole[first : first + size], planned)))
+                try:
+                    made.append((step, planned.findings, *loader._batch_to_torch(whole[first : first + size], planned)))
+                except Exception as err:  # noqa: BLE001 - raised after the batches before it are handed out
+                    failed = err
+                    break
                 first, step = first + size, step + 1
             del whole, run, planned
-            yield made  # the batches' arrays freed with them
+            if made:
+                yield made  # the batches' arrays freed with them
             del made
+            if failed is not None:
+                raise failed
         loader._carry = Carry((epoch + 1, 0), pending, inflight, next_key)
         completed = True
     finally:
