@@ -2,11 +2,12 @@
 outputs split back by the loader, batch by batch.
 
 A DALI run has costs of its own, whatever its size: the feeding of its inputs, the executor's
-per-operator events and copies, the collection of its outputs, the hand-over to PyTorch. Beside a
-fast model in the same process these calls slow the training thread (docs/loader.md, "Feeding a
-fast model"); a run of several batches pays them once. The batches stay what they are: each is
-planned alone (its samples, its augmentation: a pure function of ``(seed, epoch, image_id)``),
-counted, skipped and repaired alone, and handed over alone, in order.
+per-operator events and copies, the collection of its outputs, the copy to PyTorch, the hand-over
+from the loader's thread to the caller's. Beside a fast model in the same process the training
+thread runs slower for them (docs/loader.md, "Feeding a fast model"); a run of several batches
+pays them once. The batches stay what they are: each is planned alone (its samples, its
+augmentation: a pure function of ``(seed, epoch, image_id)``), counted, skipped and repaired
+alone, and given to the caller alone, in order; a run ends with its epoch.
 
 :func:`batches_per_run` is the default number, :data:`RUN_IMAGES` the images it aims at,
 :data:`RUN_BYTES` the output bytes it stays within.
