@@ -29,7 +29,7 @@ reference to it beyond a call.
 
 The batches of one iteration go through three stages: ``pending``, ``(epoch, step, future or
 None)`` submitted to the planning workers (:class:`~detaug.plan_ahead.PlanPool`); ``inflight``,
-runs of ``loader._run_batches`` consecutive planned batches (:class:`~detaug.pipeline_runs.Run`:
+runs of ``loader.batches_per_run`` consecutive planned batches (:class:`~detaug.pipeline_runs.Run`:
 one pipeline run each, its outputs split back batch by batch) fed to the pipeline whose outputs
 are not taken yet (``None``: a filler of a fresh pipeline's first run); and ``next_key``, the next
 batch to submit. At the end of an epoch they run on into the next one (the pipeline does not run
@@ -235,7 +235,7 @@ class LoaderState(Protocol):
     _pipeline_args: dict[str, Any]  # build_pipeline's keyword arguments
     _fresh: bool  # the pipeline's first schedule_run is still to come (it runs prefetch_queue_depth batches)
     _depth: int  # prefetch_queue_depth, at least 1
-    _run_batches: int  # planned batches joined in one pipeline run (detaug.pipeline_runs), at least 1
+    batches_per_run: int  # planned batches joined in one pipeline run (detaug.pipeline_runs), at least 1
     _pool: PlanPool | None
     _bad: dict[int, str]  # positions whose image failed in DALI -> reason
     _batch_bytes: int | None  # the most image bytes a worker's plan carried (None: none seen)
@@ -275,7 +275,7 @@ def build(loader: LoaderState) -> Any:
 def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[list[tuple[int, BatchFindings, Any, Any]]]:
     """The batches from ``(epoch, start)`` to the end of the epoch, one list a run:
     ``(step, findings, images, targets)`` of each batch of the run, in order. Plans are submitted
-    ahead and fed to DALI ahead in runs of ``loader._run_batches`` batches; each run's images
+    ahead and fed to DALI ahead in runs of ``loader.batches_per_run`` batches; each run's images
     are copied once, each batch's a slice of them, and the run is handed over whole (one
     hand-over between threads a run, not a batch). At the end of the epoch the next epoch's
     first batches stay in flight (:class:`Carry`; a run holds batches of one epoch).
@@ -284,7 +284,7 @@ def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[list[tuple[
     loader, so that a loader nobody holds is collected (and its feed stopped) even while the
     feed waits to hand over the next epoch's batches."""
     steps = len(loader)
-    per_run = max(1, loader._run_batches)  # a run ends with its epoch: no batch of it is left at the end
+    per_run = loader.batches_per_run  # a run ends with its epoch: no batch of it is left at the end
     # Workers plan groups of consecutive batches (one plan_batch call each: less CPU a
     # sample); each worker gets one group to plan and one queued, within a byte budget.
     group = group_size(loader.batch_size) if loader._pool is not None else 1
@@ -341,9 +341,8 @@ def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[list[tuple[
             whole = loader._images_to_torch(images)  # the run's images copied once
             del images
             made, first, failed = [], 0, None
-            for planned in run.members:
+            for planned, size in zip(run.members, run.sizes):
                 assert (planned.epoch, planned.step) == (epoch, step), ((planned.epoch, planned.step), (epoch, step))
-                size = len(planned.image_ids)
                 try:
                     made.append((step, planned.findings, *loader._batch_to_torch(whole[first : first + size], planned)))
                 except Exception as err:  # noqa: BLE001 - raised after the batches before it are handed out

@@ -9,7 +9,7 @@ pays them once. The batches stay what they are: each is planned alone (its sampl
 augmentation: a pure function of ``(seed, epoch, image_id)``), counted, skipped and repaired
 alone, and given to the caller alone, in order; a run ends with its epoch.
 
-:func:`batches_per_run` is the default number, :data:`RUN_IMAGES` the images it aims at,
+:func:`default_batches_per_run` is the default number, :data:`RUN_IMAGES` the images it aims at,
 :data:`RUN_BYTES` the output bytes it stays within.
 """
 
@@ -21,9 +21,9 @@ import numpy as np
 
 from detaug.planned_batch import PlannedBatch
 
-__all__ = ["MAX_BATCHES_PER_RUN", "RUN_BYTES", "RUN_IMAGES", "Run", "batches_per_run", "join_run"]
+__all__ = ["MAX_BATCHES_PER_RUN", "RUN_BYTES", "RUN_IMAGES", "Run", "default_batches_per_run", "join_run"]
 
-#: Images a DALI run aims at on the GPU (the default of :func:`batches_per_run`). With the bench's
+#: Images a DALI run aims at on the GPU (the default of :func:`default_batches_per_run`). With the bench's
 #: fast detector at batch 64 on an H200 (padded targets, a steady host), runs of 4 batches trained
 #: at 0.87-0.93x of the model's ceiling against 0.81-0.88x for runs of one batch (docs/benchmarks.md,
 #: "Runs of several batches").
@@ -38,16 +38,12 @@ MAX_BATCHES_PER_RUN = 8
 RUN_BYTES = 512 * 2**20
 
 
-def batches_per_run(batch_size: int, on_gpu: bool, given: int | None = None, image_bytes: int | None = None) -> int:
-    """Batches a loader joins in one DALI run: ``given`` where not ``None`` (checked ``>= 1``),
-    else on the GPU enough batches for :data:`RUN_IMAGES` images (1 for a batch of 256 or more,
-    at most :data:`MAX_BATCHES_PER_RUN`) whose output images (``image_bytes`` each) fit in
-    :data:`RUN_BYTES` (at least one batch); 1 where ``image_bytes`` is ``None`` (a recipe that
-    fixes no output size: images of any size) and on the CPU (a CPU pipeline's cost is per image)."""
-    if given is not None:
-        if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or given < 1:
-            raise ValueError(f"batches_per_run must be an integer >= 1 or None, got {given!r}")
-        return int(given)
+def default_batches_per_run(batch_size: int, on_gpu: bool, image_bytes: int | None) -> int:
+    """Batches a loader joins in one DALI run by default: on the GPU enough batches for
+    :data:`RUN_IMAGES` images (1 for a batch of 256 or more, at most :data:`MAX_BATCHES_PER_RUN`)
+    whose output images (``image_bytes`` each) fit in :data:`RUN_BYTES` (at least one batch); 1
+    where ``image_bytes`` is ``None`` (a recipe that fixes no output size: images of any size) and
+    on the CPU (a CPU pipeline's cost is per image)."""
     if not on_gpu or image_bytes is None:
         return 1
     batch_size = max(1, int(batch_size))
@@ -77,14 +73,12 @@ class Run:
         return [len(m.image_ids) for m in self.members]
 
     def describe(self) -> str:
-        """``"batch 4 of epoch 0"`` or ``"batches 4-7 of epoch 0"`` (``"... 31 of epoch 0 to
-        batch 1 of epoch 1"`` across an epoch's end), for messages."""
+        """``"batch 4 of epoch 0"`` or ``"batches 4-7 of epoch 0"`` (a run holds batches of one
+        epoch), for messages."""
         first, last = self.members[0], self.members[-1]
         if first is last:
             return f"batch {first.step} of epoch {first.epoch}"
-        if first.epoch == last.epoch:
-            return f"batches {first.step}-{last.step} of epoch {first.epoch}"
-        return f"batches {first.step} of epoch {first.epoch} to {last.step} of epoch {last.epoch}"
+        return f"batches {first.step}-{last.step} of epoch {first.epoch}"
 
 
 def join_run(members: list[PlannedBatch]) -> Run:

@@ -18,7 +18,7 @@ from detaug.handover import TARGET_FORMS, build_targets, dali_images_to_torch
 from detaug.masks import MASKS
 from detaug.plan_ahead import PlanPool
 from detaug.pipeline import outputs_outlive_runs
-from detaug.pipeline_runs import batches_per_run as batches_per_run_for
+from detaug.pipeline_runs import default_batches_per_run
 from detaug.planned_batch import BatchFindings, PlannedBatch, batch_columns
 from detaug.planning import BatchPlanner
 from detaug.streams import training_stream
@@ -211,6 +211,7 @@ class DetectionLoader(core.LabelledFace):
             _tv_tensors()  # said now, not at the first batch
         core.check_count("max_boxes", max_boxes, 0, none_ok=True)
         core.check_count("ready_batches", ready_batches, 0)
+        batches_per_run = core.check_count("batches_per_run", batches_per_run, 1, none_ok=True)
         self.targets, self.max_boxes, self.ready_batches = targets, max_boxes, int(ready_batches)
         self._set_labels(source, label_map, num_classes, first=1, adapter="DetectionLoader")  # before any pipeline
         shard_id, num_shards = core.resolve_shard(source, shard_id, num_shards, default=distributed_shard())
@@ -235,9 +236,8 @@ class DetectionLoader(core.LabelledFace):
         self.hw_decoder_load = core.hardware_decoder_share(hw_decoder_load, self.device_id)
         size = transforms.output_size()  # (h, w) of every image, else None; float32 after an output stage
         image_bytes = None if size is None else size[0] * size[1] * 3 * (4 if transforms.output is not None else 1)
-        self.batches_per_run = batches_per_run_for(self.batch_size, self.device_id is not None, batches_per_run,
-                                                   image_bytes)
-        self._run_batches = self.batches_per_run
+        self.batches_per_run = (default_batches_per_run(self.batch_size, self.device_id is not None, image_bytes)
+                                if batches_per_run is None else batches_per_run)
         self._pipeline_args = dict(batch_size=self.batch_size * self.batches_per_run, device=device,
                                    device_id=self.device_id,
                                    num_threads=num_threads, seed=self.seed, prefetch_queue_depth=prefetch_queue_depth,

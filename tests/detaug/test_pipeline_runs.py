@@ -11,7 +11,7 @@ import torch
 
 import detaug.transforms as T
 from detaug import DataWarning
-from detaug.pipeline_runs import MAX_BATCHES_PER_RUN, RUN_BYTES, RUN_IMAGES, batches_per_run, join_run
+from detaug.pipeline_runs import MAX_BATCHES_PER_RUN, RUN_BYTES, RUN_IMAGES, default_batches_per_run, join_run
 from detaug.sources import Sample, SampleListSource
 from detaug.torch import DetectionLoader
 from tests.detaug.consistency import scene_samples
@@ -32,24 +32,24 @@ def samples():
 def test_the_default_aims_at_256_images_on_the_gpu_and_one_batch_on_the_cpu(samples):
     assert RUN_IMAGES == 256 and MAX_BATCHES_PER_RUN == 8 and RUN_BYTES == 512 * 2**20
     small = 320 * 320 * 3 * 4  # float32 images of 320x320: 256 of them fit in RUN_BYTES
-    assert [batches_per_run(b, True, image_bytes=small) for b in (8, 16, 32, 64, 100, 128, 256, 512)] == \
+    assert [default_batches_per_run(b, True, small) for b in (8, 16, 32, 64, 100, 128, 256, 512)] == \
         [8, 8, 8, 4, 3, 2, 1, 1]
     big = 800 * 1333 * 3 * 4  # 41 of them fit
-    assert [batches_per_run(b, True, image_bytes=big) for b in (2, 8, 16, 64)] == [8, 5, 2, 1]
-    assert batches_per_run(64, True) == 1  # no fixed output size: images of any size
-    assert [batches_per_run(b, False, image_bytes=small) for b in (8, 64, 256)] == [1, 1, 1]
-    assert batches_per_run(64, True, 2) == 2 and batches_per_run(64, False, 3) == 3
+    assert [default_batches_per_run(b, True, big) for b in (2, 8, 16, 64)] == [8, 5, 2, 1]
+    assert default_batches_per_run(64, True, None) == 1  # no fixed output size: images of any size
+    assert [default_batches_per_run(b, False, small) for b in (8, 64, 256)] == [1, 1, 1]
+    given = DetectionLoader(SampleListSource(samples), RECIPES["ragged"], 4, device=DEVICE, batches_per_run=3)
+    assert given.batches_per_run == 3 and given.pipeline.max_batch_size == 12
+    given.close()
     for bad in (0, -1, 1.5, True, "2"):
-        with pytest.raises(ValueError, match="batches_per_run must be an integer >= 1 or None"):
-            batches_per_run(64, True, bad)
+        with pytest.raises(ValueError, match=f"batches_per_run must be an integer >= 1 or None, got {bad!r}"):
+            DetectionLoader(SampleListSource(samples), RECIPES["ragged"], 4, device=DEVICE, batches_per_run=bad)
     # a loader's default: from its recipe's output size and dtype (float32 after Normalize)
     fixed = DetectionLoader(SampleListSource(samples), RECIPES["crop-flip-resize"], 4, device=DEVICE)
     assert fixed.batches_per_run == (8 if DEVICE == "gpu" else 1)
     assert fixed.pipeline.max_batch_size == 4 * fixed.batches_per_run
     ragged = DetectionLoader(SampleListSource(samples), RECIPES["ragged"], 4, device=DEVICE)
     assert ragged.batches_per_run == 1
-    with pytest.raises(ValueError, match="batches_per_run must be an integer >= 1 or None, got 0"):
-        DetectionLoader(SampleListSource(samples), RECIPES["ragged"], 4, device=DEVICE, batches_per_run=0)
     fixed.close()
     ragged.close()
 
