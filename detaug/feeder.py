@@ -2,7 +2,9 @@
 
 :class:`BackgroundFeed` runs a generator of batches in a daemon thread and keeps up to ``depth``
 finished batches in a queue. On a CUDA device the thread makes its tensors on a stream of its own
-(the feed stream) and waits for that stream alone before it queues a batch, so that:
+(the feed stream: one per device in the process, shared by every feed, so that the memory a
+closed feed's batches leave in PyTorch's cache serves the next feed's;
+:func:`detaug.streams.shared_stream`) and waits for that stream before it queues a batch, so that:
 
 - the training thread never waits for the feed's copies, nor the feed for the training step;
 - a batch taken from the queue is complete: the caller reads it on its own stream without a wait;
@@ -33,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
+
+from detaug.streams import shared_stream
 
 __all__ = ["BackgroundFeed", "FeedStats"]
 
@@ -83,7 +87,7 @@ class BackgroundFeed:
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
         self._stopping = threading.Event()
         self.device = device
-        self.stream = torch.cuda.Stream(device, priority=STREAM_PRIORITY) if device.type == "cuda" else None
+        self.stream = shared_stream(device, STREAM_PRIORITY) if device.type == "cuda" else None
         self._done = False
         self._thread = threading.Thread(target=self._run, args=(produce,), name="detaug-feed", daemon=True)
         self._thread.start()
@@ -99,7 +103,7 @@ class BackgroundFeed:
                 try:
                     for item in items:
                         if self.stream is not None:
-                            self.stream.synchronize()  # this batch's copies only, not the trainer's work
+                            self.stream.synchronize()  # the feeds' copies only, not the trainer's work
                         if not self._put((_ITEM, item)):
                             break
                 finally:

@@ -11,27 +11,51 @@ down: docs/loader.md, "Feeding a fast model"; docs/benchmarks.md)::
     with detaug.torch.training_stream():
         for images, targets in loader:
             train_step(images, targets)
+
+Streams here are made once per device and priority in a process (:func:`shared_stream`) and
+handed out again: PyTorch's caching allocator reuses the memory freed on a stream only for later
+allocations on that same stream, so a new stream for every block (or every loader's feed) would
+keep the memory cached on the old ones and the process's share of the GPU would grow with each.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import torch
 
-__all__ = ["TRAINING_STREAM_PRIORITY", "training_stream"]
+__all__ = ["TRAINING_STREAM_PRIORITY", "shared_stream", "training_stream"]
 
 #: CUDA priority of :func:`training_stream` (``torch.cuda.Stream(priority=...)``: lower runs
 #: first; 0 is the default streams' and DALI's).
 TRAINING_STREAM_PRIORITY = -1
 
+_SHARED: dict[tuple[int, int], torch.cuda.Stream] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_stream(device: torch.device, priority: int) -> torch.cuda.Stream:
+    """The process's one CUDA stream of ``priority`` on ``device`` (a CUDA device), made at the
+    first call and the same object after. (``torch.cuda.Stream()`` takes the next of PyTorch's 32
+    pooled streams at each call, and memory freed on one stream is reused only on that stream: a
+    new one for each use would leave the memory of the old ones cached, unused.)"""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (int(index), int(priority))
+    with _SHARED_LOCK:
+        stream = _SHARED.get(key)
+        if stream is None:
+            stream = _SHARED[key] = torch.cuda.Stream(torch.device("cuda", key[0]), priority=key[1])
+    return stream
+
 
 @contextlib.contextmanager
 def training_stream(device: torch.device | str | int | None = None,
                     priority: int = TRAINING_STREAM_PRIORITY) -> Iterator[torch.cuda.Stream | None]:
-    """Run the block on a new CUDA stream of ``priority`` (default high, -1), made current for
-    ``device`` (default: the current CUDA device); yields that stream.
+    """Run the block on a CUDA stream of ``priority`` (default high, -1) made current for
+    ``device`` (default: the current CUDA device); yields that stream, the same one for every
+    block of that device and priority in the process (:func:`shared_stream`).
 
     The stream first waits for the work queued on the stream that was current (the model's
     weights, a batch moved before the block), and that stream waits for the block's work when
@@ -54,7 +78,7 @@ def training_stream(device: torch.device | str | int | None = None,
         yield None
         return
     before = torch.cuda.current_stream(device)
-    stream = torch.cuda.Stream(device, priority=priority)
+    stream = shared_stream(device, priority)
     stream.wait_stream(before)
     try:
         with torch.cuda.stream(stream):

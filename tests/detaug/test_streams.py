@@ -55,3 +55,16 @@ def test_the_block_runs_on_a_high_priority_stream_ordered_with_the_code_around_i
 def test_a_device_index_and_a_priority_are_taken():
     with training_stream(torch.cuda.current_device(), priority=0) as stream:
         assert stream.priority == 0 and stream.device == torch.device("cuda", torch.cuda.current_device())
+
+
+@CUDA
+def test_every_block_on_a_device_gets_the_same_stream_of_its_priority():
+    """One stream per device and priority in the process: PyTorch reuses memory freed on a stream
+    only on that stream, so a new stream each epoch would keep the model's cached memory apart."""
+    with training_stream() as first:
+        pass
+    with training_stream() as second:
+        pass
+    with training_stream(priority=0) as other:
+        pass
+    assert first is second and other is not first and other.priority == 0

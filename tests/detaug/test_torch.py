@@ -545,3 +545,27 @@ def test_feed_stats_count_the_batches_taken_and_those_not_ready(samples, batches
     inline = DetectionLoader(SampleListSource(samples), RECIPE, 4, device=DEVICE, seed=1, ready_batches=0)
     list(inline)
     assert inline.feed_stats.taken == 0  # no background feed: nothing to wait for but next() itself
+
+
+@pytest.mark.skipif(DEVICE != "gpu", reason="PyTorch's cache of device memory: a GPU (DETAUG_TEST_DEVICE=gpu)")
+def test_a_loader_after_another_reuses_the_device_memory_the_last_one_left(coco_dir):
+    """Every loader's feed copies on the process's one feed stream: PyTorch reuses memory freed on
+    a stream only on that stream, so with a stream per feed each new loader's batches took memory
+    anew while the last one's stayed cached (its share of the GPU grew loader by loader)."""
+    import gc
+
+    recipe = T.Compose([T.Resize((512, 512)), T.Normalize()])  # float32: 3 MB an image
+    reserved = []
+    for _ in range(4):
+        loader = DetectionLoader(CocoSource(coco_dir / "annotations.json", coco_dir / "images"), recipe, 4,
+                                 device=DEVICE, seed=0, batches_per_run=3)
+        for _ in range(2):
+            for _images, _targets in loader:
+                pass
+        loader.close()
+        del loader, _images, _targets
+        gc.collect()
+        torch.cuda.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+    grown = reserved[-1] - reserved[0]
+    assert grown <= 4 * 2**20, [r >> 20 for r in reserved]  # MiB; a run of 12 such images is 36 MiB
