@@ -93,10 +93,11 @@ class PipelineQueue:
         self._fresh = True  # the pipeline's first schedule_run runs ``depth`` batches (DALI's prefetch)
         self._stale = False  # a run failed or a feed broke off: build anew, feed the batches in flight again
         self._driving = False  # a thread is feeding or collecting
-        # CUDA streams, reused across epochs: the images' copies (one driver at a time: one stream, so
-        # the blocks PyTorch caches for them serve every batch), and the calling threads' target copies
-        self._streams = CopyStreams(lambda: _cuda_stream(device_id))
-        self._target_streams = CopyStreams(lambda: _cuda_stream(device_id))
+        # CUDA streams, reused across epochs and sequences (copy_streams): the images' copies (one
+        # driver at a time: one stream, so the blocks PyTorch caches for them serve every batch), and
+        # the calling threads' target copies
+        self._streams = copy_streams(device_id, "images")
+        self._target_streams = copy_streams(device_id, "targets")
 
     # -- calls ----------------------------------------------------------------------------------------
 
@@ -357,8 +358,8 @@ def hand_over(images: Any, backend: str | None) -> Any:
 
 class CopyStreams:
     """CUDA streams for the copies of concurrent calls, made by ``make`` when every one made so
-    far is in use and reused afterwards: as many as calls ever ran at once, for the sequence's
-    lifetime.
+    far is in use and reused afterwards: as many as calls ever ran at once (one pool per GPU and
+    purpose in the process, :func:`copy_streams`).
 
     A stream per calling thread would not do: Keras starts new threads every epoch, and PyTorch's
     caching allocator keeps what a stream's tensors freed for that stream alone, so each epoch's
@@ -385,6 +386,22 @@ class CopyStreams:
             yield stream
         finally:
             self._free.append(stream)
+
+
+_COPY_STREAMS: dict[tuple[int | None, str], CopyStreams] = {}
+_COPY_STREAMS_LOCK = threading.Lock()
+
+
+def copy_streams(device_id: int | None, purpose: str) -> CopyStreams:
+    """The process's :class:`CopyStreams` for ``purpose`` (``"images"``, ``"targets"``) on GPU
+    ``device_id``, shared by every sequence: a sequence made after another one closed copies on
+    the streams it used, so the memory PyTorch cached for them serves it (PyTorch reuses memory
+    freed on a stream only on that stream)."""
+    with _COPY_STREAMS_LOCK:
+        pool = _COPY_STREAMS.get((device_id, purpose))
+        if pool is None:
+            pool = _COPY_STREAMS[(device_id, purpose)] = CopyStreams(lambda: _cuda_stream(device_id))
+    return pool
 
 
 def _cuda_stream(device_id: int | None) -> Any:

@@ -905,6 +905,26 @@ def test_copy_streams_are_as_many_as_concurrent_calls_across_epochs_of_new_threa
     assert streams.made == 4
 
 
+@pytest.mark.skipif(DEVICE != "gpu", reason="PyTorch's cache of device memory: DETAUG_TEST_DEVICE=gpu and a GPU")
+def test_a_sequence_after_another_reuses_the_device_memory_the_last_one_left(source):
+    """Every sequence copies on the process's copy streams for its GPU: PyTorch reuses memory freed
+    on a stream only on that stream, so with streams of its own each new sequence's batches took
+    memory anew while the last one's stayed cached."""
+    import torch
+
+    reserved = []
+    for _ in range(4):
+        seq = make_sequence(source, transforms=T.Compose([T.Resize((512, 512))]), images_on_device=True)
+        for i in range(len(seq)):
+            seq[i]
+        seq.close()
+        del seq
+        gc.collect()
+        torch.cuda.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+    assert reserved[-1] - reserved[0] <= 4 * 2**20, [r >> 20 for r in reserved]  # MiB; a batch is 12 MiB
+
+
 def test_the_former_module_name_is_the_same_module(monkeypatch):
     """``detaug.keras.prefetch`` (docs/keras.md's name before issue 40) is ``detaug.keras.plan_ahead``
     itself: a limit set through it is the one a sequence's planner reads."""
