@@ -2,9 +2,10 @@
 
 :class:`BackgroundFeed` runs a generator of batches in a daemon thread and keeps up to ``depth``
 finished batches in a queue. On a CUDA device the thread makes its tensors on a stream of its own
-(the feed stream: one per device in the process, shared by every feed, so that the memory a
-closed feed's batches leave in PyTorch's cache serves the next feed's;
-:func:`detaug.streams.shared_stream`) and waits for that stream before it queues a batch, so that:
+(the feed stream: one per device in the process, shared by every feed and never the training
+loop's, so that the memory a closed feed's batches leave in PyTorch's cache serves the next
+feed's; :func:`detaug.streams.shared_stream`) and waits for that stream before it queues a
+batch, so that:
 
 - the training thread never waits for the feed's copies, nor the feed for the training step;
 - a batch taken from the queue is complete: the caller reads it on its own stream without a wait;
@@ -87,7 +88,7 @@ class BackgroundFeed:
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
         self._stopping = threading.Event()
         self.device = device
-        self.stream = shared_stream(device, STREAM_PRIORITY) if device.type == "cuda" else None
+        self.stream = shared_stream("feed", device, STREAM_PRIORITY) if device.type == "cuda" else None
         self._done = False
         self._thread = threading.Thread(target=self._run, args=(produce,), name="detaug-feed", daemon=True)
         self._thread.start()

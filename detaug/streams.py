@@ -12,10 +12,11 @@ down: docs/loader.md, "Feeding a fast model"; docs/benchmarks.md)::
         for images, targets in loader:
             train_step(images, targets)
 
-Streams here are made once per device and priority in a process (:func:`shared_stream`) and
-handed out again: PyTorch's caching allocator reuses the memory freed on a stream only for later
-allocations on that same stream, so a new stream for every block (or every loader's feed) would
-keep the memory cached on the old ones and the process's share of the GPU would grow with each.
+Streams here are made once per role (the training loop's, the loaders' feeds'), device and
+priority in a process (:func:`shared_stream`) and handed out again: PyTorch's caching allocator
+reuses the memory freed on a stream only for later allocations on that same stream, so a new
+stream for every block (or every loader's feed) would keep the memory cached on the old ones and
+the process's share of the GPU would grow with each.
 """
 
 from __future__ import annotations
@@ -32,21 +33,22 @@ __all__ = ["TRAINING_STREAM_PRIORITY", "shared_stream", "training_stream"]
 #: first; 0 is the default streams' and DALI's).
 TRAINING_STREAM_PRIORITY = -1
 
-_SHARED: dict[tuple[int, int], torch.cuda.Stream] = {}
+_SHARED: dict[tuple[str, int, int], torch.cuda.Stream] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_stream(device: torch.device, priority: int) -> torch.cuda.Stream:
-    """The process's one CUDA stream of ``priority`` on ``device`` (a CUDA device), made at the
-    first call and the same object after. (``torch.cuda.Stream()`` takes the next of PyTorch's 32
-    pooled streams at each call, and memory freed on one stream is reused only on that stream: a
-    new one for each use would leave the memory of the old ones cached, unused.)"""
+def shared_stream(role: str, device: torch.device, priority: int) -> torch.cuda.Stream:
+    """The process's one CUDA stream for ``role`` (``"training"``, ``"feed"``: work that must not
+    wait for each other gets streams of different roles) of ``priority`` on ``device`` (a CUDA
+    device), made at the first call and the same object after. (``torch.cuda.Stream()`` takes the
+    next of PyTorch's 32 pooled streams at each call, and memory freed on one stream is reused only
+    on that stream: a new one for each use would leave the memory of the old ones cached, unused.)"""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (int(index), int(priority))
+    key = (role, int(index), int(priority))
     with _SHARED_LOCK:
         stream = _SHARED.get(key)
         if stream is None:
-            stream = _SHARED[key] = torch.cuda.Stream(torch.device("cuda", key[0]), priority=key[1])
+            stream = _SHARED[key] = torch.cuda.Stream(torch.device("cuda", key[1]), priority=key[2])
     return stream
 
 
@@ -78,7 +80,7 @@ def training_stream(device: torch.device | str | int | None = None,
         yield None
         return
     before = torch.cuda.current_stream(device)
-    stream = shared_stream(device, priority)
+    stream = shared_stream("training", device, priority)
     stream.wait_stream(before)
     try:
         with torch.cuda.stream(stream):

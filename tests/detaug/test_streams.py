@@ -68,3 +68,17 @@ def test_every_block_on_a_device_gets_the_same_stream_of_its_priority():
     with training_stream(priority=0) as other:
         pass
     assert first is second and other is not first and other.priority == 0
+
+
+@CUDA
+def test_a_shared_stream_is_one_per_role_device_and_priority():
+    """The loaders' feeds and the training loop never share a stream (a feed waits for its stream
+    before it hands a batch over: it would wait for the training steps)."""
+    from detaug.streams import shared_stream
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    feed = shared_stream("feed", device, -1)
+    assert shared_stream("feed", device, -1) is feed and shared_stream("feed", torch.device("cuda"), -1) is feed
+    assert shared_stream("training", device, -1) is not feed
+    with training_stream() as training:
+        assert training is shared_stream("training", device, -1)

@@ -547,6 +547,21 @@ def test_feed_stats_count_the_batches_taken_and_those_not_ready(samples, batches
     assert inline.feed_stats.taken == 0  # no background feed: nothing to wait for but next() itself
 
 
+@pytest.mark.skipif(DEVICE != "gpu", reason="CUDA streams: a GPU (DETAUG_TEST_DEVICE=gpu)")
+def test_the_feed_copies_on_a_stream_that_is_not_the_training_loops(samples):
+    """The feed waits for its own stream before it hands a batch over: on the training loop's
+    stream it would wait for the queued steps too."""
+    from detaug.streams import training_stream
+
+    loader = DetectionLoader(SampleListSource(samples), RECIPE, 4, device=DEVICE, seed=1)
+    with training_stream() as training:
+        batches = iter(loader)
+        next(batches)
+        feeds = list(loader._live_feeds)
+        assert feeds and all(f.stream is not None and f.stream != training for f in feeds)
+    loader.close()
+
+
 @pytest.mark.skipif(DEVICE != "gpu", reason="PyTorch's cache of device memory: a GPU (DETAUG_TEST_DEVICE=gpu)")
 def test_a_loader_after_another_reuses_the_device_memory_the_last_one_left(coco_dir):
     """Every loader's feed copies on the process's one feed stream: PyTorch reuses memory freed on
