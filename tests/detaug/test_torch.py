@@ -582,5 +582,9 @@ def test_a_loader_after_another_reuses_the_device_memory_the_last_one_left(coco_
         gc.collect()
         torch.cuda.synchronize()
         reserved.append(torch.cuda.memory_reserved())
+    # A loader's peak may hold one run more than the first one's did (when the loop lets go of a
+    # run against when the feed makes the next: 0 or 36 MiB here, H200, 2026-11-27); a stream per
+    # feed grew by two to three runs a loader (70, 140, 244, 348 MiB).
+    run = 3 * 4 * 512 * 512 * 3 * 4  # bytes: a run of 3 batches of 4 float32 images
     grown = reserved[-1] - reserved[0]
-    assert grown <= 4 * 2**20, [r >> 20 for r in reserved]  # MiB; a run of 12 such images is 36 MiB
+    assert grown < 2 * run, [r >> 20 for r in reserved]  # MiB
