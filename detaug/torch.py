@@ -339,6 +339,10 @@ class DetectionLoader(core.LabelledFace):
             self._live_feeds.append(feed)
         completed = False
         taken: deque[tuple[int, int, BatchFindings, Any, Any]] = deque()  # the run taken last, batches not yet yielded
+        # The targets of the last two batches yielded. The caller lets go of a batch when it takes
+        # the one after it, so at each yield the batch before the last is ours alone: the feed's
+        # thread drops it (BackgroundFeed.retire) and frees it there, not in the training thread.
+        handed: deque[Any] = deque()
         try:
             for _ in range(start, steps):
                 if not taken:
@@ -353,6 +357,9 @@ class DetectionLoader(core.LabelledFace):
                 feed.hand_over(_tensors_of(images, targets))
                 self._record(findings)
                 self._step = step + 1
+                handed.append(targets)
+                if len(handed) > 2:
+                    feed.retire(handed.popleft())
                 yield images, targets
             self._epoch, self._step, self._abandoned = epoch + 1, 0, False
             completed = True

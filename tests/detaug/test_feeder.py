@@ -110,3 +110,32 @@ def test_the_takes_that_found_no_item_ready_are_counted_with_their_wait():
     own = BackgroundFeed(lambda: iter(()), 1, CPU)
     assert own.stats == FeedStats()  # a feed of its own counts from zero
     own.stop()
+
+
+def test_what_the_caller_retires_is_freed_in_the_feeds_thread_unless_it_still_holds_it():
+    import weakref
+
+    freed_in: dict[str, str] = {}
+
+    class Batch:  # stands for a batch's targets
+        pass
+
+    def retired(name: str, keep: bool) -> Batch | None:
+        item = Batch()
+        weakref.finalize(item, lambda: freed_in.setdefault(name, threading.current_thread().name))
+        feed.retire(item)
+        return item if keep else None
+
+    feed = BackgroundFeed(lambda: iter(range(1000)), 1, CPU)
+    assert feed.take() == 0
+    retired("let go", keep=False)
+    held = retired("held", keep=True)
+    assert feed.take() == 1  # frees a slot: the feed's thread wakes
+    for _ in range(100):
+        if "let go" in freed_in:
+            break
+        threading.Event().wait(0.02)
+    assert freed_in == {"let go": "detaug-feed"}  # the one the caller still holds lives on
+    del held
+    assert freed_in["held"] == threading.current_thread().name  # freed where its last reference went
+    feed.stop()

@@ -530,6 +530,30 @@ def test_batches_leave_no_garbage_for_the_cycle_collector(samples, targets, read
     assert len(garbage) < 3, sorted({type(o).__name__ for o in garbage})
 
 
+@pytest.mark.parametrize("targets", ["dict", "padded"])
+def test_the_targets_a_loop_let_go_of_are_freed_in_the_feeds_thread(samples, targets):
+    """A loop lets go of a batch when it takes the next; the loader then holds its targets, which
+    the feed's thread frees (not the training thread), two batches later."""
+    import threading
+    import weakref
+
+    loader = DetectionLoader(SampleListSource(samples), RECIPE, 2, device=DEVICE, shuffle=True, seed=1,
+                             targets=targets)
+    freed_in: dict[int, str] = {}
+    for step, (images, batch_targets) in enumerate(loader):  # 5 batches, as a training loop takes them
+        boxes = batch_targets[0]["boxes"] if targets == "dict" else batch_targets["boxes"]
+        weakref.finalize(boxes, lambda s=step: freed_in.setdefault(s, threading.current_thread().name))
+        assert step - 2 not in freed_in or freed_in[step - 2] == "detaug-feed"
+        del boxes
+    del images, batch_targets
+    for _ in range(100):  # batches 0-2 are retired by the yields of 2-4; the feed drops them at its next turn
+        if all(s in freed_in for s in range(3)):
+            break
+        threading.Event().wait(0.02)
+    assert [freed_in.get(s) for s in range(3)] == ["detaug-feed"] * 3
+    loader.close()
+
+
 @pytest.mark.parametrize("batches_per_run", [1, 3, None])
 def test_feed_stats_count_the_batches_taken_and_those_not_ready(samples, batches_per_run):
     """Counted batch by batch, also where the feed hands over runs of several batches."""
