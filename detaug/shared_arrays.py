@@ -198,8 +198,14 @@ class SlotRing:
                 # being an array): the slot is free once it is collected.
                 weakref.finalize(whole, self.give_back, slot.path)
         arrays = []
+        kinds: dict[str, np.dtype] = {}
         for offset, shape, dtype in zip(shared.offsets, shared.shapes, shared.dtypes):
-            kind = np.dtype(dtype)
+            if dtype == "|u1" and len(shape) == 1:  # encoded image bytes, nearly every array: a slice
+                arrays.append(whole[offset:offset + shape[0]])
+                continue
+            kind = kinds.get(dtype)
+            if kind is None:
+                kind = kinds[dtype] = np.dtype(dtype)
             flat = whole[offset:offset + math.prod(shape) * kind.itemsize]
             arrays.append((flat if kind == np.uint8 else flat.view(kind)).reshape(shape))
         return arrays
