@@ -7,8 +7,12 @@ tensors (:func:`dali_images_to_torch`).
 Targets: the batch's columns (``boxes`` float32 ``[N, 4]`` xyxy, ``labels`` int64 ``[N]`` class
 indices, per-box fields ``[N, ...]``, in sample order) are written into one host buffer (pinned
 memory for a CUDA device), copied to the device in **one** non-blocking copy, and every target
-tensor is a view of that one device buffer (:func:`columns_to_device`). Three forms
-(:data:`TARGET_FORMS`, :func:`build_targets`):
+tensor is a view of that one device buffer (:func:`columns_to_device`). The batches of one run
+(:mod:`detaug.pipeline_runs`) share one buffer and one copy (:func:`host_targets`, then
+:func:`targets_to_device` for all of them): the loader's feed thread then makes a few tensor
+calls a run, not a dozen a batch (each call lets the training thread take the interpreter lock,
+and the feed thread waits to get it back). Three forms (:data:`TARGET_FORMS`,
+:func:`build_targets`):
 
 - ``"dict"``: torchvision's list of per-image dicts ``{"boxes": [N_i, 4], "labels": [N_i],
   "image_id": int, **fields}`` (views of the batch's columns);
@@ -24,12 +28,14 @@ Nothing here knows transforms, sources or pipelines: it is the bottom of the ada
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["PAD_VALUE", "TARGET_FORMS", "build_targets", "columns_to_device", "dali_images_to_torch"]
+__all__ = ["PAD_VALUE", "TARGET_FORMS", "HostTargets", "build_targets", "columns_to_device", "dali_images_to_torch",
+           "host_targets", "targets_to_device"]
 
 #: The forms of :func:`build_targets` (``DetectionLoader(targets=...)``, besides ``"tv_tensors"``).
 TARGET_FORMS = ("dict", "padded", "concat")
@@ -41,32 +47,151 @@ PAD_VALUE = -1
 _ALIGN = 16
 
 
-def columns_to_device(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+def columns_to_device(arrays: dict[str, np.ndarray], device: torch.device, *,
+                      pack: bool | None = None) -> dict[str, torch.Tensor]:
     """``{name: array}`` as tensors on ``device``, of the arrays' dtypes and shapes.
 
     On the CPU the tensors share the arrays' memory (no copy). On a CUDA device the arrays are
     packed into one pinned host buffer (each column at a 16-byte aligned offset) and copied in
     one ``non_blocking`` copy on the current stream, so the host never waits for the GPU; each
-    tensor is a view of that one device buffer. (Pinned buffers come from PyTorch's caching host
-    allocator, which reuses one only once its copy has run.)
+    tensor is a view of that one device buffer, made by one ``as_strided`` call on a view of the
+    buffer in its dtype (one such view a dtype). (Pinned buffers come from PyTorch's caching host
+    allocator, which reuses one only once its copy has run.) ``pack=True`` packs on the CPU
+    too (into one plain host buffer: how the tests check the packing without a GPU).
     """
     arrays = {name: np.ascontiguousarray(a) for name, a in arrays.items()}
-    if device.type != "cuda":
+    if not (device.type == "cuda" if pack is None else pack):
         return {name: torch.from_numpy(a) for name, a in arrays.items()}
     offsets, total = {}, 0
     for name, a in arrays.items():
         total = -(-total // _ALIGN) * _ALIGN
         offsets[name] = total
         total += a.nbytes
-    host = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=True)
+    total = max(-(-total // _ALIGN) * _ALIGN, _ALIGN)  # a whole number of elements of any dtype
+    host = torch.empty(total, dtype=torch.uint8, pin_memory=device.type == "cuda")
     raw = host.numpy()
     for name, a in arrays.items():
         raw[offsets[name] : offsets[name] + a.nbytes] = a.reshape(-1).view(np.uint8)
     on_device = host.to(device, non_blocking=True)
+    typed: dict[np.dtype, torch.Tensor] = {}
     out = {}
     for name, a in arrays.items():
-        view = on_device[offsets[name] : offsets[name] + a.nbytes]
-        out[name] = view.view(torch.from_numpy(a[:0].reshape(-1)).dtype).view(a.shape)
+        base = typed.get(a.dtype)
+        if base is None:
+            base = typed[a.dtype] = on_device.view(_torch_dtype(a.dtype))
+        strides = [1] * a.ndim
+        for axis in range(a.ndim - 2, -1, -1):
+            strides[axis] = strides[axis + 1] * a.shape[axis + 1]
+        out[name] = base.as_strided(a.shape, strides, offsets[name] // a.itemsize)
+    return out
+
+
+_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {}
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """PyTorch's dtype for a NumPy one (as ``torch.from_numpy`` maps it)."""
+    found = _TORCH_DTYPES.get(dtype)
+    if found is None:
+        found = _TORCH_DTYPES[dtype] = torch.from_numpy(np.zeros(0, dtype)).dtype
+    return found
+
+
+@dataclass
+class HostTargets:
+    """One batch's targets on the host, ready to go to the device (:func:`host_targets`):
+    ``columns`` as :func:`targets_to_device` copies them (the ``"dict"`` form: the per-box
+    columns, split per image on the device; the others: the form's tensors themselves),
+    ``counts`` int64 ``[B]`` boxes per image, ``image_ids`` int64 ``[B]``."""
+
+    form: str
+    columns: dict[str, np.ndarray]
+    counts: np.ndarray
+    image_ids: np.ndarray
+
+
+def host_targets(
+    counts: list[int] | np.ndarray,
+    boxes: np.ndarray,
+    labels: np.ndarray,
+    fields: dict[str, np.ndarray],
+    image_ids: np.ndarray,
+    form: str = "dict",
+    max_boxes: int | None = None,
+) -> HostTargets:
+    """A batch's targets in ``form``, on the host (the arguments as :func:`build_targets`'s);
+    errors here (``max_boxes`` too small, an unknown form), before anything is copied."""
+    counts = np.asarray(counts, dtype=np.int64).reshape(-1)
+    image_ids = np.asarray(image_ids, dtype=np.int64).reshape(-1)
+    boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+    if form == "dict":
+        return HostTargets(form, {"boxes": boxes, "labels": labels, **fields}, counts, image_ids)
+    if form == "concat":
+        batch_index = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        return HostTargets(form, {"boxes": boxes, "labels": labels, "batch_index": batch_index,
+                                  "num_boxes": counts, "image_id": image_ids, **fields}, counts, image_ids)
+    if form == "padded":
+        most = int(counts.max()) if counts.size else 0
+        rows_per_image = most if max_boxes is None else int(max_boxes)
+        if most > rows_per_image:
+            k = int(np.argmax(counts))
+            raise ValueError(f"image {int(image_ids[k])} has {most} boxes, more than max_boxes={rows_per_image} "
+                             "of the padded targets: raise max_boxes (or leave it None for the batch's largest count)")
+        rows = np.repeat(np.arange(len(counts)), counts)
+        slots = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+
+        def padded(values: np.ndarray) -> np.ndarray:
+            if values.dtype == np.uint8:  # masks (0/1, detaug.masks): int8, to hold the -1 rows
+                values = values.astype(np.int8)
+            out = np.full((len(counts), rows_per_image, *values.shape[1:]), PAD_VALUE, dtype=values.dtype)
+            out[rows, slots] = values
+            return out
+
+        return HostTargets(form, {"boxes": padded(boxes), "labels": padded(labels), "num_boxes": counts,
+                                  "image_id": image_ids, **{name: padded(np.asarray(v)) for name, v in fields.items()}},
+                           counts, image_ids)
+    raise ValueError(f"form must be one of {', '.join(map(repr, TARGET_FORMS))}, got {form!r}")
+
+
+def targets_to_device(batches: Sequence[HostTargets],
+                      device: torch.device) -> list[list[dict[str, Any]] | dict[str, torch.Tensor]]:
+    """The targets of ``batches`` (one form) on ``device``, from **one** copy for all of them:
+    per batch what :func:`build_targets` gives (every tensor a view of one device buffer, which
+    lives while any of them does). The ``"dict"`` form's per-image tensors come from one split a
+    column over all the batches' images (a column whose trailing shape differs between batches,
+    such as masks padded to each batch's largest image, is split batch by batch)."""
+    if not batches:
+        return []
+    form = batches[0].form
+    if any(b.form != form for b in batches):
+        raise ValueError("targets_to_device takes batches of one form")
+    if form != "dict":
+        on_device = columns_to_device({f"{k}/{name}": a for k, b in enumerate(batches) for name, a in b.columns.items()},
+                                      device)
+        return [{name: on_device[f"{k}/{name}"] for name in b.columns} for k, b in enumerate(batches)]
+    names = list(batches[0].columns)
+    if any(list(b.columns) != names for b in batches):
+        raise ValueError("targets_to_device takes batches of the same columns")
+    joined = [name for name in names
+              if len({(b.columns[name].dtype, b.columns[name].shape[1:]) for b in batches}) == 1]
+    host = {name: np.concatenate([b.columns[name] for b in batches]) if len(batches) > 1 else batches[0].columns[name]
+            for name in joined}
+    host.update((f"{k}/{name}", b.columns[name]) for k, b in enumerate(batches) for name in names if name not in joined)
+    on_device = columns_to_device(host, device)
+    every = np.concatenate([b.counts for b in batches]).tolist() if len(batches) > 1 else batches[0].counts.tolist()
+    split = {name: torch.split(on_device[name], every) for name in joined}
+    out, first = [], 0
+    for k, b in enumerate(batches):
+        mine = {name: split[name][first : first + len(b.counts)] for name in joined}
+        mine.update((name, torch.split(on_device[f"{k}/{name}"], b.counts.tolist())) for name in names if name not in joined)
+        targets = [{"boxes": box, "labels": lab, "image_id": i}
+                   for box, lab, i in zip(mine["boxes"], mine["labels"], b.image_ids.tolist())]
+        for name in names[2:]:
+            for target, value in zip(targets, mine[name]):
+                target[name] = value
+        out.append(targets)
+        first += len(b.counts)
     return out
 
 
@@ -96,44 +221,7 @@ def build_targets(
     Returns:
         ``"dict"``: a list of ``B`` dicts; else one dict of batched tensors.
     """
-    counts = np.asarray(counts, dtype=np.int64).reshape(-1)
-    image_ids = np.asarray(image_ids, dtype=np.int64).reshape(-1)
-    boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
-    labels = np.asarray(labels, dtype=np.int64).reshape(-1)
-    if form == "dict":
-        columns = columns_to_device({"boxes": boxes, "labels": labels, **fields}, device)
-        split = {name: torch.split(t, counts.tolist()) for name, t in columns.items()}
-        targets = [{"boxes": b, "labels": lab, "image_id": int(i)}
-                   for b, lab, i in zip(split["boxes"], split["labels"], image_ids.tolist())]
-        for name in fields:
-            for target, value in zip(targets, split[name]):
-                target[name] = value
-        return targets
-    if form == "concat":
-        batch_index = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-        return columns_to_device({"boxes": boxes, "labels": labels, "batch_index": batch_index,
-                                  "num_boxes": counts, "image_id": image_ids, **fields}, device)
-    if form == "padded":
-        most = int(counts.max()) if counts.size else 0
-        rows_per_image = most if max_boxes is None else int(max_boxes)
-        if most > rows_per_image:
-            k = int(np.argmax(counts))
-            raise ValueError(f"image {int(image_ids[k])} has {most} boxes, more than max_boxes={rows_per_image} "
-                             "of the padded targets: raise max_boxes (or leave it None for the batch's largest count)")
-        rows = np.repeat(np.arange(len(counts)), counts)
-        slots = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-
-        def padded(values: np.ndarray) -> np.ndarray:
-            if values.dtype == np.uint8:  # masks (0/1, detaug.masks): int8, to hold the -1 rows
-                values = values.astype(np.int8)
-            out = np.full((len(counts), rows_per_image, *values.shape[1:]), PAD_VALUE, dtype=values.dtype)
-            out[rows, slots] = values
-            return out
-
-        return columns_to_device({"boxes": padded(boxes), "labels": padded(labels), "num_boxes": counts,
-                                  "image_id": image_ids, **{name: padded(np.asarray(v)) for name, v in fields.items()}},
-                                 device)
-    raise ValueError(f"form must be one of {', '.join(map(repr, TARGET_FORMS))}, got {form!r}")
+    return targets_to_device([host_targets(counts, boxes, labels, fields, image_ids, form, max_boxes)], device)[0]
 
 
 def dali_images_to_torch(images: Any, device: torch.device, *, copy: bool = True) -> torch.Tensor | list[torch.Tensor]:

@@ -249,7 +249,8 @@ class LoaderState(Protocol):
 
     def _images_to_torch(self, images: Any) -> Any: ...
 
-    def _batch_to_torch(self, batch: Any, planned: PlannedBatch) -> tuple[Any, Any]: ...
+    def _run_to_torch(self, whole: Any, members: list[PlannedBatch],
+                      sizes: list[int]) -> tuple[list[tuple[Any, Any]], Exception | None]: ...
 
 
 @dataclass
@@ -340,16 +341,15 @@ def produce(loader: LoaderState, epoch: int, start: int) -> Iterator[list[tuple[
                 pass
             whole = loader._images_to_torch(images)  # the run's images copied once
             del images
-            made, first, failed = [], 0, None
-            for planned, size in zip(run.members, run.sizes):
-                assert (planned.epoch, planned.step) == (epoch, step), ((planned.epoch, planned.step), (epoch, step))
-                try:
-                    made.append((step, planned.findings, *loader._batch_to_torch(whole[first : first + size], planned)))
-                except Exception as err:  # noqa: BLE001 - raised after the batches before it are handed out
-                    failed = err
-                    break
-                first, step = first + size, step + 1
-            del whole, run, planned
+            for k, planned in enumerate(run.members):
+                assert (planned.epoch, planned.step) == (epoch, step + k), ((planned.epoch, planned.step), (epoch, step + k))
+            # the run's targets in one copy; a batch that fails is raised after the batches before it
+            pairs, failed = loader._run_to_torch(whole, run.members, run.sizes)
+            made = []
+            for planned, (batch_images, targets) in zip(run.members, pairs):
+                made.append((step, planned.findings, batch_images, targets))
+                step += 1
+            del whole, run, planned, pairs
             if made:
                 yield made  # the batches' arrays freed with them
             del made

@@ -14,7 +14,7 @@ import torch
 from detaug import loader_core as core
 from detaug.errors import DataWarning
 from detaug.feeder import BackgroundFeed, FeedStats
-from detaug.handover import TARGET_FORMS, build_targets, dali_images_to_torch
+from detaug.handover import TARGET_FORMS, dali_images_to_torch, host_targets, targets_to_device
 from detaug.masks import MASKS
 from detaug.plan_ahead import PlanPool
 from detaug.pipeline import outputs_outlive_runs
@@ -404,29 +404,44 @@ class DetectionLoader(core.LabelledFace):
 
     def _images_to_torch(self, images: Any) -> torch.Tensor | list[torch.Tensor]:
         """A run's DALI images as one tensor (or a list), copied once; each of its batches takes
-        its slice (:meth:`_batch_to_torch`)."""
+        its slice (:meth:`_run_to_torch`)."""
         # host images of a pipeline whose outputs outlive their run: no copy (GPU images are
         # copied: see dali_images_to_torch)
         return dali_images_to_torch(images, self.device, copy=not outputs_outlive_runs(self.pipeline))
 
-    def _batch_to_torch(self, batch: torch.Tensor | list[torch.Tensor],
-                        planned: PlannedBatch) -> tuple[torch.Tensor | list[torch.Tensor], Any]:
-        """One batch's images (its slice of its run's, :meth:`_images_to_torch`) and its targets
-        on the images' device."""
-        if self._stacked != isinstance(batch, torch.Tensor):  # one batch type, whatever its size
-            batch = torch.stack(batch) if self._stacked else list(batch)
-        # The whole batch at once (category ids -> class indices too), one copy to the device;
-        # per-image tensors are views (detaug.handover).
-        counts, boxes, labels, fields = batch_columns(planned)
+    def _run_to_torch(self, whole: torch.Tensor | list[torch.Tensor], members: list[PlannedBatch],
+                      sizes: list[int]) -> tuple[list[tuple[Any, Any]], Exception | None]:
+        """Each batch of a run: its images (its slice of the run's, :meth:`_images_to_torch`)
+        and its targets on the images' device, the run's targets from one copy (category ids ->
+        class indices too; per-image tensors are views: :mod:`detaug.handover`). A batch that
+        fails (an image with more boxes than ``max_boxes``) ends the list: its error comes back
+        with the batches before it."""
         form = "dict" if self.targets == "tv_tensors" else self.targets
-        targets = build_targets(counts, boxes, self.label_mapping.map(labels), fields if self.fields else {},
-                                planned.image_ids, self.device, form, self.max_boxes)
-        if form == "dict" and self.fields and MASKS in fields:  # padded to the batch's largest size where
-            for target, image in zip(targets, batch):  # sizes differ (detaug.masks.join_masks): the image's
-                target[MASKS] = target[MASKS][:, :image.shape[-2], :image.shape[-1]]
-        if self.targets == "tv_tensors":
-            batch, targets = _as_tv_tensors(batch, targets)
-        return batch, targets
+        batches, hosts, failed, first = [], [], None, 0
+        try:
+            for planned, size in zip(members, sizes):
+                batch = whole[first : first + size]
+                if self._stacked != isinstance(batch, torch.Tensor):  # one batch type, whatever its size
+                    batch = torch.stack(batch) if self._stacked else list(batch)
+                counts, boxes, labels, fields = batch_columns(planned)
+                hosts.append(host_targets(counts, boxes, self.label_mapping.map(labels), fields if self.fields else {},
+                                          planned.image_ids, form, self.max_boxes))
+                batches.append(batch)
+                first += size
+        except Exception as err:  # noqa: BLE001 - raised after the batches before it are handed out
+            failed = err
+        made = []
+        try:
+            for batch, host, targets in zip(batches, hosts, targets_to_device(hosts, self.device)):
+                if form == "dict" and MASKS in host.columns:  # padded to the batch's largest size where
+                    for target, image in zip(targets, batch):  # sizes differ (detaug.masks.join_masks): the image's
+                        target[MASKS] = target[MASKS][:, :image.shape[-2], :image.shape[-1]]
+                if self.targets == "tv_tensors":
+                    batch, targets = _as_tv_tensors(batch, targets)
+                made.append((batch, targets))
+        except Exception as err:  # noqa: BLE001 - as above
+            failed = err
+        return made, failed
 
     def close(self) -> None:
         """Stop the planning workers and release the pipeline (and its GPU memory); a later

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 
-from detaug.handover import PAD_VALUE, TARGET_FORMS, build_targets, columns_to_device
+from detaug import handover
+
+from detaug.handover import PAD_VALUE, TARGET_FORMS, build_targets, columns_to_device, host_targets, targets_to_device
 
 DEVICES = [torch.device("cpu")] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])
 
@@ -63,15 +67,19 @@ def test_every_form_holds_the_columns(device, counts):
             assert padded["points"].shape[2:] == (3, 2)
 
 
-@pytest.mark.parametrize("device", DEVICES, ids=str)
-def test_one_buffer_under_every_target(device):
-    """Every tensor of a batch's targets is a view of one buffer (one copy to the device)."""
+@pytest.mark.parametrize("device,pack", [(d, None) for d in DEVICES] + [(torch.device("cpu"), True)], ids=str)
+def test_one_buffer_under_every_target(device, pack):
+    """Every tensor of a batch's targets is a view of one buffer (one copy to the device), in
+    its dtype and shape: packed on a GPU (and on the CPU when asked, so that CI checks the
+    packing: the offsets, strides and dtypes of the views), empty and 3-D columns included."""
     rng = np.random.default_rng(0)
     counts = [2, 3, 1]
     boxes, labels, fields = _columns(rng, counts)
-    out = columns_to_device({"boxes": boxes, "labels": labels, **fields}, device)
+    fields["empty"] = np.zeros((0, 5), np.float64)
+    fields["small"] = np.arange(3, dtype=np.int16)  # an odd byte count before the next column
+    out = columns_to_device({"boxes": boxes, "labels": labels, **fields}, device, pack=pack)
     storages = {t.untyped_storage().data_ptr() for t in out.values()}
-    if device.type == "cuda":
+    if device.type == "cuda" or pack:
         assert len(storages) == 1
     for name, values in {"boxes": boxes, "labels": labels, **fields}.items():
         assert out[name].dtype == torch.from_numpy(values).dtype
@@ -88,3 +96,51 @@ def test_unknown_form():
     with pytest.raises(ValueError, match="form must be one of"):
         build_targets([0], np.zeros((0, 4), np.float32), np.zeros(0, np.int64), {}, [1], torch.device("cpu"), "ragged")
     assert TARGET_FORMS == ("dict", "padded", "concat")
+
+
+def _same_targets(got, want):
+    if isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want)
+        for g, w in zip(got, want):
+            _same_targets(g, w)
+        return
+    assert list(got) == list(want)
+    for name, value in want.items():
+        if isinstance(value, torch.Tensor):
+            assert got[name].dtype == value.dtype and got[name].shape == value.shape and got[name].device == value.device
+            np.testing.assert_array_equal(got[name].cpu().numpy(), value.cpu().numpy())
+        else:
+            assert got[name] == value
+
+
+@pytest.mark.parametrize("device,pack", [(d, None) for d in DEVICES] + [(torch.device("cpu"), True)], ids=str)
+@pytest.mark.parametrize("form", TARGET_FORMS)
+def test_a_run_of_batches_in_one_copy_equals_each_batch_on_its_own(device, pack, form, monkeypatch):
+    """The batches of a run go to the device together (targets_to_device): each batch's targets
+    are those build_targets makes for it alone, in every form; a column whose trailing shape
+    differs between batches (masks padded to each batch's largest image) too; on a GPU every
+    tensor of every batch is a view of one buffer."""
+    rng = np.random.default_rng(7)
+    batches = []
+    for k, counts in enumerate([[3, 0, 5], [1, 4, 2], [0, 0, 0], [6, 1, 1]]):
+        boxes, labels, fields = _columns(rng, counts)
+        fields["masks"] = rng.integers(0, 2, (int(sum(counts)), 5 + k, 7), dtype=np.uint8)  # sizes differ by batch
+        batches.append((counts, boxes, labels, fields, np.arange(10 * k, 10 * k + 3)))
+    want = [build_targets(*b, device, form) for b in batches]  # each batch alone (on the CPU: no packing)
+    if pack:
+        monkeypatch.setattr(handover, "columns_to_device", functools.partial(handover.columns_to_device, pack=True))
+    run = targets_to_device([host_targets(*b, form=form, max_boxes=None) for b in batches], device)
+    for got, one in zip(run, want):
+        _same_targets(got, one)
+    if device.type == "cuda" or pack:
+        tensors = [t for got in run for target in (got if isinstance(got, list) else [got])
+                   for t in target.values() if isinstance(t, torch.Tensor)]
+        assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+
+
+def test_a_run_holds_batches_of_one_form():
+    counts, boxes, labels = [1], np.zeros((1, 4), np.float32), np.zeros(1, np.int64)
+    with pytest.raises(ValueError, match="one form"):
+        targets_to_device([host_targets(counts, boxes, labels, {}, [1], "dict"),
+                           host_targets(counts, boxes, labels, {}, [2], "padded")], torch.device("cpu"))
+    assert targets_to_device([], torch.device("cpu")) == []
