@@ -149,7 +149,7 @@ class DetectionLoader(core.LabelledFace):
         indices (``label_map``), "image_id": int, **fields}``: each field a tensor ``[N, ...]``
         of the boxes kept, in their order (``iscrowd`` int64, ``area`` float32 ``w * h`` output
         pixels, the others in their source dtype); every tensor on the images' device (views of
-        one buffer copied once per batch: ``.to(device)`` on them is free).
+        one buffer copied once per run of batches, ``batches_per_run``: ``.to(device)`` on them is free).
 
     Epochs (the rules of ``DistributedSampler``, :mod:`detaug.epochs`): every rank yields
     ``len(loader)`` batches per epoch, the same number on every rank; with ``drop_last=False``
