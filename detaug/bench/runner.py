@@ -337,15 +337,17 @@ def main(argv: Sequence[str] | None = None, *, debug: bool = False) -> int:
             if debug:
                 traceback.print_exc()
             parser.error(str(exc).splitlines()[0])  # one line, exit status 2
-        if getattr(report, "rank", 0) != 0:  # under torchrun rank 0 prints and writes for all
-            return 0
+        failed = args.check and any(c.passed is False for run in report.runs for c in run.checks)
+        # Under torchrun rank 0 prints and writes for all; every rank exits with the checks'
+        # status (each holds every rank's figures, so the same checks): a node whose ranks all
+        # passed would otherwise wait at its launcher's exit barrier (300 s) for a node that failed.
+        if getattr(report, "rank", 0) != 0:
+            return 1 if failed else 0
         print(report.format(), flush=True)
         if args.json_path is not None:
             args.json_path.parent.mkdir(parents=True, exist_ok=True)
             args.json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
             print(f"\nresults written to {args.json_path}")
-        if args.check and any(c.passed is False for run in report.runs for c in run.checks):
-            return 1
-        return 0
+        return 1 if failed else 0
 
     return run_guarded(parser.prog, run, debug)

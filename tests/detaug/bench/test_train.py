@@ -409,6 +409,26 @@ def test_train_rows_under_torchrun_with_ddp(coco_folder, tmp_path, nodes):
     assert rows["sequence"]["status"] == "unavailable" and "torchrun" in rows["sequence"]["message"]
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("passed", [True, False])
+def test_every_rank_exits_with_the_checks_status(rank, passed, monkeypatch, capsys):
+    """Under torchrun every rank holds every rank's figures, so the same checks: with --check
+    each rank exits 1 when one fails (else a node whose ranks all passed waits 300 s at its
+    launcher's exit barrier for the node that failed); rank 0 alone prints."""
+    from types import SimpleNamespace
+
+    from detaug import cli
+    from detaug.bench import runner
+
+    check = SimpleNamespace(passed=passed)
+    report = SimpleNamespace(rank=rank, runs=[SimpleNamespace(checks=[check])], format=lambda: "the report")
+    monkeypatch.setattr(runner, "run_bench", lambda **kwargs: report)
+    for flags, want in ((["--check"], 0 if passed else 1), ([], 0)):
+        assert cli.main(["bench", "--train", "--device", "cpu", "--quiet", *flags]) == want
+    printed = capsys.readouterr().out
+    assert printed.count("the report") == (2 if rank == 0 else 0)
+
+
 def test_options_of_the_rows_timed_alone_are_refused_with_train(capsys):
     from detaug import cli
 
