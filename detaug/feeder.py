@@ -142,12 +142,10 @@ class BackgroundFeed:
         self._retired.append(item)
 
     def _drop_retired(self) -> None:
-        """Drop what the caller retired (in the feed's thread; one at a time, each freed here)."""
-        while True:
-            try:
-                self._retired.popleft()
-            except IndexError:
-                return
+        """Drop what the caller retired (in the feed's thread: where those were the last
+        references, the objects are freed here; ``deque.clear`` is atomic beside the caller's
+        ``append``)."""
+        self._retired.clear()
 
     def take(self) -> Any:
         """The next item (waits for it); ``StopIteration`` once the generator has ended, or the

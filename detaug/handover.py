@@ -79,9 +79,7 @@ def columns_to_device(arrays: dict[str, np.ndarray], device: torch.device, *,
         base = typed.get(a.dtype)
         if base is None:
             base = typed[a.dtype] = on_device.view(_torch_dtype(a.dtype))
-        strides = [1] * a.ndim
-        for axis in range(a.ndim - 2, -1, -1):
-            strides[axis] = strides[axis + 1] * a.shape[axis + 1]
+        strides = [stride // a.itemsize for stride in a.strides]  # C-contiguous: NumPy's, in elements
         out[name] = base.as_strided(a.shape, strides, offsets[name] // a.itemsize)
     return out
 
@@ -175,11 +173,13 @@ def targets_to_device(batches: Sequence[HostTargets],
         raise ValueError("targets_to_device takes batches of the same columns")
     joined = [name for name in names
               if len({(b.columns[name].dtype, b.columns[name].shape[1:]) for b in batches}) == 1]
-    host = {name: np.concatenate([b.columns[name] for b in batches]) if len(batches) > 1 else batches[0].columns[name]
-            for name in joined}
+    def join(arrays: list[np.ndarray]) -> np.ndarray:  # one batch's as it is: no copy
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+    host = {name: join([b.columns[name] for b in batches]) for name in joined}
     host.update((f"{k}/{name}", b.columns[name]) for k, b in enumerate(batches) for name in names if name not in joined)
     on_device = columns_to_device(host, device)
-    every = np.concatenate([b.counts for b in batches]).tolist() if len(batches) > 1 else batches[0].counts.tolist()
+    every = join([b.counts for b in batches]).tolist()
     split = {name: torch.split(on_device[name], every) for name in joined}
     out, first = [], 0
     for k, b in enumerate(batches):
