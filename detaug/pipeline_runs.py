@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from detaug.planned_batch import PlannedBatch
+from detaug.sample_rows import Chained
 
 __all__ = ["MAX_BATCHES_PER_RUN", "RUN_BYTES", "RUN_IMAGES", "Run", "default_batches_per_run", "join_run"]
 
@@ -110,11 +111,11 @@ def join_run(members: list[PlannedBatch]) -> Run:
         image_ids=np.concatenate([m.image_ids for m in members]),
         data=None if any(m.data is None for m in members) else [a for m in members for a in m.data],
         params=params,
-        boxes=[b for m in members for b in m.boxes],
-        labels=[lab for m in members for lab in m.labels],
+        boxes=Chained([m.boxes for m in members]),  # read per sample only where wanted (detaug.sample_rows)
+        labels=Chained([m.labels for m in members]),
         partners=partners,
         partner_positions=np.concatenate([m.partner_positions for m in members]),
-        fields=[f for m in members for f in m.fields],
+        fields=Chained([m.fields for m in members]),
         layout=first.layout,
         pasted=None if first.pasted is None else [a for m in members for a in m.pasted],
     )

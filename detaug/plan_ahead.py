@@ -36,6 +36,7 @@ from detaug.masks import MASKS, PackedMasks, pack_masks
 from detaug.plan_jobs import init_plan_worker, plan_group_job, planner_payload
 from detaug.planned_batch import PlannedBatch
 from detaug.planning import BatchPlanner
+from detaug.sample_rows import SampleRows
 from detaug import shared_arrays
 from detaug.shared_arrays import SharedArrays, SlotRing, file_prefix, sweep, write_arrays
 from detaug.workers import start_pool, stop_pool
@@ -225,12 +226,11 @@ class _Packed:
         if self.joined is not None:
             if isinstance(self.joined.get(MASKS), PackedMasks):  # packed for the trip (pack)
                 self.joined[MASKS] = self.joined[MASKS].unpack()
-            ends = np.cumsum(self.counts).tolist()
-            spans = list(zip([0] + ends[:-1], ends))
-            split = {name: [a[i:j] for i, j in spans] for name, a in self.joined.items()}
-            planned.boxes, planned.labels = split.pop("boxes"), split.pop("labels")
-            planned.fields = [dict(zip(split, values)) for values in zip(*split.values())] if split else planned.fields
-            planned.joined = (list(self.counts), self.joined)  # the loader's targets take these as they are
+            joined, counts = self.joined, list(self.counts)  # per sample, views made when read:
+            planned.boxes, planned.labels = SampleRows(joined, counts, "boxes"), SampleRows(joined, counts, "labels")
+            if len(joined) > 2:
+                planned.fields = SampleRows({k: a for k, a in joined.items() if k not in ("boxes", "labels")}, counts)
+            planned.joined = (counts, joined)  # the loader's targets take these as they are
         else:
             for values in planned.fields or []:  # masks packed for the trip (pack)
                 if isinstance(values.get(MASKS), PackedMasks):

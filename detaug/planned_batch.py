@@ -3,6 +3,7 @@ its targets as columns over all its boxes (:func:`batch_columns`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +55,9 @@ class PlannedBatch:
         labels: per sample int64 ``[M]``, the labels of the boxes kept, in their order.
         fields: per sample ``{name: [M, ...]}``, each field of :attr:`~detaug.planning.BatchPlanner.fields` for
             the boxes kept (``area``: float32, recomputed on the output boxes); empty dicts
-            without fields.
+            without fields. ``boxes``, ``labels`` and ``fields`` are lists, or, for a plan from a
+            planning worker, sequences read as lists whose items are made when read
+            (:class:`~detaug.sample_rows.SampleRows`: views of :attr:`joined`).
         partners: per partner slot (``Compose.num_partners`` of them: ``Mosaic``'s tiles 1-3, then
             ``MixUp``'s partner), per sample, the image data of that partner (as ``data``; a 1x1
             placeholder where not needed), or ``None`` for a slot whose partners are batch-mates
@@ -86,13 +89,13 @@ class PlannedBatch:
     image_ids: np.ndarray
     data: list[np.ndarray] | None
     params: np.ndarray
-    boxes: list[np.ndarray]
-    labels: list[np.ndarray]
+    boxes: Sequence[np.ndarray]
+    labels: Sequence[np.ndarray]
     skipped: list[dict[str, Any]] = field(default_factory=list)
     repaired: list[dict[str, Any]] = field(default_factory=list)
     partners: list[list[np.ndarray] | None] | None = field(default_factory=list)
     partner_positions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
-    fields: list[dict[str, np.ndarray]] = field(default_factory=list)
+    fields: Sequence[dict[str, np.ndarray]] = field(default_factory=list)
     joined: tuple[list[int], dict[str, np.ndarray]] | None = None
     layout: PlanLayout | None = None
     pasted: list[np.ndarray] | None = None

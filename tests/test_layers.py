@@ -57,7 +57,7 @@ LAYERS: tuple[Layer, ...] = (
            "detaug.shard_manifest", "detaug.shard_writer", "detaug.shards_cli", "detaug.source_args")),
     Layer("engine", "the batch planner, planning ahead in workers, the DALI pipeline, the loader core, eager calls; "
           "they read a recipe through its methods",
-          ("detaug.batch_plan", "detaug.field_selection", "detaug.planned_batch", "detaug.gathered",
+          ("detaug.batch_plan", "detaug.field_selection", "detaug.sample_rows", "detaug.planned_batch", "detaug.gathered",
            "detaug.decoded_shapes", "detaug.decode_failures", "detaug.planning", "detaug.plan_jobs",
            "detaug.plan_ahead", "detaug.pipeline", "detaug.pipeline_runs", "detaug.loader_core", "detaug.eager")),
     Layer("transform schema", "parameters and their checks", ("detaug.transforms.schema", "detaug.transforms.params")),
