@@ -36,7 +36,7 @@ from detaug.masks import MASKS, PackedMasks, pack_masks
 from detaug.plan_jobs import init_plan_worker, plan_group_job, planner_payload
 from detaug.planned_batch import PlannedBatch
 from detaug.planning import BatchPlanner
-from detaug.sample_rows import SampleRows
+from detaug.sample_rows import SampleRows, row_ends
 from detaug import shared_arrays
 from detaug.shared_arrays import SharedArrays, SlotRing, file_prefix, sweep, write_arrays
 from detaug.workers import start_pool, stop_pool
@@ -227,9 +227,11 @@ class _Packed:
             if isinstance(self.joined.get(MASKS), PackedMasks):  # packed for the trip (pack)
                 self.joined[MASKS] = self.joined[MASKS].unpack()
             joined, counts = self.joined, list(self.counts)  # per sample, views made when read:
-            planned.boxes, planned.labels = SampleRows(joined, counts, "boxes"), SampleRows(joined, counts, "labels")
+            ends = row_ends(counts)
+            planned.boxes = SampleRows(joined, name="boxes", ends=ends)
+            planned.labels = SampleRows(joined, name="labels", ends=ends)
             if len(joined) > 2:
-                planned.fields = SampleRows({k: a for k, a in joined.items() if k not in ("boxes", "labels")}, counts)
+                planned.fields = SampleRows({k: a for k, a in joined.items() if k not in ("boxes", "labels")}, ends=ends)
             planned.joined = (counts, joined)  # the loader's targets take these as they are
         else:
             for values in planned.fields or []:  # masks packed for the trip (pack)

@@ -23,7 +23,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Chained", "SampleRows"]
+__all__ = ["Chained", "SampleRows", "row_ends"]
+
+
+def row_ends(counts: Sequence[int]) -> list[int]:
+    """Where each sample's rows end in columns joined over the samples: the running sum of
+    ``counts`` (a list of ints)."""
+    return np.cumsum(np.asarray(counts, dtype=np.int64)).tolist()
 
 
 class _ListLike(Sequence):
@@ -73,15 +79,18 @@ class SampleRows(_ListLike):
 
     Args:
         columns: ``{name: [N, ...]}``, ``N = sum(counts)``.
-        counts: rows per sample (``B`` entries).
+        counts: rows per sample (``B`` entries); ``None`` where ``ends`` is given.
         name: the column read, or ``None`` for dicts of all of them.
+        ends: ``ends[i]``, where sample ``i``'s rows end (the running sum of ``counts``): several
+            sequences over one batch's columns share one list (:func:`row_ends`).
     """
 
     __slots__ = ("columns", "ends", "name")
 
-    def __init__(self, columns: dict[str, np.ndarray], counts: Sequence[int], name: str | None = None) -> None:
+    def __init__(self, columns: dict[str, np.ndarray], counts: Sequence[int] | None = None, name: str | None = None,
+                 *, ends: list[int] | None = None) -> None:
         self.columns, self.name = columns, name
-        self.ends = np.cumsum(np.asarray(counts, dtype=np.int64)).tolist()
+        self.ends = row_ends(counts) if ends is None else ends
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -100,7 +109,7 @@ class Chained(_ListLike):
 
     def __init__(self, parts: Sequence[Sequence]) -> None:
         self.parts = list(parts)
-        self.ends = np.cumsum([len(p) for p in self.parts], dtype=np.int64).tolist()
+        self.ends = row_ends([len(p) for p in self.parts])
 
     def __len__(self) -> int:
         return self.ends[-1] if self.ends else 0

@@ -9,7 +9,7 @@ import pickle
 import numpy as np
 import pytest
 
-from detaug.sample_rows import Chained, SampleRows
+from detaug.sample_rows import Chained, SampleRows, row_ends
 
 
 @pytest.fixture
@@ -37,6 +37,9 @@ def test_rows_equal_the_slices_made_up_front_and_are_views(joined):
             np.testing.assert_array_equal(got, expected)
             assert got.size == 0 or np.shares_memory(got, columns[name])
     assert [len(r) for r in SampleRows(columns, counts, "boxes")] == counts
+    assert row_ends(counts) == [2, 2, 5, 6]
+    shared = SampleRows(columns, name="labels", ends=row_ends(counts))  # ends shared by several sequences
+    assert [a.tolist() for a in shared] == [a.tolist() for a in SampleRows(columns, counts, "labels")]
 
 
 def test_rows_without_a_name_are_dicts_of_every_column(joined):
