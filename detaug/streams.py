@@ -12,6 +12,10 @@ down: docs/loader.md, "Feeding a fast model"; docs/benchmarks.md)::
         for images, targets in loader:
             train_step(images, targets)
 
+``DetectionLoader`` does this by itself (``training_stream=True``, its default): an iteration
+taken on the default stream runs the loop on that stream until the iteration ends
+(:class:`LoopStream`).
+
 Streams here are made once per role (the training loop's, the loaders' feeds'), device and
 priority in a process (:func:`shared_stream`) and handed out again: PyTorch's caching allocator
 reuses the memory freed on a stream only for later allocations on that same stream, so a new
@@ -27,7 +31,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["TRAINING_STREAM_PRIORITY", "shared_stream", "training_stream"]
+__all__ = ["TRAINING_STREAM_PRIORITY", "LoopStream", "shared_stream", "training_stream"]
 
 #: CUDA priority of :func:`training_stream` (``torch.cuda.Stream(priority=...)``: lower runs
 #: first; 0 is the default streams' and DALI's).
@@ -87,3 +91,50 @@ def training_stream(device: torch.device | str | int | None = None,
             yield stream
     finally:
         before.wait_stream(stream)
+
+
+class LoopStream:
+    """The training stream made current for a loader's iteration, as if the loop were inside
+    :func:`training_stream` (``DetectionLoader(training_stream=True)``).
+
+    :meth:`enter` (at the iteration's first batch, in the thread that iterates): where that
+    thread's current stream on ``device`` is CUDA's default stream and ``device`` is the current
+    CUDA device, the training stream (priority :data:`TRAINING_STREAM_PRIORITY`, the one
+    :func:`training_stream` yields) waits for the work queued so far and is made current, so the
+    loop body runs on it. A stream the caller chose, another device, a CPU device, or
+    ``enabled=False``: nothing changes. :meth:`exit` (when the iteration ends: the epoch's last
+    batch was trained on, an error, ``close()``, or the next iteration after a ``break``): the
+    default stream waits for the training stream's work, and is made current again if the
+    training stream still is, in the thread that entered (a generator finalised in another
+    thread only orders the streams).
+    """
+
+    def __init__(self, device: torch.device, enabled: bool = True) -> None:
+        self.device, self.enabled = device, enabled
+        self._before: torch.cuda.Stream | None = None
+        self._stream: torch.cuda.Stream | None = None
+        self._thread: int | None = None
+
+    def enter(self) -> None:
+        if not self.enabled or self.device.type != "cuda" or self._stream is not None:
+            return
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        if torch.cuda.current_device() != index:
+            return
+        device = torch.device("cuda", index)
+        before = torch.cuda.current_stream(device)
+        if before != torch.cuda.default_stream(device):
+            return
+        stream = shared_stream("training", device, TRAINING_STREAM_PRIORITY)
+        stream.wait_stream(before)
+        torch.cuda.set_stream(stream)
+        self._before, self._stream, self._thread = before, stream, threading.get_ident()
+
+    def exit(self) -> None:
+        if self._stream is None:
+            return
+        before, stream, self._before, self._stream = self._before, self._stream, None, None
+        before.wait_stream(stream)
+        if threading.get_ident() == self._thread and torch.cuda.current_stream(stream.device) == stream:
+            with torch.cuda.device(stream.device):
+                torch.cuda.set_stream(before)

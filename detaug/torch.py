@@ -21,7 +21,7 @@ from detaug.pipeline import outputs_outlive_runs
 from detaug.pipeline_runs import default_batches_per_run
 from detaug.planned_batch import BatchFindings, PlannedBatch, batch_columns
 from detaug.planning import BatchPlanner
-from detaug.streams import training_stream
+from detaug.streams import LoopStream, training_stream
 from detaug.transforms import Compose
 
 __all__ = ["DetectionLoader", "distributed_shard", "dali_images_to_torch", "training_stream"]
@@ -126,6 +126,17 @@ class DetectionLoader(core.LabelledFace):
             epoch); DALI's buffers and the run's images on the device grow with it. On the
             GPU the JPEGs sent to the hardware decoder are a share of each run, so which image
             a decoder gets can change with it (the two decoders' pixels may differ by rounding).
+        training_stream: on the GPU, when the thread that iterates is on the device's default
+            CUDA stream (PyTorch's, unless the caller chose another), run the loop on
+            :func:`training_stream`'s stream from the iteration's first batch until it ends (the
+            epoch's last batch trained on, ``close()``, or the next iteration after a ``break``),
+            then back on the default stream, which waits for the loop's work: code before and
+            after the loop needs no synchronisation (:class:`detaug.streams.LoopStream`). A fast
+            model trains faster there beside the loader than on the default stream (docs/loader.md,
+            "Feeding a fast model"). A stream the caller chose is kept; ``False``: never switched.
+            Work the loop body hands to another thread's default stream needs that thread to
+            wait for it (``Tensor.record_stream``, ``Stream.wait_stream``), as in any
+            ``torch.cuda.stream`` block.
         num_classes: the model's ``num_classes`` (torchvision's, counting the background); when
             given, the loader checks when it is built that every class index fits, ``1 <=
             label < num_classes``, for every category of the source (also one without boxes),
@@ -201,6 +212,7 @@ class DetectionLoader(core.LabelledFace):
         max_boxes: int | None = None,
         ready_batches: int = 2,
         batches_per_run: int | None = None,
+        training_stream: bool = True,
     ) -> None:
         core.check_count("batch_size", batch_size, 1)
         if not isinstance(transforms, Compose):
@@ -211,8 +223,11 @@ class DetectionLoader(core.LabelledFace):
             _tv_tensors()  # said now, not at the first batch
         core.check_count("max_boxes", max_boxes, 0, none_ok=True)
         core.check_count("ready_batches", ready_batches, 0)
+        if not isinstance(training_stream, bool):
+            raise TypeError(f"training_stream must be True or False, got {training_stream!r}")
         batches_per_run = core.check_count("batches_per_run", batches_per_run, 1, none_ok=True)
         self.targets, self.max_boxes, self.ready_batches = targets, max_boxes, int(ready_batches)
+        self.training_stream = training_stream
         self._set_labels(source, label_map, num_classes, first=1, adapter="DetectionLoader")  # before any pipeline
         shard_id, num_shards = core.resolve_shard(source, shard_id, num_shards, default=distributed_shard())
         shuffle = core.resolve_shuffle(source, shuffle)
@@ -338,12 +353,14 @@ class DetectionLoader(core.LabelledFace):
                                   stats=self.feed_stats)
             self._live_feeds.append(feed)
         completed = False
+        loop_stream = LoopStream(self.device, self.training_stream)
         taken: deque[tuple[int, int, BatchFindings, Any, Any]] = deque()  # the run taken last, batches not yet yielded
         # The targets of the last two batches yielded. The caller lets go of a batch when it takes
         # the one after it, so at each yield the batch before the last is ours alone: the feed's
         # thread drops it (BackgroundFeed.retire) and frees it there, not in the training thread.
         handed: deque[Any] = deque()
         try:
+            loop_stream.enter()  # at the first next(), in the caller's thread, before any hand-over
             for _ in range(start, steps):
                 if not taken:
                     try:
@@ -368,6 +385,7 @@ class DetectionLoader(core.LabelledFace):
                 self._pool.close(wait=False)  # the next iteration starts new workers
             raise
         finally:
+            loop_stream.exit()
             if feed is not None:
                 if completed:
                     self._kept_feed, self._feed_at = feed, (epoch + 1, 0)  # already making the next epoch
@@ -378,7 +396,9 @@ class DetectionLoader(core.LabelledFace):
     def _consume_inline(self, epoch: int, start: int) -> Iterator[tuple[Any, Any]]:
         """:meth:`_consume` without a thread: each run of batches made inside ``next()``."""
         made = core.produce(self, epoch, start)
+        loop_stream = LoopStream(self.device, self.training_stream)
         try:
+            loop_stream.enter()  # before the first run is made: its copies go to the loop's stream
             for step, findings, images, targets in itertools.chain.from_iterable(made):
                 self._record(findings)
                 self._step = step + 1
@@ -389,6 +409,7 @@ class DetectionLoader(core.LabelledFace):
                 self._pool.close(wait=False)  # the next iteration starts new workers
             raise
         finally:
+            loop_stream.exit()
             made.close()
 
     def _close_current(self) -> None:

@@ -82,3 +82,91 @@ def test_a_shared_stream_is_one_per_role_device_and_priority():
     assert shared_stream("training", device, -1) is not feed
     with training_stream() as training:
         assert training is shared_stream("training", device, -1)
+
+
+# -- a loader's iteration on the training stream (DetectionLoader(training_stream=True)) ------------
+
+
+def test_a_loop_stream_on_the_cpu_touches_no_stream():
+    """A CPU loader's iteration: entering and leaving change nothing (and need no CUDA)."""
+    from detaug.streams import LoopStream
+
+    switch = LoopStream(torch.device("cpu"))
+    switch.enter()
+    assert torch.ones(2).add(1).tolist() == [2.0, 2.0]
+    switch.exit()
+    switch.exit()  # a second exit (close() after the epoch ended) is nothing
+
+
+def _gpu_loader(**kwargs):
+    import detaug.transforms as T
+    from detaug.sources import SampleListSource
+    from detaug.torch import DetectionLoader
+    from tests.detaug.consistency import scene_samples
+
+    samples = scene_samples(12, size=(96, 80), max_objects=3, min_size=12)[0]
+    recipe = T.Compose([T.RandomHorizontalFlip(), T.Resize((48, 64))])
+    return DetectionLoader(SampleListSource(samples), recipe, 4, device="gpu", num_workers=0, **kwargs)
+
+
+@CUDA
+@pytest.mark.parametrize("ready_batches", [2, 0])
+def test_a_loop_on_the_default_stream_runs_on_the_training_stream_ordered_with_the_code_around_it(ready_batches):
+    """Taken on the default stream, each batch arrives and the loop body runs on the shared
+    training stream; after the epoch the default stream is current again and waits for the loop's
+    work (a long kernel then a write on the last batch: a race would read the old values)."""
+    from detaug.streams import shared_stream
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    default = torch.cuda.default_stream(device)
+    ours = shared_stream("training", device, TRAINING_STREAM_PRIORITY)
+    loader = _gpu_loader(ready_batches=ready_batches)
+    marker = torch.zeros(1 << 20, device=device)
+    for epoch in range(2):
+        assert torch.cuda.current_stream(device) == default
+        seen = []
+        for step, (images, targets) in enumerate(loader):
+            seen.append(torch.cuda.current_stream(device))
+            total = images.float().sum() + sum(t["boxes"].sum() for t in targets)  # used on the loop's stream
+            if step == len(loader) - 1:
+                torch.cuda._sleep(50_000_000)
+                marker.fill_(epoch + 1)
+        assert seen == [ours] * len(loader) and torch.isfinite(total).item()
+        assert torch.cuda.current_stream(device) == default
+        assert marker.sum().item() == (epoch + 1) * marker.numel()  # read on the default stream
+    loader.close()
+
+
+@CUDA
+def test_a_stream_the_caller_chose_is_kept_and_the_switch_can_be_turned_off():
+    device = torch.device("cuda", torch.cuda.current_device())
+    default = torch.cuda.default_stream(device)
+    mine = torch.cuda.Stream(device)
+    loader = _gpu_loader()
+    with torch.cuda.stream(mine):
+        assert {torch.cuda.current_stream(device) for _ in loader} == {mine}
+    loader.close()
+    off = _gpu_loader(training_stream=False)
+    assert {torch.cuda.current_stream(device) for _ in off} == {default}
+    off.close()
+
+
+@CUDA
+def test_after_a_break_the_default_stream_comes_back_with_the_next_iteration_or_close():
+    """A loop left with ``break`` stays on the training stream until the iteration ends: the next
+    ``iter(loader)`` (which then enters again at its first batch) or ``close()``."""
+    from detaug.streams import shared_stream
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    default = torch.cuda.default_stream(device)
+    ours = shared_stream("training", device, TRAINING_STREAM_PRIORITY)
+    loader = _gpu_loader()
+    for _ in loader:
+        break
+    assert torch.cuda.current_stream(device) == ours
+    it = iter(loader)
+    assert torch.cuda.current_stream(device) == default
+    next(it)
+    assert torch.cuda.current_stream(device) == ours
+    loader.close()
+    assert torch.cuda.current_stream(device) == default

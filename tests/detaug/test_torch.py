@@ -612,3 +612,22 @@ def test_a_loader_after_another_reuses_the_device_memory_the_last_one_left(coco_
     run = 3 * 4 * 512 * 512 * 3 * 4  # bytes: a run of 3 batches of 4 float32 images
     grown = reserved[-1] - reserved[0]
     assert grown < 2 * run, [r >> 20 for r in reserved]  # MiB
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_training_stream_is_true_or_false(samples, bad):
+    with pytest.raises(TypeError, match=f"training_stream must be True or False, got {bad!r}"):
+        DetectionLoader(SampleListSource(samples), RECIPE, 4, device="cpu", num_workers=0, training_stream=bad)
+
+
+def test_either_training_stream_yields_the_same_batches_on_the_cpu(samples):
+    """On the CPU there is no stream to switch: the batches are the same either way."""
+    def epoch(flag):
+        loader = DetectionLoader(SampleListSource(samples), RECIPE, 4, device="cpu", num_workers=0, seed=3,
+                                 shuffle=True, training_stream=flag)
+        out = [(images.clone(), [t["boxes"].clone() for t in targets]) for images, targets in loader]
+        loader.close()
+        return out
+
+    for (a, boxes_a), (b, boxes_b) in zip(epoch(True), epoch(False), strict=True):
+        assert torch.equal(a, b) and all(torch.equal(x, y) for x, y in zip(boxes_a, boxes_b, strict=True))
