@@ -26,7 +26,7 @@ import torch
 import detaug.transforms as T
 from detaug.sources import VocSource
 from detaug.synthetic import write_voc_dataset
-from detaug.torch import DetectionLoader, training_stream
+from detaug.torch import DetectionLoader
 
 
 def main() -> None:
@@ -69,20 +69,20 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
 
     step, start = 0, time.perf_counter()
-    with training_stream(device):  # the steps on a CUDA stream of their own (docs/loader.md); CPU: no-op
-        while step < args.iterations:
-            for images, targets in loader:
-                images = images.float() / 255.0  # [B, 3, H, W] uint8 on `device` -> [0, 1]
-                targets = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in t.items()} for t in targets]
-                losses = model(list(images), targets)
-                loss = sum(losses.values())
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                step += 1
-                print(f"step {step:3d}  loss {loss.item():.3f}  " + "  ".join(f"{k}={v.item():.3f}" for k, v in losses.items()))
-                if step == args.iterations:
-                    break
+    # On a GPU the loader runs this loop on a CUDA stream of its own (training_stream=True, docs/loader.md)
+    while step < args.iterations:
+        for images, targets in loader:
+            images = images.float() / 255.0  # [B, 3, H, W] uint8 on `device` -> [0, 1]
+            targets = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in t.items()} for t in targets]
+            losses = model(list(images), targets)
+            loss = sum(losses.values())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step += 1
+            print(f"step {step:3d}  loss {loss.item():.3f}  " + "  ".join(f"{k}={v.item():.3f}" for k, v in losses.items()))
+            if step == args.iterations:
+                break
     print(f"{step} iterations in {time.perf_counter() - start:.1f} s on {device}")
 
 

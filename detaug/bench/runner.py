@@ -225,8 +225,9 @@ def build_parser(prog: str = "detaug bench") -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=positive_int, help="timed training steps of --train")
     parser.add_argument(
         "--train-stream", choices=tuple(TRAIN_STREAMS), default="default",
-        help="the CUDA stream of --train's PyTorch steps (the ceilings' too): CUDA's default stream (default), or "
-        "detaug.torch.training_stream(), a high-priority stream of their own (docs/loader.md, 'Feeding a fast "
+        help="the CUDA stream of --train's PyTorch steps (the ceilings' too): CUDA's default stream (default; "
+        "the detaug iterators then run their loop on their training stream by themselves, as in a user's loop), "
+        "or detaug.torch.training_stream(), a high-priority stream of their own (docs/loader.md, 'Feeding a fast "
         "model'); the Keras rows stay on the default stream, which the Sequence hands its batches to",
     )
     parser.add_argument(
