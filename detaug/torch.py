@@ -126,14 +126,15 @@ class DetectionLoader(core.LabelledFace):
             epoch); DALI's buffers and the run's images on the device grow with it. On the
             GPU the JPEGs sent to the hardware decoder are a share of each run, so which image
             a decoder gets can change with it (the two decoders' pixels may differ by rounding).
-        training_stream: on the GPU, when the thread that iterates is on the device's default
-            CUDA stream (PyTorch's, unless the caller chose another), run the loop on
-            :func:`training_stream`'s stream from the iteration's first batch until it ends (the
-            epoch's last batch trained on, ``close()``, or the next iteration after a ``break``),
-            then back on the default stream, which waits for the loop's work: code before and
-            after the loop needs no synchronisation (:class:`detaug.streams.LoopStream`). A fast
-            model trains faster there beside the loader than on the default stream (docs/loader.md,
-            "Feeding a fast model"). A stream the caller chose is kept; ``False``: never switched.
+        training_stream: on the GPU, when the thread that iterates has the loader's GPU as its
+            current device and is on its default CUDA stream (PyTorch's, unless the caller chose
+            another), run the loop on :func:`training_stream`'s stream from the iteration's first
+            batch until it ends (the epoch's last batch trained on, ``close()``, or the next
+            iteration after a ``break``), then back on the default stream, which waits for the
+            loop's work: code before and after the loop needs no synchronisation
+            (:class:`detaug.streams.LoopStream`). A fast model trains faster there beside the
+            loader than on the default stream (docs/loader.md, "Feeding a fast model"). A stream
+            the caller chose is kept; ``False``: never switched.
             Work the loop body hands to another thread's default stream needs that thread to
             wait for it (``Tensor.record_stream``, ``Stream.wait_stream``), as in any
             ``torch.cuda.stream`` block.
