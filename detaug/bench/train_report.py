@@ -194,7 +194,10 @@ class TrainReport:
             "their mean; data wait: time blocked in "
             "next() (seq[i]) over the timed time; not ready: of it, the time detaug's next batch was not made "
             "yet (the rest is next()'s own work); CPU cores: CPU time of the process and its children over the "
-            "timed time" + ("; GPU MiB: peak device-wide memory above the row's start" if gpu else "") + ".",
+            "timed time" + ("; GPU MiB: peak device-wide memory above the row's start" if gpu else "") + "."
+            + (" With the steps replayed from a CUDA graph the host queues a step in well under a millisecond "
+               "and then waits in next() while the GPU runs it: there data wait and not ready are not time "
+               "the GPU waits, and vs ceiling is what compares." if self.step == "graph" else ""),
             "",
             "checks" + ("" if gpu else " (the targets are for a GPU run)") + ":",
         ]

@@ -459,3 +459,20 @@ def test_a_ceiling_timed_several_times_is_their_mean():
                              "seconds": pytest.approx(0.08 + 0.1)}]
     failed = [timing(1.0, 1.0, "error"), timing(2.0, 1.0, "unavailable")]
     assert train._all_timings(failed) is failed[0]
+
+
+def test_a_graphed_runs_legend_says_what_its_data_wait_is():
+    """With ``--train-step graph`` the host waits in ``next()`` while the GPU runs the replayed
+    step, so the printed legend says its data wait is not the GPU's idle time; op by op it does
+    not."""
+    from detaug.bench.dataset import BenchDataset
+    from detaug.bench.harness import BenchSettings
+    from detaug.bench.train_report import TrainReport
+
+    data = BenchDataset(Path("d"), Path("d/i"), Path("d/a.json"), 2, 3, 2, (8, 8), (8, 8), 100, True)
+    env = {"gpu": "a GPU", "cpus": 16, "versions": {}}
+    said = {}
+    for step in ("eager", "graph"):
+        report = TrainReport(BenchSettings(device="gpu", workers=1, threads=1), data, env, [], [], 1, 1, (2,), step=step)
+        said[step] = "not time the GPU waits" in report.format()
+    assert said == {"eager": False, "graph": True}
