@@ -38,10 +38,10 @@ def process_tree_cpu_seconds(pid: int | None = None) -> float:
 
 #: ``--train-stream``: where the PyTorch rows' training steps run on CUDA. ``"default"``: CUDA's
 #: default stream, as most training loops run (the detaug iterators then switch their loop to their
-#: training stream by themselves: ``DetectionLoader(training_stream=True)``); ``"high"``: a stream of their own at high priority
-#: (:func:`detaug.torch.training_stream`, docs/loader.md, "Feeding a fast model"). Values: the
-#: CUDA priority (``None``: the default stream). The Keras rows run on the default stream either
-#: way: the Sequence hands its device batches over to it.
+#: training stream by themselves: ``DetectionLoader(training_stream=True)``); ``"high"``: a stream
+#: of their own at high priority (:func:`detaug.torch.training_stream`, docs/loader.md, "Feeding a
+#: fast model"). Values: the CUDA priority (``None``: the default stream). The Keras rows run on
+#: the default stream either way: the Sequence hands its device batches over to it.
 TRAIN_STREAMS: dict[str, int | None] = {"default": None, "high": TRAINING_STREAM_PRIORITY}
 
 #: ``--train-step``: how the PyTorch rows' step runs. ``"eager"``: op by op, as most loops run
