@@ -10,8 +10,9 @@ channels last, SGD. Rows (:data:`TRAIN_ROWS`, ``--only`` names):
 * ``ceiling``: the same steps on one batch kept on the device (the first batch of the ``detaug``
   iterator, its targets moved there once): what the model alone runs at;
 * ``detaug``, ``detaug-list``: the bench's iterators (``CocoSource``, sample list;
-  :mod:`detaug.bench.detaug_variants`) with their defaults; ``detaug-padded``: ``detaug`` with
-  ``targets="padded"``;
+  :mod:`detaug.bench.detaug_variants`) with their defaults; ``detaug-cuda-decoder``: ``detaug``
+  with ``hw_decoder_load=0.0`` (a GPU run only; an option, not checked); ``detaug-padded``:
+  ``detaug`` with ``targets="padded"``;
 * ``keras-ceiling``, ``sequence``: the same network in Keras (torch backend,
   :func:`~detaug.bench.train_model.keras_dense_detector`) in ``model.fit`` on one cached batch, and
   on ``DetectionSequence`` (Keras' own data path, ``shuffle=False``);
@@ -440,6 +441,11 @@ def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
         return _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
     if row.name == "detaug-list":
         batches = detaug_variants.iter_detaug_list(dataset, settings, feed_stats=stats)
+        return _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
+    if row.name == "detaug-cuda-decoder":
+        if not ctx.cuda:
+            raise VariantUnavailable("the CPU decodes every JPEG itself: no hardware decoder share to set")
+        batches = detaug_variants.iter_detaug(dataset, settings, hw_decoder_load=0.0, feed_stats=stats)
         return _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
     if row.name == "detaug-padded":
         batches = detaug_variants.iter_detaug(dataset, settings, targets="padded", feed_stats=stats)

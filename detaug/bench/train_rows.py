@@ -53,6 +53,9 @@ TRAIN_ROWS: tuple[TrainRow, ...] = (
              "DetectionLoader(CocoSource), its defaults; targets moved per sample"),
     TrainRow("detaug-list", "detaug iterator, sample list", "iterator",
              "DetectionLoader(SampleListSource), its defaults; targets moved per sample"),
+    TrainRow("detaug-cuda-decoder", "detaug iterator, CUDA decoder", "iterator",
+             "DetectionLoader(CocoSource, hw_decoder_load=0.0): Huffman decoding on DALI's CPU threads, for "
+             "a GPU-bound step (docs/loader.md); an option, not checked; a GPU run only"),
     TrainRow("ceiling-padded", "ceiling, padded targets (one cached batch)", "ceiling",
              "the same steps on one batch of padded targets kept on the device", ceiling="ceiling-padded"),
     TrainRow("detaug-padded", "detaug iterator, padded targets", "iterator",
@@ -67,8 +70,8 @@ TRAIN_ROWS: tuple[TrainRow, ...] = (
 )
 TRAIN_ROW_NAMES = tuple(row.name for row in TRAIN_ROWS)
 #: Run order: the DataLoader peer first (its workers fork before DALI starts threads here).
-TRAIN_RUN_ORDER = ("torchvision", "ceiling", "detaug", "detaug-list", "ceiling-padded", "detaug-padded",
-                   "keras-ceiling", "sequence")
+TRAIN_RUN_ORDER = ("torchvision", "ceiling", "detaug", "detaug-list", "detaug-cuda-decoder", "ceiling-padded",
+                   "detaug-padded", "keras-ceiling", "sequence")
 
 
 def selected_rows(only: Sequence[str] | None) -> set[str]:

@@ -231,6 +231,9 @@ def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
     assert rows["ceiling-padded"]["steps"] == 4 and rows["ceiling-padded"]["images"] == 8
     assert rows["ceiling"]["ceiling_runs"] == [] and rows["detaug"]["runs"] == []
     assert rows["detaug-padded"]["status"] == "ok"
+    # the CUDA decoder's row: nothing to set on the CPU, said so, and no ceiling timing for it
+    assert rows["detaug-cuda-decoder"]["status"] == "unavailable"
+    assert "no hardware decoder share" in rows["detaug-cuda-decoder"]["message"]
     assert rows["torchvision"]["status"] in ("ok", "unavailable")
     keras_ok = rows["keras-ceiling"]["status"] == "ok"
     if keras_ok:  # Keras with its torch backend in this process
@@ -341,6 +344,33 @@ def test_the_loaders_decoder_share_is_recorded(monkeypatch):
         assert report.to_dict()["settings"]["decoder_defaults"] == decoder_defaults(device)
     monkeypatch.setenv("DETAUG_HW_DECODER_LOAD", "2")
     assert "should be a number in [0, 1]" in decoder_defaults("gpu")["decoder_options"]["error"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the hardware decoder's share is a GPU setting")
+def test_the_cuda_decoder_row_trains_on_loaders_without_the_hardware_decoder(coco_folder, tmp_path, monkeypatch):
+    """``detaug-cuda-decoder`` on a GPU: the COCO reader's loader with ``hw_decoder_load=0.0``
+    (every other row: the loaders' default share), timed against the ceilings around it."""
+    from detaug import cli
+    from detaug.bench import detaug_variants
+
+    asked = []
+    real = detaug_variants.iter_detaug
+
+    def spy(dataset, settings, **kwargs):
+        asked.append(kwargs.get("hw_decoder_load"))
+        return real(dataset, settings, **kwargs)
+
+    monkeypatch.setattr(detaug_variants, "iter_detaug", spy)
+    out = tmp_path / "train.json"
+    assert cli.main(["bench", "--train", "--quiet", "--json", str(out), "--only", "ceiling,detaug,detaug-cuda-decoder",
+                     "--data", str(coco_folder), "--batch-sizes", "2", "--warmup", "1", "--steps", "2",
+                     "--size", "64"]) == 0
+    rows = {r["variant"]: r for r in json.loads(out.read_text(encoding="utf-8"))["train"]["rows"]}
+    assert rows["detaug-cuda-decoder"]["status"] == "ok", rows["detaug-cuda-decoder"]["message"]
+    assert rows["detaug-cuda-decoder"]["ceiling_runs"] == rows["ceiling"]["runs"][1:3]
+    assert 0 < rows["detaug-cuda-decoder"]["vs_ceiling"] < math.inf
+    # the ceiling's first batch at each of its three timings (before, after detaug, after this row)
+    assert asked == [None, None, None, 0.0, None]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA stream's priority needs a GPU")
