@@ -410,6 +410,17 @@ def _run_row(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
     )
 
 
+#: The loader arguments of the rows on the COCO reader (:func:`detaug.bench.detaug_variants.iter_detaug`):
+#: an iterator row's loader, or the loader whose first batch a ceiling caches.
+_COCO_LOADER_ARGS: dict[str, dict[str, Any]] = {
+    "ceiling": {},
+    "detaug": {},
+    "detaug-cuda-decoder": {"hw_decoder_load": 0.0},
+    "ceiling-padded": {"targets": "padded"},
+    "detaug-padded": {"targets": "padded"},
+}
+
+
 def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx: _Context, warmup: int,
              steps: int) -> tuple[_Timed, str]:
     from detaug.bench import detaug_variants, torchvision_peers
@@ -431,24 +442,17 @@ def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
         finally:
             sequence.close()
         return timed, "ResNet-18 trunk in Keras layers, random weights"
-    if row.name in ("ceiling", "ceiling-padded"):
-        form = {"targets": "padded"} if row.name == "ceiling-padded" else {}
-        batch = _first_batch_on(ctx, detaug_variants.iter_detaug(dataset, settings, **form))
+    if row.name == "detaug-cuda-decoder" and not ctx.cuda:
+        raise VariantUnavailable("the CPU decodes every JPEG itself: no hardware decoder share to set")
+    if row.kind == "ceiling":
+        batch = _first_batch_on(ctx, detaug_variants.iter_detaug(dataset, settings, **_COCO_LOADER_ARGS[row.name]))
         return _time_torch(_cached_batches(batch), ctx, warmup, steps, settings.seed)
     stats = FeedStats()
-    if row.name == "detaug":
-        batches = detaug_variants.iter_detaug(dataset, settings, feed_stats=stats)
+    if row.name in _COCO_LOADER_ARGS:
+        batches = detaug_variants.iter_detaug(dataset, settings, **_COCO_LOADER_ARGS[row.name], feed_stats=stats)
         return _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
     if row.name == "detaug-list":
         batches = detaug_variants.iter_detaug_list(dataset, settings, feed_stats=stats)
-        return _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
-    if row.name == "detaug-cuda-decoder":
-        if not ctx.cuda:
-            raise VariantUnavailable("the CPU decodes every JPEG itself: no hardware decoder share to set")
-        batches = detaug_variants.iter_detaug(dataset, settings, hw_decoder_load=0.0, feed_stats=stats)
-        return _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
-    if row.name == "detaug-padded":
-        batches = detaug_variants.iter_detaug(dataset, settings, targets="padded", feed_stats=stats)
         return _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
     if row.name == "torchvision":
         workers = max(1, settings.workers // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
