@@ -21,6 +21,7 @@ from detaug.pipeline import outputs_outlive_runs
 from detaug.pipeline_runs import default_batches_per_run
 from detaug.planned_batch import BatchFindings, PlannedBatch, batch_columns
 from detaug.planning import BatchPlanner
+from detaug.process_feed import JOB_BATCHES, ProcessFeed
 from detaug.streams import LoopStream, training_stream
 from detaug.transforms import Compose
 
@@ -138,6 +139,14 @@ class DetectionLoader(core.LabelledFace):
             Work the loop body hands to another thread's default stream needs that thread to
             wait for it (``Tensor.record_stream``, ``Stream.wait_stream``), as in any
             ``torch.cuda.stream`` block.
+        feed_process: make the batches in a process of its own (``False``, default: in this
+            one): the whole loader (DALI, planning workers, the feed) runs in a spawned child and
+            its batches reach this process through ``torch.multiprocessing``'s sharing (CUDA IPC
+            on the GPU), so the feed's Python never takes the interpreter lock from the training
+            thread (:mod:`detaug.process_feed`). The same batches, targets, epochs, findings and
+            warnings. On a GPU run it under NVIDIA's Multi-Process Service (MPS): without it the
+            two processes' kernels take turns on the GPU and a GPU-bound model trains slower than
+            with the feed in its process (docs/loader.md, "Feeding a fast model").
         num_classes: the model's ``num_classes`` (torchvision's, counting the background); when
             given, the loader checks when it is built that every class index fits, ``1 <=
             label < num_classes``, for every category of the source (also one without boxes),
@@ -214,6 +223,7 @@ class DetectionLoader(core.LabelledFace):
         ready_batches: int = 2,
         batches_per_run: int | None = None,
         training_stream: bool = True,
+        feed_process: bool = False,
     ) -> None:
         core.check_count("batch_size", batch_size, 1)
         if not isinstance(transforms, Compose):
@@ -226,6 +236,8 @@ class DetectionLoader(core.LabelledFace):
         core.check_count("ready_batches", ready_batches, 0)
         if not isinstance(training_stream, bool):
             raise TypeError(f"training_stream must be True or False, got {training_stream!r}")
+        if not isinstance(feed_process, bool):
+            raise TypeError(f"feed_process must be True or False, got {feed_process!r}")
         batches_per_run = core.check_count("batches_per_run", batches_per_run, 1, none_ok=True)
         self.targets, self.max_boxes, self.ready_batches = targets, max_boxes, int(ready_batches)
         self.training_stream = training_stream
@@ -245,7 +257,7 @@ class DetectionLoader(core.LabelledFace):
         self.fields = self.planner.fields  # the names each target carries, in order
         self.on_error = on_error
         self.num_workers = core.planning_workers("num_workers", num_workers, self.device_id)
-        self._pool = PlanPool(self.planner, self.num_workers) if self.num_workers else None
+        self._pool = PlanPool(self.planner, self.num_workers) if self.num_workers and not feed_process else None
         if self._pool is not None:
             self._pool.deferred = []  # said by _record, in the caller's thread
         num_threads = core.pipeline_threads(num_threads, self.num_workers)  # None: the CPUs the workers leave
@@ -260,7 +272,24 @@ class DetectionLoader(core.LabelledFace):
                                    hw_decoder_load=self.hw_decoder_load)
         self._depth = max(1, int(prefetch_queue_depth))
         self._batch_bytes: int | None = None  # the most image bytes a worker's plan carried (None: none seen)
-        self.pipeline = core.build(self)
+        self._process: ProcessFeed | None = None  # feed_process: the child that makes the batches
+        self._process_spec: tuple | None = None  # what starts it (again after close())
+        if feed_process:
+            self.pipeline = None
+            self._process_spec = (
+                DetectionLoader, (source, transforms, self.batch_size),
+                dict(device=device, device_id=self.device_id, num_threads=num_threads,
+                     hw_decoder_load=self.hw_decoder_load, shuffle=self.shuffle, drop_last=self.drop_last,
+                     seed=self.seed, shard_id=shard_id, num_shards=num_shards,
+                     prefetch_queue_depth=prefetch_queue_depth, num_workers=self.num_workers, on_error=on_error,
+                     label_map=label_map, num_classes=num_classes,
+                     targets="concat" if targets in ("dict", "tv_tensors") else targets, fields=fields,
+                     max_boxes=max_boxes, ready_batches=self.ready_batches, batches_per_run=self.batches_per_run,
+                     training_stream=False),
+                -(-max(1, self.ready_batches) // JOB_BATCHES), self.device)
+            self._process = ProcessFeed(*self._process_spec)  # now: the child's errors are raised here
+        else:
+            self.pipeline = core.build(self)
         self._broken = False  # the pipeline failed while batches nobody wanted were dropped
         if len(self) == 0:
             warnings.warn(
@@ -340,6 +369,9 @@ class DetectionLoader(core.LabelledFace):
         kept for the next iteration (:func:`detaug.loader_core.take_feed`), so no epoch starts
         with an empty queue."""
         steps = len(self)
+        if self._process is not None:
+            yield from self._consume_process(epoch, start)
+            return
         if not self.ready_batches:
             yield from self._consume_inline(epoch, start)
             return
@@ -413,6 +445,41 @@ class DetectionLoader(core.LabelledFace):
             loop_stream.exit()
             made.close()
 
+    def _consume_process(self, epoch: int, start: int) -> Iterator[tuple[Any, Any]]:
+        """:meth:`_consume` with the batches made in the child process (``feed_process``)."""
+        if self._process is None:  # closed before
+            self._process = ProcessFeed(*self._process_spec)
+        feed, steps, form = self._process, len(self), "dict" if self.targets == "tv_tensors" else self.targets
+        loop_stream = LoopStream(self.device, self.training_stream)
+        completed, last = False, None
+        try:
+            loop_stream.enter()  # before the first take: the child's copies are waited for on the loop's stream
+            step = start
+            while step < steps:
+                for made_step, findings, deferred, images, targets, counts, image_ids in feed.take(
+                        epoch, step, steps, self.feed_stats):
+                    assert made_step == step, (made_step, step)
+                    if form == "dict":
+                        targets = _dicts_from_concat(images, targets, counts, image_ids)
+                        if self.targets == "tv_tensors":
+                            images, targets = _as_tv_tensors(images, targets)
+                    for message in deferred:
+                        warnings.warn(message, RuntimeWarning, stacklevel=3)
+                    self._record(findings)
+                    self._step = step = made_step + 1
+                    last = (images, targets)
+                    yield last
+                    feed.hold(last)  # the loop body has queued its work on them: freed once it ran
+                    last = None
+            self._epoch, self._step, self._abandoned = epoch + 1, 0, False
+            completed = True
+        finally:
+            if last is not None:  # left after a yield (a break): the caller's work on it is queued
+                feed.hold(last)
+            loop_stream.exit()
+            if not completed:
+                feed.drop_ahead()
+
     def _close_current(self) -> None:
         if self._current is not None:
             current, self._current = self._current, None
@@ -470,6 +537,9 @@ class DetectionLoader(core.LabelledFace):
         iteration starts them again. Also done when the loader is collected."""
         self._close_current()
         core.take_feed(self, (-1, -1))  # stops a feed kept for the next epoch
+        if self._process is not None:
+            self._process.close()
+            self._process = None
         if self.pipeline is not None and not self._broken:
             core.discard_carry(self)
         self._carry = None
@@ -494,6 +564,23 @@ def _tensors_of(images: Any, targets: Any) -> list[torch.Tensor]:
     if isinstance(first, dict) and isinstance(first.get("boxes"), torch.Tensor):
         tensors.append(first["boxes"])
     return tensors
+
+
+def _dicts_from_concat(images: Any, concat: dict[str, torch.Tensor], counts: list[int],
+                       image_ids: list[int]) -> list[Target]:
+    """The ``"dict"`` targets of a batch from its ``"concat"`` ones: each per-box column split
+    into per-image views (masks cut to their image's size, as :meth:`DetectionLoader._run_to_torch`
+    does)."""
+    names = [name for name in concat if name not in ("batch_index", "num_boxes", "image_id")]
+    split = {name: torch.split(concat[name], counts) for name in names}
+    targets = [{"boxes": box, "labels": lab, "image_id": i} for box, lab, i in zip(split["boxes"], split["labels"], image_ids)]
+    for name in names[2:]:
+        for target, value in zip(targets, split[name]):
+            target[name] = value
+    if MASKS in concat:
+        for target, image in zip(targets, images):
+            target[MASKS] = target[MASKS][:, :image.shape[-2], :image.shape[-1]]
+    return targets
 
 
 def _tv_tensors() -> Any:

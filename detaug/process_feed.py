@@ -1,0 +1,228 @@
+"""A loader's batches made in a process of its own (``DetectionLoader(feed_process=True)``).
+
+In the training process a loader's feed (feeding DALI, collecting its outputs, building the
+targets) is Python that shares the interpreter lock with the training thread; a fast model whose
+host work paces its step loses that time (docs/loader.md, "Feeding a fast model"). Here the
+whole loader - its DALI pipeline, planning workers and feed - runs in one spawned process (a
+:func:`detaug.workers.start_pool` pool of one worker: parent-death signal, ``SIGINT`` left to
+the parent, the main script not imported), and its batches reach the trainer through PyTorch's
+own inter-process sharing (``torch.multiprocessing``: CUDA IPC on the GPU, shared memory on the
+CPU), with the producer's event waited for on the caller's stream.
+
+On a GPU the two processes' kernels share the GPU the way two processes do: without NVIDIA's
+Multi-Process Service (MPS) they take turns in time slices, which can cost a GPU-bound model
+more than the feed's interpreter time saves; under MPS they run side by side. Measured with the
+bench's fast detector at batch 64, per-image dicts, side by side under MPS
+(docs/notes/2026-11-benchmark-log.md, 2026-11-28): 0.89 and 0.92x of the model's ceiling against
+0.79 and 0.85x for the loader in the training process on an H100, 0.79 and 0.82x against 0.72
+and 0.75x on a slower H200.
+
+Memory: a batch handed out is kept (:meth:`ProcessFeed.hold`) until the caller's stream has run
+the work queued on it, since the child may reuse the memory once this process lets it go; up to
+``2 * JOB_BATCHES * depth`` batches are held, besides the jobs in flight.
+
+The child (:func:`_open`, :func:`_take`) keeps one :class:`~detaug.torch.DetectionLoader` made
+from the parent's arguments (the class is passed in: this module imports no loader) (``feed_process=False``, the targets ``"concat"`` for the per-image
+forms, which the parent splits into views, so a batch crosses as a few tensors) and hands over
+batches in order from any ``(epoch, step)`` the parent asks for. Warnings and findings are not
+said in the child: each batch carries its :class:`~detaug.planned_batch.BatchFindings` and the
+worker pool's deferred messages, which the parent records as its own loader would.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Callable
+
+import torch
+
+from detaug.workers import start_pool, stop_pool
+
+__all__ = ["ProcessFeed"]
+
+#: Batches a job of the child returns at most (one DALI run's worth is typical).
+JOB_BATCHES = 4
+
+_CHILD: dict[str, Any] = {}  # in the child: "loader", "iterator", "at" (epoch, step) of the iterator's next batch
+
+
+class ProcessFeed:
+    """The parent's side: a child process with the loader, ``depth`` jobs in flight.
+
+    Args:
+        make: the child's loader's class (:class:`~detaug.torch.DetectionLoader`), called there.
+        loader_args: ``(source, transforms, batch_size)`` of the child's loader.
+        loader_kwargs: its keyword arguments (resolved device, shard, workers, ...).
+        depth: jobs of up to :data:`JOB_BATCHES` batches the child works on ahead of the caller.
+        device: the batches' device (where the caller's stream waits for the child's copies).
+    """
+
+    def __init__(self, make: Callable[..., Any], loader_args: tuple, loader_kwargs: dict[str, Any], depth: int,
+                 device: torch.device) -> None:
+        self.device, self.depth = device, max(1, int(depth))
+        self._pool = start_pool(1, _open, (make, loader_args, loader_kwargs))
+        self._jobs: deque[tuple[tuple[int, int], Future]] = deque()  # (epoch, first step) of each job in flight
+        self._held: deque[tuple[Any, Any]] = deque()  # batches handed out, with the event that frees them
+        try:
+            self.facts: dict[str, Any] = self._pool.submit(_facts).result()  # raises what building the loader raised
+        except BaseException:
+            self.close()
+            raise
+
+    def take(self, epoch: int, step: int, steps: int, stats: Any = None) -> list[tuple]:
+        """The batches from ``(epoch, step)`` on (at least one, at most a job's), made by the
+        child: ``(step, findings, deferred, images, targets, counts, image_ids)`` each; jobs for
+        the batches after them are submitted up to ``depth`` ahead (none past ``steps``, the
+        epoch's batches). Jobs in flight for other positions are dropped. ``stats`` (a
+        :class:`~detaug.feeder.FeedStats`) counts the take and any wait for the child."""
+        while self._jobs and self._jobs[0][0] != (epoch, step):
+            self._jobs.popleft()[1].cancel()  # a stale job's batches are freed when its result is dropped
+        if not self._jobs:
+            self._jobs.append(((epoch, step), self._pool.submit(_take, epoch, step, JOB_BATCHES)))
+        (_, future) = self._jobs[0]
+        if stats is not None:
+            if not future.done():
+                started = time.perf_counter()
+                future.exception()  # waits
+                stats.not_ready += 1
+                stats.waited_s += time.perf_counter() - started
+        made = [(step_, findings, deferred, images, _unpack(*packed), counts, ids)
+                for step_, findings, deferred, images, packed, counts, ids in future.result()]
+        self._jobs.popleft()
+        if stats is not None:
+            stats.taken += len(made)
+        last = step + len(made)
+        for _ in range(self.depth - len(self._jobs)):
+            at = self._jobs[-1][0][1] + JOB_BATCHES if self._jobs else last
+            if at >= steps:
+                break
+            self._jobs.append(((epoch, at), self._pool.submit(_take, epoch, at, JOB_BATCHES)))
+        if self.device.type == "cuda":  # the pool's result thread rebuilt the tensors on the default stream
+            torch.cuda.current_stream(self.device).wait_stream(torch.cuda.default_stream(self.device))
+        return made
+
+    def hold(self, batch: Any) -> None:
+        """Keep a batch handed out until the caller's stream has run what it queued on it (the
+        child may reuse its memory as soon as the last tensor here is freed)."""
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+        self._held.append((event, batch))
+        while self._held and (len(self._held) > 2 * JOB_BATCHES * self.depth
+                              or self._held[0][0] is None or self._held[0][0].query()):
+            event, _ = self._held.popleft()
+            if event is not None:
+                event.synchronize()  # done already but for the oldest beyond the bound
+
+    def drop_ahead(self) -> None:
+        """Forget the jobs in flight (an iteration ended early)."""
+        while self._jobs:
+            self._jobs.popleft()[1].cancel()
+
+    def close(self) -> None:
+        """Stop the child (its loader and workers with it)."""
+        self.drop_ahead()
+        while self._held:
+            event, _ = self._held.popleft()
+            if event is not None:
+                event.synchronize()
+        stop_pool(self._pool, wait=True)
+
+
+def _pack(tensors: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], list[tuple]]:
+    """``tensors`` as the few allocations they view (one on a GPU: :mod:`detaug.handover`'s
+    buffer) and where each tensor lies in them: what crosses the process boundary (each tensor
+    sent on its own would cost an IPC event and a reference count of its own)."""
+    bases: list[torch.Tensor] = []
+    where: dict[int, int] = {}
+    layout = []
+    for name, tensor in tensors.items():
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key not in where:
+            where[key] = len(bases)
+            bases.append(torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage))
+        layout.append((name, where[key], tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()),
+                       tensor.storage_offset()))
+    return bases, layout
+
+
+def _unpack(bases: list[torch.Tensor], layout: list[tuple]) -> dict[str, torch.Tensor]:
+    """The tensors :func:`_pack` packed, viewing the allocations received."""
+    return {name: torch.empty(0, dtype=dtype, device=bases[k].device).set_(bases[k].untyped_storage(), offset, shape,
+                                                                          stride)
+            for name, k, dtype, shape, stride, offset in layout}
+
+
+# -- the child -------------------------------------------------------------------------------
+
+
+class _Captured:
+    """What the child's loader recorded of the batch it yields last."""
+
+    findings: Any = None
+    deferred: list[str] = []
+
+
+def _open(make: Callable[..., Any], loader_args: tuple, loader_kwargs: dict[str, Any]) -> None:
+    """The child's initializer: build the loader, ``make(*loader_args, **loader_kwargs)`` (an
+    error is kept for the first job to raise: an initializer's error would break the pool with
+    no message), its findings kept for the parent instead of warned of."""
+    warnings.simplefilter("ignore")  # the parent says what the child finds
+    try:
+        loader = make(*loader_args, **loader_kwargs)
+    except BaseException as err:  # noqa: BLE001 - raised by the first job
+        _CHILD["error"] = err
+        return
+
+    def record(findings: Any) -> None:  # instead of the loader's own, which warns
+        _Captured.findings = findings
+        deferred = loader._pool.deferred if loader._pool is not None else []
+        _Captured.deferred, deferred[:] = list(deferred), []
+
+    loader._record = record
+    _CHILD["loader"] = loader
+
+
+def _facts() -> dict[str, Any]:
+    """The child's loader's resolved settings (raises what building it raised)."""
+    if "error" in _CHILD:
+        raise _CHILD["error"]
+    loader = _CHILD["loader"]
+    return {"batches_per_run": loader.batches_per_run, "hw_decoder_load": loader.hw_decoder_load,
+            "num_workers": loader.num_workers}
+
+
+def _take(epoch: int, step: int, count: int) -> list[tuple]:
+    """Up to ``count`` batches of ``epoch`` from ``step`` on (fewer at the epoch's end)."""
+    loader = _CHILD["loader"]
+    if _CHILD.get("at") != (epoch, step):
+        iterator = _CHILD.pop("iterator", None)
+        if iterator is not None:
+            iterator.close()
+        loader.load_state_dict({"epoch": epoch, "step": step})
+        _CHILD["iterator"] = iter(loader)
+    iterator, made = _CHILD["iterator"], []
+    try:
+        for _ in range(count):
+            try:
+                images, targets = next(iterator)
+            except StopIteration:
+                break
+            counts = targets["num_boxes"].tolist()
+            image_ids = targets["image_id"].tolist()
+            made.append((loader._step - 1, _Captured.findings, _Captured.deferred, images, _pack(targets), counts,
+                         image_ids))
+    except BaseException:
+        _CHILD.pop("at", None)
+        _CHILD.pop("iterator", None)
+        raise
+    _CHILD["at"] = (epoch, step + len(made))
+    if made and made[-1][0] == len(loader) - 1:  # the epoch's last batch: end the iteration, which
+        next(iterator, None)  # keeps the loader's feed running into the next epoch
+        _CHILD["at"], _CHILD["iterator"] = (epoch + 1, 0), iter(loader)
+    return made

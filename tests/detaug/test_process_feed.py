@@ -1,0 +1,111 @@
+"""Batches made in a process of its own (``DetectionLoader(feed_process=True)``,
+detaug.process_feed): the same batches, targets, epochs, resumes, findings and errors as the
+loader in the caller's process; real DALI CPU pipelines in a real child process (on a GPU with
+``DETAUG_TEST_DEVICE=gpu``, through CUDA IPC)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+from detaug import DataWarning, ImageError
+from detaug.sources import Sample, SampleListSource
+from detaug.torch import DetectionLoader
+from tests.detaug.consistency import scene_samples
+from tests.detaug.test_bad_images import RECIPE as BAD_RECIPE
+from tests.detaug.test_bad_images import good_jpeg, header_fine_body_broken
+from tests.detaug.test_pipeline_runs import RECIPES, SAME_DECODER, _epochs, _equal
+
+DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")  # DETAUG_TEST_DEVICE=gpu: the same tests on a GPU
+
+
+@pytest.fixture(scope="module")
+def samples():
+    return scene_samples(23, size=(96, 80), max_objects=4, min_size=12)[0]
+
+
+def _loader(source, recipe, *, feed_process, **kwargs):
+    return DetectionLoader(source, recipe, 4, device=DEVICE, shuffle=True, seed=3, hw_decoder_load=SAME_DECODER,
+                           feed_process=feed_process, **kwargs)
+
+
+@pytest.mark.parametrize("recipe", ["crop-flip-resize", "ragged"])
+@pytest.mark.parametrize("targets", ["dict", "padded", "concat"])
+def test_a_child_process_yields_what_the_loader_in_this_process_does(samples, recipe, targets):
+    """Two shuffled epochs of 6 batches (the last of 3): ids, images and every target tensor
+    equal, in every form, for stacked images and for lists of images."""
+    source = SampleListSource(samples)
+    here = _loader(source, RECIPES[recipe], feed_process=False, targets=targets)
+    expected = _epochs(here)
+    here.close()
+    child = _loader(source, RECIPES[recipe], feed_process=True, targets=targets)
+    try:
+        assert child.pipeline is None and child._process is not None
+        made = _epochs(child)
+        assert [ids for ids, *_ in made] == [ids for ids, *_ in expected]
+        assert len(made) == 12 and child.epoch == 2
+        for (_, images, tg), (_, images1, tg1) in zip(made, expected):
+            assert _equal(images, images1) and _equal(tg, tg1)
+        assert child.feed_stats.taken >= 1
+    finally:
+        child.close()
+
+
+def test_a_break_then_resume_from_a_state_gives_the_unbroken_batches(samples):
+    """Stopped after 2 batches, saved, resumed by a new loader: the batches an unbroken run
+    yields; a loader iterated again after close() starts a new child."""
+    source = SampleListSource(samples)
+    whole = _epochs(_loader(source, RECIPES["crop-flip-resize"], feed_process=False), epochs=3)
+    loader = _loader(source, RECIPES["crop-flip-resize"], feed_process=True)
+    it = iter(loader)
+    first = [next(it), next(it)]
+    state = loader.state_dict()
+    it.close()
+    loader.close()
+    assert [t["image_id"] for t in first[1][1]] == whole[1][0]
+    resumed = _loader(source, RECIPES["crop-flip-resize"], feed_process=True)
+    resumed.load_state_dict(state)
+    rest = _epochs(resumed, epochs=1)
+    assert [ids for ids, *_ in rest] == [ids for ids, *_ in whole[2:6]]
+    again = _epochs(resumed, epochs=1)  # the next epoch, after the resumed one
+    assert [ids for ids, *_ in again] == [ids for ids, *_ in whole[6:12]]
+    resumed.close()
+    assert [ids for ids, *_ in _epochs(resumed, epochs=1)] == [ids for ids, *_ in whole[12:]]  # a new child: epoch 2
+    resumed.close()
+
+
+def test_a_bad_image_is_skipped_and_warned_of_in_the_callers_process(tmp_path):
+    """The child's findings are the parent's: one DataWarning naming the file, ``skipped``
+    filled; with ``on_error="raise"`` the ImageError reaches the caller."""
+    good = [good_jpeg(tmp_path / f"good{i}.jpg") for i in range(5)]
+    bad = header_fine_body_broken(tmp_path / "broken.jpg")
+    samples = [Sample(str(p), [[4, 4, 20, 20]], [1], image_id=i) for i, p in enumerate([*good[:2], bad, *good[2:]])]
+    source = SampleListSource(samples)
+    loader = DetectionLoader(source, BAD_RECIPE, 3, device=DEVICE, feed_process=True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ids = [t["image_id"] for _, targets in loader for t in targets]
+        said = [w for w in caught if issubclass(w.category, DataWarning)]
+        assert len(said) == 1 and "broken.jpg" in str(said[0].message) and "image_id 2" in str(said[0].message)
+        assert 2 not in ids and len(ids) == 6
+        assert [s["image_id"] for s in loader.skipped] == [2]
+    finally:
+        loader.close()
+    strict = DetectionLoader(source, BAD_RECIPE, 3, device=DEVICE, feed_process=True, on_error="raise")
+    try:
+        with pytest.raises(ImageError, match="broken.jpg"):
+            for _ in strict:
+                pass
+    finally:
+        strict.close()
+
+
+def test_the_childs_errors_when_built_are_raised_here_and_the_flag_is_checked(samples):
+    source = SampleListSource(samples)
+    with pytest.raises(TypeError, match="feed_process must be True or False, got 1"):
+        DetectionLoader(source, RECIPES["ragged"], 4, device=DEVICE, feed_process=1)
+    with pytest.raises(ValueError, match="num_classes"):  # checked in this process, before any child
+        DetectionLoader(source, RECIPES["ragged"], 4, device=DEVICE, feed_process=True, num_classes=1)
