@@ -66,11 +66,25 @@ class ProcessFeed:
         self._pool = start_pool(1, _open, (make, loader_args, loader_kwargs))
         self._jobs: deque[tuple[tuple[int, int], Future]] = deque()  # (epoch, first step) of each job in flight
         self._held: deque[tuple[Any, Any]] = deque()  # batches handed out, with the event that frees them
+        self.pid: int = next(iter(self._pool._processes))  # start_pool started it
         try:
             self.facts: dict[str, Any] = self._pool.submit(_facts).result()  # raises what building the loader raised
         except BaseException:
             self.close()
             raise
+
+    def ended(self) -> str:
+        """How the child ended, for messages: ``"(pid 123) was killed by signal 9"``."""
+        process = next((p for p in getattr(self._pool, "_detaug_state").processes if p.pid == self.pid), None)
+        code = None
+        for _ in range(100):  # the pool's manager thread may be reaping it: its status shows up there
+            code = None if process is None else process.exitcode
+            if code is not None or process is None:
+                break
+            time.sleep(0.01)
+        if code is None:
+            return f"(pid {self.pid}) stopped answering"
+        return f"(pid {self.pid}) was killed by signal {-code}" if code < 0 else f"(pid {self.pid}) exited with status {code}"
 
     def take(self, epoch: int, step: int, steps: int, stats: Any = None) -> list[tuple]:
         """The batches from ``(epoch, step)`` on (at least one, at most a job's), made by the

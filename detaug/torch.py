@@ -7,6 +7,7 @@ import os
 import warnings
 import weakref
 from collections import deque
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Iterator
 
 import torch
@@ -144,7 +145,8 @@ class DetectionLoader(core.LabelledFace):
             its batches reach this process through ``torch.multiprocessing``'s sharing (CUDA IPC
             on the GPU), so the feed's Python never takes the interpreter lock from the training
             thread (:mod:`detaug.process_feed`). The same batches, targets, epochs, findings and
-            warnings. On a GPU run it under NVIDIA's Multi-Process Service (MPS): without it the
+            warnings; a child that dies (killed, out of memory) is replaced, with a
+            ``RuntimeWarning``, and the epoch goes on from the batch it had reached. On a GPU run it under NVIDIA's Multi-Process Service (MPS): without it the
             two processes' kernels take turns on the GPU and a GPU-bound model trains slower than
             with the feed in its process (docs/loader.md, "Feeding a fast model").
         num_classes: the model's ``num_classes`` (torchvision's, counting the background); when
@@ -456,8 +458,16 @@ class DetectionLoader(core.LabelledFace):
             loop_stream.enter()  # before the first take: the child's copies are waited for on the loop's stream
             step = start
             while step < steps:
-                for made_step, findings, deferred, images, targets, counts, image_ids in feed.take(
-                        epoch, step, steps, self.feed_stats):
+                try:
+                    made = feed.take(epoch, step, steps, self.feed_stats)
+                except BrokenProcessPool:  # the child died (killed, out of memory): a new one goes on from here
+                    why = feed.ended()
+                    feed.close()
+                    self._process = feed = ProcessFeed(*self._process_spec)
+                    warnings.warn(f"the loader's process {why}; a new one (pid {feed.pid}) goes on from batch {step} "
+                                  f"of epoch {epoch}", RuntimeWarning, stacklevel=3)
+                    made = feed.take(epoch, step, steps, self.feed_stats)
+                for made_step, findings, deferred, images, targets, counts, image_ids in made:
                     assert made_step == step, (made_step, step)
                     if form == "dict":
                         targets = _dicts_from_concat(images, targets, counts, image_ids)

@@ -6,6 +6,7 @@ loader in the caller's process; real DALI CPU pipelines in a real child process 
 from __future__ import annotations
 
 import os
+import signal
 import warnings
 
 import pytest
@@ -109,3 +110,21 @@ def test_the_childs_errors_when_built_are_raised_here_and_the_flag_is_checked(sa
         DetectionLoader(source, RECIPES["ragged"], 4, device=DEVICE, feed_process=1)
     with pytest.raises(ValueError, match="num_classes"):  # checked in this process, before any child
         DetectionLoader(source, RECIPES["ragged"], 4, device=DEVICE, feed_process=True, num_classes=1)
+
+
+def test_a_killed_child_is_replaced_and_the_epoch_goes_on_with_the_same_batches(samples):
+    """SIGKILL to the child before the first batch is asked for: a RuntimeWarning names its pid
+    and the signal, and a new child yields the epoch as an unbroken run does."""
+    source = SampleListSource(samples)
+    whole = _epochs(_loader(source, RECIPES["ragged"], feed_process=False), epochs=1)
+    loader = _loader(source, RECIPES["ragged"], feed_process=True)
+    try:
+        pid = loader._process.pid
+        os.kill(pid, signal.SIGKILL)
+        with pytest.warns(RuntimeWarning, match=rf"the loader's process \(pid {pid}\) was killed by signal 9; a new one "
+                                                r"\(pid \d+\) goes on from batch 0 of epoch 0"):
+            made = [[t["image_id"] for t in targets] for _, targets in loader]
+        assert loader._process.pid != pid
+        assert made == [ids for ids, *_ in whole] and loader.epoch == 1
+    finally:
+        loader.close()
