@@ -21,10 +21,11 @@ Memory: a batch handed out is kept (:meth:`ProcessFeed.hold`) until the caller's
 the work queued on it, since the child may reuse the memory once this process lets it go; up to
 ``2 * JOB_BATCHES * depth`` batches are held, besides the jobs in flight.
 
-The child (:func:`_open`, :func:`_take`) keeps one :class:`~detaug.torch.DetectionLoader` made
-from the parent's arguments (the class is passed in: this module imports no loader) (``feed_process=False``, the targets ``"concat"`` for the per-image
-forms, which the parent splits into views, so a batch crosses as a few tensors) and hands over
-batches in order from any ``(epoch, step)`` the parent asks for. Warnings and findings are not
+The child (:func:`_open`, :func:`_take`) keeps one :class:`~detaug.torch.DetectionLoader`
+(the class is passed in: this module imports no loader) made from the parent's arguments, with
+``feed_process=False`` and the targets ``"concat"`` for the per-image forms, which the parent
+splits into views; a batch crosses as its images and the one allocation its targets view
+(:func:`_pack`). It hands over batches in order from any ``(epoch, step)`` the parent asks for. Warnings and findings are not
 said in the child: each batch carries its :class:`~detaug.planned_batch.BatchFindings` and the
 worker pool's deferred messages, which the parent records as its own loader would.
 """
