@@ -36,6 +36,7 @@ import time
 import warnings
 from collections import deque
 from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
 
 import torch
@@ -70,6 +71,10 @@ class ProcessFeed:
         self.pid: int = next(iter(self._pool._processes))  # start_pool started it
         try:
             self.facts: dict[str, Any] = self._pool.submit(_facts).result()  # raises what building the loader raised
+        except BrokenProcessPool as err:
+            why = self.ended()
+            self.close()
+            raise RuntimeError(f"the loader's process {why} while it built its loader") from err
         except BaseException:
             self.close()
             raise

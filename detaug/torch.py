@@ -466,7 +466,11 @@ class DetectionLoader(core.LabelledFace):
                     self._process = feed = ProcessFeed(*self._process_spec)
                     warnings.warn(f"the loader's process {why}; a new one (pid {feed.pid}) goes on from batch {step} "
                                   f"of epoch {epoch}", RuntimeWarning, stacklevel=3)
-                    made = feed.take(epoch, step, steps, self.feed_stats)
+                    try:
+                        made = feed.take(epoch, step, steps, self.feed_stats)
+                    except BrokenProcessPool as err:  # again at once: not a passing accident
+                        raise RuntimeError(f"the loader's process {why}; its replacement {feed.ended()} too, at "
+                                           f"batch {step} of epoch {epoch}") from err
                 for made_step, findings, deferred, images, targets, counts, image_ids in made:
                     assert made_step == step, (made_step, step)
                     if form == "dict":

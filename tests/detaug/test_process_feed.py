@@ -128,3 +128,21 @@ def test_a_killed_child_is_replaced_and_the_epoch_goes_on_with_the_same_batches(
         assert made == [ids for ids, *_ in whole] and loader.epoch == 1
     finally:
         loader.close()
+
+
+class _ExitsInAChild(SampleListSource):
+    """A source that ends any process but the one that made it when it is unpickled there."""
+
+    def __getstate__(self):
+        return {**self.__dict__, "_maker": os.getpid()}
+
+    def __setstate__(self, state):
+        if state["_maker"] != os.getpid():
+            os._exit(3)
+        self.__dict__.update(state)
+
+
+def test_a_child_that_dies_while_building_its_loader_is_named(samples):
+    with pytest.raises(RuntimeError, match=r"the loader's process \(pid \d+\) exited with status 3 while it built its "
+                                           r"loader"):
+        DetectionLoader(_ExitsInAChild(samples), RECIPES["ragged"], 4, device=DEVICE, feed_process=True)
