@@ -68,6 +68,7 @@ class ProcessFeed:
         self._pool = start_pool(1, _open, (make, loader_args, loader_kwargs))
         self._jobs: deque[tuple[tuple[int, int], Future]] = deque()  # (epoch, first step) of each job in flight
         self._held: deque[tuple[Any, Any]] = deque()  # batches handed out, with the event that frees them
+        self._failed: tuple[tuple[int, int], BaseException] | None = None  # where a job's error is raised
         self.pid: int = next(iter(self._pool._processes))  # start_pool started it
         try:
             self.facts: dict[str, Any] = self._pool.submit(_facts).result()  # raises what building the loader raised
@@ -98,6 +99,9 @@ class ProcessFeed:
         the batches after them are submitted up to ``depth`` ahead (none past ``steps``, the
         epoch's batches). Jobs in flight for other positions are dropped. ``stats`` (a
         :class:`~detaug.feeder.FeedStats`) counts the take and any wait for the child."""
+        if self._failed is not None and self._failed[0] == (epoch, step):  # the batch after a job's last one
+            failed, self._failed = self._failed[1], None
+            raise failed
         while self._jobs and self._jobs[0][0] != (epoch, step):
             self._jobs.popleft()[1].cancel()  # a stale job's batches are freed when its result is dropped
         if not self._jobs:
@@ -109,9 +113,15 @@ class ProcessFeed:
                 future.exception()  # waits
                 stats.not_ready += 1
                 stats.waited_s += time.perf_counter() - started
+        batches, failed = future.result()
         made = [(step_, findings, deferred, images, _unpack(*packed), counts, ids)
-                for step_, findings, deferred, images, packed, counts, ids in future.result()]
+                for step_, findings, deferred, images, packed, counts, ids in batches]
         self._jobs.popleft()
+        if failed is not None:  # raised when the batch it failed on is asked for, after those before it
+            self.drop_ahead()
+            self._failed = ((epoch, step + len(made)), failed)
+            if not made:
+                return self.take(epoch, step, steps, stats)
         if stats is not None:
             stats.taken += len(made)
         last = step + len(made)
@@ -139,7 +149,8 @@ class ProcessFeed:
                 event.synchronize()  # done already but for the oldest beyond the bound
 
     def drop_ahead(self) -> None:
-        """Forget the jobs in flight (an iteration ended early)."""
+        """Forget the jobs in flight and an error not raised yet (an iteration ended early)."""
+        self._failed = None
         while self._jobs:
             self._jobs.popleft()[1].cancel()
 
@@ -217,8 +228,10 @@ def _facts() -> dict[str, Any]:
             "num_workers": loader.num_workers}
 
 
-def _take(epoch: int, step: int, count: int) -> list[tuple]:
-    """Up to ``count`` batches of ``epoch`` from ``step`` on (fewer at the epoch's end)."""
+def _take(epoch: int, step: int, count: int) -> tuple[list[tuple], BaseException | None]:
+    """Up to ``count`` batches of ``epoch`` from ``step`` on (fewer at the epoch's end), and the
+    error that ended them early (``None``): the batches before a failed one are handed out first,
+    as the loader in the caller's process does."""
     loader = _CHILD["loader"]
     if _CHILD.get("at") != (epoch, step):
         iterator = _CHILD.pop("iterator", None)
@@ -237,12 +250,12 @@ def _take(epoch: int, step: int, count: int) -> list[tuple]:
             image_ids = targets["image_id"].tolist()
             made.append((loader._step - 1, _Captured.findings, _Captured.deferred, images, _pack(targets), counts,
                          image_ids))
-    except BaseException:
+    except Exception as err:  # noqa: BLE001 - the parent raises it after the batches before it
         _CHILD.pop("at", None)
         _CHILD.pop("iterator", None)
-        raise
+        return made, err
     _CHILD["at"] = (epoch, step + len(made))
     if made and made[-1][0] == len(loader) - 1:  # the epoch's last batch: end the iteration, which
         next(iterator, None)  # keeps the loader's feed running into the next epoch
         _CHILD["at"], _CHILD["iterator"] = (epoch + 1, 0), iter(loader)
-    return made
+    return made, None

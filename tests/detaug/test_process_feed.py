@@ -9,6 +9,7 @@ import os
 import signal
 import warnings
 
+import numpy as np
 import pytest
 
 from detaug import DataWarning, ImageError
@@ -102,6 +103,25 @@ def test_a_bad_image_is_skipped_and_warned_of_in_the_callers_process(tmp_path):
                 pass
     finally:
         strict.close()
+
+
+def test_an_error_in_a_batch_comes_after_the_batches_before_it():
+    """As in the caller's process (tests/detaug/test_pipeline_runs.py): the batch before the one
+    that cannot be handed over comes out, then the error naming the image, though the child made
+    them in one job."""
+    image = np.full((48, 64, 3), 114, np.uint8)
+    samples = [Sample(image, [[4, 4, 20, 20]], [1], image_id=i + 1) for i in range(12)]
+    samples[5] = Sample(image, [[4, 4, 20, 20], [30, 4, 50, 20], [4, 24, 20, 40]], [1, 1, 1], image_id=6)
+    loader = DetectionLoader(SampleListSource(samples), BAD_RECIPE, 4, device=DEVICE, targets="padded", max_boxes=2,
+                             feed_process=True)
+    got = []
+    try:
+        with pytest.raises(ValueError, match="image 6 has 3 boxes, more than max_boxes=2"):
+            for _, targets in loader:
+                got.append(targets["image_id"].tolist())
+        assert got == [[1, 2, 3, 4]]
+    finally:
+        loader.close()
 
 
 def test_the_childs_errors_when_built_are_raised_here_and_the_flag_is_checked(samples):
