@@ -146,9 +146,10 @@ class DetectionLoader(core.LabelledFace):
             on the GPU), so the feed's Python never takes the interpreter lock from the training
             thread (:mod:`detaug.process_feed`). The same batches, targets, epochs, findings and
             warnings; a child that dies (killed, out of memory) is replaced, with a
-            ``RuntimeWarning``, and the epoch goes on from the batch it had reached. On a GPU run it under NVIDIA's Multi-Process Service (MPS): without it the
-            two processes' kernels take turns on the GPU and a GPU-bound model trains slower than
-            with the feed in its process (docs/loader.md, "Feeding a fast model").
+            ``RuntimeWarning``, and the epoch goes on from the batch it had reached. On a GPU run
+            it under NVIDIA's Multi-Process Service (MPS): without it the two processes' kernels
+            take turns on the GPU and a GPU-bound model trains slower than with the feed in its
+            process (docs/loader.md, "Feeding a fast model").
         num_classes: the model's ``num_classes`` (torchvision's, counting the background); when
             given, the loader checks when it is built that every class index fits, ``1 <=
             label < num_classes``, for every category of the source (also one without boxes),
@@ -371,7 +372,7 @@ class DetectionLoader(core.LabelledFace):
         kept for the next iteration (:func:`detaug.loader_core.take_feed`), so no epoch starts
         with an empty queue."""
         steps = len(self)
-        if self._process is not None:
+        if self._process_spec is not None:  # feed_process (a child started again after close())
             yield from self._consume_process(epoch, start)
             return
         if not self.ready_batches:

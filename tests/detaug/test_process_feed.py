@@ -74,7 +74,9 @@ def test_a_break_then_resume_from_a_state_gives_the_unbroken_batches(samples):
     again = _epochs(resumed, epochs=1)  # the next epoch, after the resumed one
     assert [ids for ids, *_ in again] == [ids for ids, *_ in whole[6:12]]
     resumed.close()
-    assert [ids for ids, *_ in _epochs(resumed, epochs=1)] == [ids for ids, *_ in whole[12:]]  # a new child: epoch 2
+    assert resumed._process is None
+    assert [ids for ids, *_ in _epochs(resumed, epochs=1)] == [ids for ids, *_ in whole[12:]]  # epoch 2
+    assert resumed._process is not None and resumed.pipeline is None  # made by a new child, not here
     resumed.close()
 
 
