@@ -179,16 +179,21 @@ def test_join_run_moves_batch_mates_to_their_places_in_the_run(samples):
     loader.close()
 
 
+def over_max_boxes() -> list[Sample]:
+    """12 samples of one box each but image 6 (the second batch of 4), with 3: over ``max_boxes=2``."""
+    image = np.full((48, 64, 3), 114, np.uint8)
+    samples = [Sample(image, [[4, 4, 20, 20]], [1], image_id=i + 1) for i in range(12)]
+    samples[5] = Sample(image, [[4, 4, 20, 20], [30, 4, 50, 20], [4, 24, 20, 40]], [1, 1, 1], image_id=6)
+    return samples
+
+
 @pytest.mark.parametrize("per_run", [1, 3])
 def test_an_error_in_a_runs_batch_comes_after_the_batches_before_it(per_run):
     """A batch that cannot be handed over (an image with more boxes than ``max_boxes``), the
     second of its run: the batch before it comes out, then the error naming the image, as with
     runs of one batch."""
-    image = np.full((48, 64, 3), 114, np.uint8)
-    samples = [Sample(image, [[4, 4, 20, 20]], [1], image_id=i + 1) for i in range(12)]
-    samples[5] = Sample(image, [[4, 4, 20, 20], [30, 4, 50, 20], [4, 24, 20, 40]], [1, 1, 1], image_id=6)
-    loader = DetectionLoader(SampleListSource(samples), BAD_RECIPE, 4, device=DEVICE, targets="padded", max_boxes=2,
-                             batches_per_run=per_run)
+    loader = DetectionLoader(SampleListSource(over_max_boxes()), BAD_RECIPE, 4, device=DEVICE, targets="padded",
+                             max_boxes=2, batches_per_run=per_run)
     got = []
     with pytest.raises(ValueError, match="image 6 has 3 boxes, more than max_boxes=2"):
         for _, targets in loader:

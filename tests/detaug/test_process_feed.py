@@ -9,7 +9,6 @@ import os
 import signal
 import warnings
 
-import numpy as np
 import pytest
 
 from detaug import DataWarning, ImageError
@@ -18,7 +17,7 @@ from detaug.torch import DetectionLoader
 from tests.detaug.consistency import scene_samples
 from tests.detaug.test_bad_images import RECIPE as BAD_RECIPE
 from tests.detaug.test_bad_images import good_jpeg, header_fine_body_broken
-from tests.detaug.test_pipeline_runs import RECIPES, SAME_DECODER, _epochs, _equal
+from tests.detaug.test_pipeline_runs import RECIPES, SAME_DECODER, _epochs, _equal, over_max_boxes
 
 DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")  # DETAUG_TEST_DEVICE=gpu: the same tests on a GPU
 
@@ -111,11 +110,8 @@ def test_an_error_in_a_batch_comes_after_the_batches_before_it():
     """As in the caller's process (tests/detaug/test_pipeline_runs.py): the batch before the one
     that cannot be handed over comes out, then the error naming the image, though the child made
     them in one job."""
-    image = np.full((48, 64, 3), 114, np.uint8)
-    samples = [Sample(image, [[4, 4, 20, 20]], [1], image_id=i + 1) for i in range(12)]
-    samples[5] = Sample(image, [[4, 4, 20, 20], [30, 4, 50, 20], [4, 24, 20, 40]], [1, 1, 1], image_id=6)
-    loader = DetectionLoader(SampleListSource(samples), BAD_RECIPE, 4, device=DEVICE, targets="padded", max_boxes=2,
-                             feed_process=True)
+    loader = DetectionLoader(SampleListSource(over_max_boxes()), BAD_RECIPE, 4, device=DEVICE, targets="padded",
+                             max_boxes=2, feed_process=True)
     got = []
     try:
         with pytest.raises(ValueError, match="image 6 has 3 boxes, more than max_boxes=2"):
