@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 __all__ = ["PAD_VALUE", "TARGET_FORMS", "HostTargets", "build_targets", "columns_to_device", "dali_images_to_torch",
-           "host_targets", "targets_to_device"]
+           "host_targets", "image_dicts", "targets_to_device"]
 
 #: The forms of :func:`build_targets` (``DetectionLoader(targets=...)``, besides ``"tv_tensors"``).
 TARGET_FORMS = ("dict", "padded", "concat")
@@ -185,14 +185,21 @@ def targets_to_device(batches: Sequence[HostTargets],
     for k, b in enumerate(batches):
         mine = {name: split[name][first : first + len(b.counts)] for name in joined}
         mine.update((name, torch.split(on_device[f"{k}/{name}"], b.counts.tolist())) for name in names if name not in joined)
-        targets = [{"boxes": box, "labels": lab, "image_id": i}
-                   for box, lab, i in zip(mine["boxes"], mine["labels"], b.image_ids.tolist())]
-        for name in names[2:]:
-            for target, value in zip(targets, mine[name]):
-                target[name] = value
-        out.append(targets)
+        out.append(image_dicts({name: mine[name] for name in names}, b.image_ids.tolist()))
         first += len(b.counts)
     return out
+
+
+def image_dicts(columns: dict[str, Sequence[torch.Tensor]], image_ids: list[int]) -> list[dict[str, Any]]:
+    """The ``"dict"`` form from each per-box column already split per image (``columns``:
+    ``boxes``, ``labels``, then the fields, in order): ``{"boxes", "labels", "image_id": int,
+    **fields}`` per image."""
+    targets = [{"boxes": box, "labels": lab, "image_id": i}
+               for box, lab, i in zip(columns["boxes"], columns["labels"], image_ids)]
+    for name in list(columns)[2:]:
+        for target, value in zip(targets, columns[name]):
+            target[name] = value
+    return targets
 
 
 def build_targets(

@@ -48,7 +48,10 @@ __all__ = ["ProcessFeed"]
 #: Batches a job of the child returns at most (one DALI run's worth is typical).
 JOB_BATCHES = 4
 
-_CHILD: dict[str, Any] = {}  # in the child: "loader", "iterator", "at" (epoch, step) of the iterator's next batch
+#: The child's state: "loader" (or "error", what building it raised), "iterator", "at" (epoch, step)
+#: of the iterator's next batch, and what the loader recorded of the batch it yielded last
+#: ("findings", "deferred": the worker pool's messages).
+_CHILD: dict[str, Any] = {}
 
 
 class ProcessFeed:
@@ -71,7 +74,7 @@ class ProcessFeed:
         self._failed: tuple[tuple[int, int], BaseException] | None = None  # where a job's error is raised
         self.pid: int = next(iter(self._pool._processes))  # start_pool started it
         try:
-            self.facts: dict[str, Any] = self._pool.submit(_facts).result()  # raises what building the loader raised
+            self._pool.submit(_built).result()  # raises what building the loader raised
         except BrokenProcessPool as err:
             why = self.ended()
             self.close()
@@ -192,13 +195,6 @@ def _unpack(bases: list[torch.Tensor], layout: list[tuple]) -> dict[str, torch.T
 # -- the child -------------------------------------------------------------------------------
 
 
-class _Captured:
-    """What the child's loader recorded of the batch it yields last."""
-
-    findings: Any = None
-    deferred: list[str] = []
-
-
 def _open(make: Callable[..., Any], loader_args: tuple, loader_kwargs: dict[str, Any]) -> None:
     """The child's initializer: build the loader, ``make(*loader_args, **loader_kwargs)`` (an
     error is kept for the first job to raise: an initializer's error would break the pool with
@@ -211,21 +207,17 @@ def _open(make: Callable[..., Any], loader_args: tuple, loader_kwargs: dict[str,
         return
 
     def record(findings: Any) -> None:  # instead of the loader's own, which warns
-        _Captured.findings = findings
         deferred = loader._pool.deferred if loader._pool is not None else []
-        _Captured.deferred, deferred[:] = list(deferred), []
+        _CHILD["findings"], _CHILD["deferred"], deferred[:] = findings, list(deferred), []
 
     loader._record = record
     _CHILD["loader"] = loader
 
 
-def _facts() -> dict[str, Any]:
-    """The child's loader's resolved settings (raises what building it raised)."""
+def _built() -> None:
+    """Raise what building the child's loader raised, if anything."""
     if "error" in _CHILD:
         raise _CHILD["error"]
-    loader = _CHILD["loader"]
-    return {"batches_per_run": loader.batches_per_run, "hw_decoder_load": loader.hw_decoder_load,
-            "num_workers": loader.num_workers}
 
 
 def _take(epoch: int, step: int, count: int) -> tuple[list[tuple], BaseException | None]:
@@ -248,7 +240,7 @@ def _take(epoch: int, step: int, count: int) -> tuple[list[tuple], BaseException
                 break
             counts = targets["num_boxes"].tolist()
             image_ids = targets["image_id"].tolist()
-            made.append((loader._step - 1, _Captured.findings, _Captured.deferred, images, _pack(targets), counts,
+            made.append((loader._step - 1, _CHILD["findings"], _CHILD["deferred"], images, _pack(targets), counts,
                          image_ids))
     except Exception as err:  # noqa: BLE001 - the parent raises it after the batches before it
         _CHILD.pop("at", None)

@@ -15,7 +15,7 @@ import torch
 from detaug import loader_core as core
 from detaug.errors import DataWarning
 from detaug.feeder import BackgroundFeed, FeedStats
-from detaug.handover import TARGET_FORMS, dali_images_to_torch, host_targets, targets_to_device
+from detaug.handover import TARGET_FORMS, dali_images_to_torch, host_targets, image_dicts, targets_to_device
 from detaug.masks import MASKS
 from detaug.plan_ahead import PlanPool
 from detaug.pipeline import outputs_outlive_runs
@@ -537,9 +537,8 @@ class DetectionLoader(core.LabelledFace):
         made = []
         try:
             for batch, host, targets in zip(batches, hosts, targets_to_device(hosts, self.device)):
-                if form == "dict" and MASKS in host.columns:  # padded to the batch's largest size where
-                    for target, image in zip(targets, batch):  # sizes differ (detaug.masks.join_masks): the image's
-                        target[MASKS] = target[MASKS][:, :image.shape[-2], :image.shape[-1]]
+                if form == "dict" and MASKS in host.columns:
+                    _cut_masks(targets, batch)
                 if self.targets == "tv_tensors":
                     batch, targets = _as_tv_tensors(batch, targets)
                 made.append((batch, targets))
@@ -584,18 +583,19 @@ def _tensors_of(images: Any, targets: Any) -> list[torch.Tensor]:
 def _dicts_from_concat(images: Any, concat: dict[str, torch.Tensor], counts: list[int],
                        image_ids: list[int]) -> list[Target]:
     """The ``"dict"`` targets of a batch from its ``"concat"`` ones: each per-box column split
-    into per-image views (masks cut to their image's size, as :meth:`DetectionLoader._run_to_torch`
-    does)."""
-    names = [name for name in concat if name not in ("batch_index", "num_boxes", "image_id")]
-    split = {name: torch.split(concat[name], counts) for name in names}
-    targets = [{"boxes": box, "labels": lab, "image_id": i} for box, lab, i in zip(split["boxes"], split["labels"], image_ids)]
-    for name in names[2:]:
-        for target, value in zip(targets, split[name]):
-            target[name] = value
+    into per-image views, masks cut to their image."""
+    targets = image_dicts({name: torch.split(column, counts) for name, column in concat.items()
+                           if name not in ("batch_index", "num_boxes", "image_id")}, image_ids)
     if MASKS in concat:
-        for target, image in zip(targets, images):
-            target[MASKS] = target[MASKS][:, :image.shape[-2], :image.shape[-1]]
+        _cut_masks(targets, images)
     return targets
+
+
+def _cut_masks(targets: list[Target], images: Any) -> None:
+    """Each image's masks cut to its size: a batch's masks are padded to its largest image where
+    sizes differ (:func:`detaug.masks.join_masks`)."""
+    for target, image in zip(targets, images):
+        target[MASKS] = target[MASKS][:, :image.shape[-2], :image.shape[-1]]
 
 
 def _tv_tensors() -> Any:
