@@ -5,29 +5,34 @@ targets) is Python that shares the interpreter lock with the training thread; a 
 host work paces its step loses that time (docs/loader.md, "Feeding a fast model"). Here the
 whole loader - its DALI pipeline, planning workers and feed - runs in one spawned process (a
 :func:`detaug.workers.start_pool` pool of one worker: parent-death signal, ``SIGINT`` left to
-the parent, the main script not imported), and its batches reach the trainer through PyTorch's
-own inter-process sharing (``torch.multiprocessing``: CUDA IPC on the GPU, shared memory on the
-CPU), with the producer's event waited for on the caller's stream.
+the parent, the main script not imported), and its batches reach the trainer through a ring of
+fixed slots the two processes share.
+
+The ring: ``JOB_BATCHES * (depth + 1)`` slots, each one byte buffer on the batches' device
+(CUDA IPC on a GPU, shared memory on the CPU) that the child makes, and sends once, when a slot
+is first used or has to grow. The child copies a batch's images and the one allocation its
+targets view into a slot the parent gave its job, and records the slot's "ready" event (an
+inter-process CUDA event, sent once); a batch then crosses as its slot number, where each
+tensor lies in the slot, and its findings - no tensor is unpickled or IPC handle opened per
+batch. The parent waits for "ready" on the caller's stream, copies the slot's bytes into one new
+allocation there (the caller owns what it is handed, as from the loader in its own process: a
+batch may be kept for as long as the caller likes), records the slot's "release" event (made by
+the parent, sent once) and gives the slot to a later job; the child's copy stream waits for
+"release" before it writes into the slot again. Neither side waits on the host for the other's
+GPU work.
 
 On a GPU the two processes' kernels share the GPU the way two processes do: without NVIDIA's
 Multi-Process Service (MPS) they take turns in time slices, which can cost a GPU-bound model
-more than the feed's interpreter time saves; under MPS they run side by side. Measured with the
-bench's fast detector at batch 64, per-image dicts, side by side under MPS
-(docs/notes/2026-11-benchmark-log.md, 2026-11-28): 0.89 and 0.92x of the model's ceiling against
-0.79 and 0.85x for the loader in the training process on an H100, 0.79 and 0.82x against 0.72
-and 0.75x on a slower H200.
-
-Memory: a batch handed out is kept (:meth:`ProcessFeed.hold`) until the caller's stream has run
-the work queued on it, since the child may reuse the memory once this process lets it go; up to
-``2 * JOB_BATCHES * depth`` batches are held, besides the jobs in flight.
+more than the feed's interpreter time saves; under MPS they run side by side (figures:
+docs/loader.md, "Feeding a fast model").
 
 The child (:func:`_open`, :func:`_take`) keeps one :class:`~detaug.torch.DetectionLoader`
 (the class is passed in: this module imports no loader) made from the parent's arguments, with
 ``feed_process=False`` and the targets ``"concat"`` for the per-image forms, which the parent
-splits into views; a batch crosses as its images and the one allocation its targets view
-(:func:`_pack`). It hands over batches in order from any ``(epoch, step)`` the parent asks for. Warnings and findings are not
-said in the child: each batch carries its :class:`~detaug.planned_batch.BatchFindings` and the
-worker pool's deferred messages, which the parent records as its own loader would.
+splits into views. It hands over batches in order from any ``(epoch, step)`` the parent asks
+for. Warnings and findings are not said in the child: each batch carries its
+:class:`~detaug.planned_batch.BatchFindings` and the worker pool's deferred messages, which the
+parent records as its own loader would.
 """
 
 from __future__ import annotations
@@ -48,9 +53,17 @@ __all__ = ["ProcessFeed"]
 #: Batches a job of the child returns at most (one DALI run's worth is typical).
 JOB_BATCHES = 4
 
+#: Where a segment starts in a slot (bytes): keeps every tensor's alignment in its allocation.
+_ALIGN = 256
+
+#: A tensor's place in a slot: ``(dtype, shape, stride, byte offset)``; the offset is ``None``
+#: for a tensor with no elements.
+Entry = tuple[torch.dtype, tuple[int, ...], tuple[int, ...], "int | None"]
+
 #: The child's state: "loader" (or "error", what building it raised), "iterator", "at" (epoch, step)
-#: of the iterator's next batch, and what the loader recorded of the batch it yielded last
-#: ("findings", "deferred": the worker pool's messages).
+#: of the iterator's next batch, what the loader recorded of the batch it yielded last
+#: ("findings", "deferred": the worker pool's messages), and the ring: "slots" (slot -> [buffer,
+#: ready event, generation]), "release" (the parent's events, by slot), "stream" (the copies').
 _CHILD: dict[str, Any] = {}
 
 
@@ -68,13 +81,19 @@ class ProcessFeed:
     def __init__(self, make: Callable[..., Any], loader_args: tuple, loader_kwargs: dict[str, Any], depth: int,
                  device: torch.device) -> None:
         self.device, self.depth = device, max(1, int(depth))
+        slots = JOB_BATCHES * (self.depth + 1)  # a job's worth more than in flight: a slot rests before reuse
+        self._free: deque[int] = deque(range(slots))
+        self._slots: list[torch.Tensor | None] = [None] * slots  # each slot's buffer, as received
+        self._ready: list[Any] = [None] * slots  # the child's events, as received
+        self._known = [0] * slots  # the generation of each buffer received (0: none)
+        cuda = device.type == "cuda"
+        self._release = [torch.cuda.Event(interprocess=True) for _ in range(slots)] if cuda else None
         self._pool = start_pool(1, _open, (make, loader_args, loader_kwargs))
-        self._jobs: deque[tuple[tuple[int, int], Future]] = deque()  # (epoch, first step) of each job in flight
-        self._held: deque[tuple[Any, Any]] = deque()  # batches handed out, with the event that frees them
+        self._jobs: deque[tuple[tuple[int, int], list[int], Future]] = deque()  # (epoch, first step), slots
         self._failed: tuple[tuple[int, int], BaseException] | None = None  # where a job's error is raised
         self.pid: int = next(iter(self._pool._processes))  # start_pool started it
         try:
-            self._pool.submit(_built).result()  # raises what building the loader raised
+            self._pool.submit(_built, self._release).result()  # raises what building the loader raised
         except BrokenProcessPool as err:
             why = self.ended()
             self.close()
@@ -98,28 +117,32 @@ class ProcessFeed:
 
     def take(self, epoch: int, step: int, steps: int, stats: Any = None) -> list[tuple]:
         """The batches from ``(epoch, step)`` on (at least one, at most a job's), made by the
-        child: ``(step, findings, deferred, images, targets, counts, image_ids)`` each; jobs for
-        the batches after them are submitted up to ``depth`` ahead (none past ``steps``, the
-        epoch's batches). Jobs in flight for other positions are dropped. ``stats`` (a
+        child: ``(step, findings, deferred, images, targets, counts, image_ids)`` each, in
+        memory of this process's (copied on the caller's current stream); jobs for the batches
+        after them are submitted up to ``depth`` ahead (none past ``steps``, the epoch's
+        batches). Jobs in flight for other positions are dropped. ``stats`` (a
         :class:`~detaug.feeder.FeedStats`) counts the take and any wait for the child."""
         if self._failed is not None and self._failed[0] == (epoch, step):  # the batch after a job's last one
             failed, self._failed = self._failed[1], None
             raise failed
         while self._jobs and self._jobs[0][0] != (epoch, step):
-            self._jobs.popleft()[1].cancel()  # a stale job's batches are freed when its result is dropped
+            self._drop(self._jobs.popleft())
         if not self._jobs:
-            self._jobs.append(((epoch, step), self._pool.submit(_take, epoch, step, JOB_BATCHES)))
-        (_, future) = self._jobs[0]
+            self._submit(epoch, step)
+        future = self._jobs[0][2]
         if stats is not None:
             if not future.done():
                 started = time.perf_counter()
                 future.exception()  # waits
                 stats.not_ready += 1
                 stats.waited_s += time.perf_counter() - started
-        batches, failed = future.result()
-        made = [(step_, findings, deferred, images, _unpack(*packed), counts, ids)
-                for step_, findings, deferred, images, packed, counts, ids in batches]
-        self._jobs.popleft()
+        _, slots, _ = self._jobs.popleft()
+        try:
+            batches, failed = future.result()
+            made = [(step_, findings, deferred, *self._receive(slot, sent, layout), counts, ids)
+                    for step_, findings, deferred, slot, sent, layout, counts, ids in batches]
+        finally:
+            self._free.extend(slots)
         if failed is not None:  # raised when the batch it failed on is asked for, after those before it
             self.drop_ahead()
             self._failed = ((epoch, step + len(made)), failed)
@@ -132,64 +155,82 @@ class ProcessFeed:
             at = self._jobs[-1][0][1] + JOB_BATCHES if self._jobs else last
             if at >= steps:
                 break
-            self._jobs.append(((epoch, at), self._pool.submit(_take, epoch, at, JOB_BATCHES)))
-        if self.device.type == "cuda":  # the pool's result thread rebuilt the tensors on the default stream
-            torch.cuda.current_stream(self.device).wait_stream(torch.cuda.default_stream(self.device))
+            self._submit(epoch, at)
         return made
 
-    def hold(self, batch: Any) -> None:
-        """Keep a batch handed out until the caller's stream has run what it queued on it (the
-        child may reuse its memory as soon as the last tensor here is freed)."""
-        event = None
-        if self.device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self.device))
-        self._held.append((event, batch))
-        while self._held and (len(self._held) > 2 * JOB_BATCHES * self.depth
-                              or self._held[0][0] is None or self._held[0][0].query()):
-            event, _ = self._held.popleft()
-            if event is not None:
-                event.synchronize()  # done already but for the oldest beyond the bound
+    def _submit(self, epoch: int, step: int) -> None:
+        slots = [self._free.popleft() for _ in range(JOB_BATCHES)]
+        future = self._pool.submit(_take, epoch, step, slots, [self._known[k] for k in slots])
+        self._jobs.append(((epoch, step), slots, future))
+
+    def _drop(self, job: tuple[tuple[int, int], list[int], Future]) -> None:
+        """Forget a job: its slots are free again (the child writes them in order, and a later
+        job's buffers are sent again if this one's grew them: ``known``)."""
+        job[2].cancel()
+        self._free.extend(job[1])
+
+    def _receive(self, slot: int, sent: tuple | None, layout: tuple) -> tuple[Any, dict[str, torch.Tensor]]:
+        """A batch's images and targets copied out of ``slot`` into one new allocation, on the
+        caller's stream after the child's copies into it; the slot released after the copy."""
+        if sent is not None:  # a new or grown buffer, with its ready event
+            self._slots[slot], self._ready[slot], self._known[slot] = sent
+        image_entries, stacked, target_entries, size = layout
+        buffer = self._slots[slot]
+        stream = torch.cuda.current_stream(self.device) if self._release is not None else None
+        if stream is not None:
+            stream.wait_event(self._ready[slot])
+        out = torch.empty(size, dtype=torch.uint8, device=self.device)
+        out.copy_(buffer[:size], non_blocking=True)
+        if stream is not None:
+            self._release[slot].record(stream)
+        images = [_view(out, entry) for entry in image_entries]
+        return (images[0] if stacked else images), {name: _view(out, entry) for name, entry in target_entries}
 
     def drop_ahead(self) -> None:
         """Forget the jobs in flight and an error not raised yet (an iteration ended early)."""
         self._failed = None
         while self._jobs:
-            self._jobs.popleft()[1].cancel()
+            self._drop(self._jobs.popleft())
 
     def close(self) -> None:
         """Stop the child (its loader and workers with it)."""
         self.drop_ahead()
-        while self._held:
-            event, _ = self._held.popleft()
-            if event is not None:
-                event.synchronize()
         stop_pool(self._pool, wait=True)
 
 
-def _pack(tensors: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], list[tuple]]:
-    """``tensors`` as the few allocations they view (one on a GPU: :mod:`detaug.handover`'s
-    buffer) and where each tensor lies in them: what crosses the process boundary (each tensor
-    sent on its own would cost an IPC event and a reference count of its own)."""
-    bases: list[torch.Tensor] = []
-    where: dict[int, int] = {}
-    layout = []
-    for name, tensor in tensors.items():
-        storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        if key not in where:
-            where[key] = len(bases)
-            bases.append(torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage))
-        layout.append((name, where[key], tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()),
-                       tensor.storage_offset()))
-    return bases, layout
+def _view(out: torch.Tensor, entry: Entry) -> torch.Tensor:
+    """The tensor ``entry`` places in ``out`` (a byte buffer)."""
+    dtype, shape, stride, offset = entry
+    if offset is None:
+        return torch.empty(shape, dtype=dtype, device=out.device)
+    return torch.empty(0, dtype=dtype, device=out.device).set_(out.untyped_storage(), offset // dtype.itemsize,
+                                                             shape, stride)
 
 
-def _unpack(bases: list[torch.Tensor], layout: list[tuple]) -> dict[str, torch.Tensor]:
-    """The tensors :func:`_pack` packed, viewing the allocations received."""
-    return {name: torch.empty(0, dtype=dtype, device=bases[k].device).set_(bases[k].untyped_storage(), offset, shape,
-                                                                          stride)
-            for name, k, dtype, shape, stride, offset in layout}
+def _segments(tensors: list[torch.Tensor]) -> tuple[list[tuple[torch.Tensor, int]], list[Entry], int]:
+    """Where ``tensors`` go in a slot: the byte spans of the allocations they view, each
+    ``(bytes, offset in the slot)``, each tensor's :data:`Entry`, and the bytes in all. A
+    span starts at a multiple of :data:`_ALIGN` in its allocation and in the slot, so every
+    tensor keeps its alignment."""
+    spans: dict[int, list] = {}  # storage pointer -> [storage, first byte, end byte]
+    for tensor in tensors:
+        if tensor.numel() == 0:
+            continue
+        first = tensor.storage_offset() * tensor.element_size()
+        end = first + (1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()))) * tensor.element_size()
+        span = spans.setdefault(tensor.untyped_storage().data_ptr(), [tensor.untyped_storage(), first, end])
+        span[1], span[2] = min(span[1], first), max(span[2], end)
+    where, segments, size = {}, [], 0
+    for key, (storage, first, end) in spans.items():
+        first -= first % _ALIGN
+        source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, first, (end - first,), (1,))
+        where[key] = size - first
+        segments.append((source, size))
+        size += -(-(end - first) // _ALIGN) * _ALIGN
+    entries = [(t.dtype, tuple(t.shape), tuple(t.stride()),
+                None if t.numel() == 0 else where[t.untyped_storage().data_ptr()] + t.storage_offset() * t.element_size())
+               for t in tensors]
+    return segments, entries, size
 
 
 # -- the child -------------------------------------------------------------------------------
@@ -212,18 +253,57 @@ def _open(make: Callable[..., Any], loader_args: tuple, loader_kwargs: dict[str,
 
     loader._record = record
     _CHILD["loader"] = loader
+    _CHILD["slots"] = {}
+    cuda = loader.device.type == "cuda"
+    _CHILD["stream"] = torch.cuda.Stream(loader.device) if cuda else None
 
 
-def _built() -> None:
-    """Raise what building the child's loader raised, if anything."""
+def _built(release: list[Any] | None) -> None:
+    """Raise what building the child's loader raised, if anything; keep the parent's release
+    events (by slot; ``None`` on the CPU)."""
     if "error" in _CHILD:
         raise _CHILD["error"]
+    _CHILD["release"] = release
 
 
-def _take(epoch: int, step: int, count: int) -> tuple[list[tuple], BaseException | None]:
-    """Up to ``count`` batches of ``epoch`` from ``step`` on (fewer at the epoch's end), and the
-    error that ended them early (``None``): the batches before a failed one are handed out first,
-    as the loader in the caller's process does."""
+def _to_slot(slot: int, known: int, images: Any, targets: dict[str, torch.Tensor]) -> tuple[tuple | None, tuple]:
+    """Copy a batch into ``slot``: what the parent needs of the slot (its buffer and ready
+    event when the parent's generation ``known`` is not the slot's, else ``None``) and the
+    batch's layout ``(image entries, stacked, target entries, bytes)``."""
+    stacked = isinstance(images, torch.Tensor)
+    tensors = ([images] if stacked else list(images)) + list(targets.values())
+    segments, entries, size = _segments(tensors)
+    loader, release, stream = _CHILD["loader"], _CHILD["release"], _CHILD["stream"]
+    held = _CHILD["slots"].get(slot)
+    if held is None or held[0].numel() < size:  # a new buffer, a little larger than needed
+        if held is not None and release is not None:
+            release[slot].synchronize()  # the parent has copied out of the old one
+        buffer = torch.empty(-(-size * 5 // 4 // 2**16) * 2**16 or 2**16, dtype=torch.uint8, device=loader.device)
+        if stream is None:
+            buffer.share_memory_()
+        ready = torch.cuda.Event(interprocess=True) if stream is not None else None
+        held = _CHILD["slots"][slot] = [buffer, ready, (held[2] if held is not None else 0) + 1]
+    buffer, ready, generation = held
+    if stream is None:
+        for source, at in segments:
+            buffer[at : at + source.numel()].copy_(source)
+    else:
+        stream.wait_stream(torch.cuda.current_stream(loader.device))  # where the loader made the batch
+        stream.wait_event(release[slot])  # the parent's copy out of it
+        with torch.cuda.stream(stream):
+            for source, at in segments:
+                buffer[at : at + source.numel()].copy_(source, non_blocking=True)
+                source.record_stream(stream)
+        ready.record(stream)
+    layout = (entries[: len(tensors) - len(targets)], stacked,
+              list(zip(targets, entries[len(tensors) - len(targets) :])), size)
+    return ((buffer, ready, generation) if generation != known else None), layout
+
+
+def _take(epoch: int, step: int, slots: list[int], known: list[int]) -> tuple[list[tuple], BaseException | None]:
+    """Up to ``len(slots)`` batches of ``epoch`` from ``step`` on (fewer at the epoch's end),
+    each copied into its slot, and the error that ended them early (``None``): the batches
+    before a failed one are handed out first, as the loader in the caller's process does."""
     loader = _CHILD["loader"]
     if _CHILD.get("at") != (epoch, step):
         iterator = _CHILD.pop("iterator", None)
@@ -233,14 +313,15 @@ def _take(epoch: int, step: int, count: int) -> tuple[list[tuple], BaseException
         _CHILD["iterator"] = iter(loader)
     iterator, made = _CHILD["iterator"], []
     try:
-        for _ in range(count):
+        for slot, generation in zip(slots, known):
             try:
                 images, targets = next(iterator)
             except StopIteration:
                 break
             counts = targets["num_boxes"].tolist()
             image_ids = targets["image_id"].tolist()
-            made.append((loader._step - 1, _CHILD["findings"], _CHILD["deferred"], images, _pack(targets), counts,
+            sent, layout = _to_slot(slot, generation, images, targets)
+            made.append((loader._step - 1, _CHILD["findings"], _CHILD["deferred"], slot, sent, layout, counts,
                          image_ids))
     except Exception as err:  # noqa: BLE001 - the parent raises it after the batches before it
         _CHILD.pop("at", None)

@@ -454,7 +454,7 @@ class DetectionLoader(core.LabelledFace):
             self._process = ProcessFeed(*self._process_spec)
         feed, steps, form = self._process, len(self), "dict" if self.targets == "tv_tensors" else self.targets
         loop_stream = LoopStream(self.device, self.training_stream)
-        completed, last = False, None
+        completed = False
         try:
             loop_stream.enter()  # before the first take: the child's copies are waited for on the loop's stream
             step = start
@@ -482,15 +482,10 @@ class DetectionLoader(core.LabelledFace):
                         warnings.warn(message, RuntimeWarning, stacklevel=3)
                     self._record(findings)
                     self._step = step = made_step + 1
-                    last = (images, targets)
-                    yield last
-                    feed.hold(last)  # the loop body has queued its work on them: freed once it ran
-                    last = None
+                    yield images, targets
             self._epoch, self._step, self._abandoned = epoch + 1, 0, False
             completed = True
         finally:
-            if last is not None:  # left after a yield (a break): the caller's work on it is queued
-                feed.hold(last)
             loop_stream.exit()
             if not completed:
                 feed.drop_ahead()

@@ -11,7 +11,10 @@ channels last, SGD. Rows (:data:`TRAIN_ROWS`, ``--only`` names):
   iterator, its targets moved there once): what the model alone runs at;
 * ``detaug``, ``detaug-list``: the bench's iterators (``CocoSource``, sample list;
   :mod:`detaug.bench.detaug_variants`) with their defaults; ``detaug-cuda-decoder``: ``detaug``
-  with ``hw_decoder_load=0.0`` (a GPU run only; an option, not checked); ``detaug-padded``:
+  with ``hw_decoder_load=0.0`` (a GPU run only; an option, not checked); ``detaug-process``:
+  ``detaug`` with ``feed_process=True`` (the loader in a child process; on a GPU under NVIDIA MPS,
+  which the row looks for and names, :func:`~detaug.bench.machine.mps_control_pipe`; an option,
+  not checked); ``detaug-padded``:
   ``detaug`` with ``targets="padded"``;
 * ``keras-ceiling``, ``sequence``: the same network in Keras (torch backend,
   :func:`~detaug.bench.train_model.keras_dense_detector`) in ``model.fit`` on one cached batch, and
@@ -66,6 +69,7 @@ import torch
 
 from detaug.bench.dataset import BenchDataset
 from detaug.bench.harness import BenchSettings, VariantUnavailable, count_images
+from detaug.bench.machine import mps_control_pipe
 from detaug.bench.train_context import (
     _Context, _Probe, _Timed, distributed_context, process_tree_cpu_seconds, rank_zero_first,
 )
@@ -416,6 +420,7 @@ _COCO_LOADER_ARGS: dict[str, dict[str, Any]] = {
     "ceiling": {},
     "detaug": {},
     "detaug-cuda-decoder": {"hw_decoder_load": 0.0},
+    "detaug-process": {"feed_process": True},
     "ceiling-padded": {"targets": "padded"},
     "detaug-padded": {"targets": "padded"},
 }
@@ -450,7 +455,12 @@ def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
     stats = FeedStats()
     if row.name in _COCO_LOADER_ARGS:
         batches = detaug_variants.iter_detaug(dataset, settings, **_COCO_LOADER_ARGS[row.name], feed_stats=stats)
-        return _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
+        timed, described = _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
+        if row.name == "detaug-process" and ctx.cuda:
+            pipe = mps_control_pipe()
+            described += (f"; the loader's process under NVIDIA MPS (control pipe {pipe})" if pipe else
+                          "; no NVIDIA MPS daemon found: the two processes' kernels take turns on the GPU")
+        return timed, described
     if row.name == "detaug-list":
         batches = detaug_variants.iter_detaug_list(dataset, settings, feed_stats=stats)
         return _time_torch(batches, ctx, warmup, steps, settings.seed, stats)

@@ -56,6 +56,9 @@ TRAIN_ROWS: tuple[TrainRow, ...] = (
     TrainRow("detaug-cuda-decoder", "detaug iterator, CUDA decoder", "iterator",
              "DetectionLoader(CocoSource, hw_decoder_load=0.0): Huffman decoding on DALI's CPU threads, for "
              "a GPU-bound step (docs/loader.md); an option, not checked; a GPU run only"),
+    TrainRow("detaug-process", "detaug iterator, loader in its own process", "iterator",
+             "DetectionLoader(CocoSource, feed_process=True): the loader in a child process; on a GPU it "
+             "needs NVIDIA MPS (the row's model column says whether an MPS daemon answered); an option, not checked"),
     TrainRow("ceiling-padded", "ceiling, padded targets (one cached batch)", "ceiling",
              "the same steps on one batch of padded targets kept on the device", ceiling="ceiling-padded"),
     TrainRow("detaug-padded", "detaug iterator, padded targets", "iterator",
@@ -70,7 +73,8 @@ TRAIN_ROWS: tuple[TrainRow, ...] = (
 )
 TRAIN_ROW_NAMES = tuple(row.name for row in TRAIN_ROWS)
 #: Run order: the DataLoader peer first (its workers fork before DALI starts threads here).
-TRAIN_RUN_ORDER = ("torchvision", "ceiling", "detaug", "detaug-list", "detaug-cuda-decoder", "ceiling-padded",
+TRAIN_RUN_ORDER = ("torchvision", "ceiling", "detaug", "detaug-list", "detaug-cuda-decoder", "detaug-process",
+                   "ceiling-padded",
                    "detaug-padded", "keras-ceiling", "sequence")
 
 

@@ -10,8 +10,10 @@ import signal
 import warnings
 
 import pytest
+import torch
 
 from detaug import DataWarning, ImageError
+from detaug.process_feed import _segments, _view
 from detaug.sources import Sample, SampleListSource
 from detaug.torch import DetectionLoader
 from tests.detaug.consistency import scene_samples
@@ -52,6 +54,42 @@ def test_a_child_process_yields_what_the_loader_in_this_process_does(samples, re
         assert child.feed_stats.taken >= 1
     finally:
         child.close()
+
+
+def test_batches_kept_by_the_caller_are_not_overwritten_when_the_ring_turns(samples):
+    """Three epochs' batches kept as handed out (not cloned), more than the ring has slots, with
+    images of changing sizes (slots grow): each still equal to the loader in this process's."""
+    source = SampleListSource(samples)
+    here = _loader(source, RECIPES["ragged"], feed_process=False, targets="padded")
+    expected = _epochs(here, epochs=3)
+    here.close()
+    child = _loader(source, RECIPES["ragged"], feed_process=True, targets="padded")
+    try:
+        kept = [batch for _ in range(3) for batch in child]
+        assert len(kept) == 18 > len(child._process._slots)
+        assert max(child._process._known) >= 1  # every batch came through a slot
+        for (images, targets), (ids, images1, targets1) in zip(kept, expected):
+            assert targets["image_id"].tolist() == ids
+            assert _equal(images, images1) and _equal(targets, targets1)
+    finally:
+        child.close()
+
+
+def test_a_batch_crosses_as_the_byte_spans_it_views():
+    """detaug.process_feed's packing: views at odd offsets into a shared allocation, another
+    dtype, a strided view and an empty tensor come back equal, each aligned as before."""
+    whole = torch.arange(1000, dtype=torch.float32)
+    labels = torch.arange(7, dtype=torch.int64)
+    tensors = [whole[3:40].view(37), whole[100:160].view(6, 10)[:, ::2], labels, torch.empty(0, 4), whole[500:501]]
+    segments, entries, size = _segments(tensors)
+    assert len(segments) == 2 and size % 256 == 0  # two allocations viewed: two spans
+    out = torch.zeros(size, dtype=torch.uint8)
+    for source, at in segments:
+        out[at : at + source.numel()] = source
+    for tensor, entry in zip(tensors, entries):
+        back = _view(out, entry)
+        assert back.dtype == tensor.dtype and back.shape == tensor.shape and torch.equal(back, tensor)
+        assert back.data_ptr() % tensor.element_size() == 0
 
 
 def test_a_break_then_resume_from_a_state_gives_the_unbroken_batches(samples):

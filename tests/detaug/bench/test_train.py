@@ -205,7 +205,7 @@ def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
     for name in ("ceiling", "detaug", "detaug-list"):
         row = rows[name]
         assert ROW_FIELDS <= set(row) and row["status"] == "ok", row
-        timings = 3 if name == "ceiling" else 1  # before detaug, after it, after detaug-list
+        timings = 4 if name == "ceiling" else 1  # before detaug, after it, after detaug-list, after detaug-process
         assert row["batch_size"] == 2 and row["steps"] == 2 * timings and row["images"] == 4 * timings
         assert row["img_per_s"] == row["total_img_per_s"] > 0
         assert 0.0 <= row["data_wait"] < 1.0 and row["cpu_cores"] > 0
@@ -213,8 +213,9 @@ def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
         assert 0 < row["vs_ceiling"] < math.inf
     # each iterator's ratio: over the ceiling timed just before and just after it
     ceiling_runs = rows["ceiling"]["runs"]
-    assert len(ceiling_runs) == 3 and rows["ceiling"]["img_per_s"] == pytest.approx(sum(ceiling_runs) / 3)
+    assert len(ceiling_runs) == 4 and rows["ceiling"]["img_per_s"] == pytest.approx(sum(ceiling_runs) / 4)
     for name, around in (("detaug", ceiling_runs[0:2]), ("detaug-list", ceiling_runs[1:3]),
+                         ("detaug-process", ceiling_runs[2:4]),
                          ("detaug-padded", rows["ceiling-padded"]["runs"])):
         assert rows[name]["ceiling_runs"] == around
         assert rows[name]["vs_ceiling"] == pytest.approx(rows[name]["img_per_s"] / (sum(around) / 2))
@@ -222,7 +223,7 @@ def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
         assert rows["torchvision"]["ceiling_runs"] == []
         assert rows["torchvision"]["vs_ceiling"] == pytest.approx(
             rows["torchvision"]["img_per_s"] / rows["ceiling"]["img_per_s"])
-    for name in ("detaug", "detaug-list", "detaug-padded"):  # part of the data wait: the batch was not made yet
+    for name in ("detaug", "detaug-list", "detaug-process", "detaug-padded"):  # part of the wait: not made yet
         assert 0.0 <= rows[name]["not_ready_wait"] <= rows[name]["data_wait"], rows[name]
     assert rows["ceiling"]["not_ready_wait"] is None and rows["torchvision"].get("not_ready_wait") is None
     assert rows["ceiling"]["vs_ceiling"] == pytest.approx(1.0)
