@@ -124,10 +124,12 @@ def _module_version(name: str) -> str | None:
 
 def mps_control_pipe() -> str | None:
     """The control pipe of a running NVIDIA Multi-Process Service daemon (``nvidia-cuda-mps-control
-    -d``) that this process's CUDA clients join, or ``None``: the named pipe ``control`` in
-    ``$CUDA_MPS_PIPE_DIRECTORY`` (default ``/tmp/nvidia-mps``), as the CUDA driver looks for it."""
+    -d``) that this process's CUDA clients join, or ``None``: ``control`` in
+    ``$CUDA_MPS_PIPE_DIRECTORY`` (default ``/tmp/nvidia-mps``), where the CUDA driver looks for it,
+    a named pipe or a socket (not a plain file a daemon left behind)."""
     path = os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps", "control")
     try:
-        return path if stat.S_ISFIFO(os.stat(path).st_mode) else None
+        mode = os.stat(path).st_mode
+        return path if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) else None
     except OSError:
         return None
