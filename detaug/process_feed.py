@@ -87,7 +87,7 @@ class ProcessFeed:
         self._ready: list[Any] = [None] * slots  # the child's events, as received
         self._known = [0] * slots  # the generation of each buffer received (0: none)
         cuda = device.type == "cuda"
-        self._release = [torch.cuda.Event(interprocess=True) for _ in range(slots)] if cuda else None
+        self._release = [_interprocess_event(device) for _ in range(slots)] if cuda else None
         self._pool = start_pool(1, _open, (make, loader_args, loader_kwargs))
         self._jobs: deque[tuple[tuple[int, int], list[int], Future]] = deque()  # (epoch, first step), slots
         self._failed: tuple[tuple[int, int], BaseException] | None = None  # where a job's error is raised
@@ -198,6 +198,15 @@ class ProcessFeed:
         stop_pool(self._pool, wait=True)
 
 
+def _interprocess_event(device: torch.device) -> torch.cuda.Event:
+    """An inter-process CUDA event made on ``device`` now: one made lazily would be made on the
+    device current in the thread that first pickles it (the pool's queue thread: the first GPU)."""
+    event = torch.cuda.Event(interprocess=True)
+    with torch.cuda.device(device):
+        event.ipc_handle()
+    return event
+
+
 def _view(out: torch.Tensor, entry: Entry) -> torch.Tensor:
     """The tensor ``entry`` places in ``out`` (a byte buffer)."""
     dtype, shape, stride, offset = entry
@@ -242,6 +251,8 @@ def _open(make: Callable[..., Any], loader_args: tuple, loader_kwargs: dict[str,
     no message), its findings kept for the parent instead of warned of."""
     warnings.simplefilter("ignore")  # the parent says what the child finds
     try:
+        if loader_kwargs.get("device_id") is not None:  # the loader's GPU is current here too, as in a
+            torch.cuda.set_device(loader_kwargs["device_id"])  # rank's process: code that uses it finds it
         loader = make(*loader_args, **loader_kwargs)
     except BaseException as err:  # noqa: BLE001 - raised by the first job
         _CHILD["error"] = err

@@ -142,14 +142,17 @@ class DetectionLoader(core.LabelledFace):
             ``torch.cuda.stream`` block.
         feed_process: make the batches in a process of its own (``False``, default: in this
             one): the whole loader (DALI, planning workers, the feed) runs in a spawned child and
-            its batches reach this process through ``torch.multiprocessing``'s sharing (CUDA IPC
-            on the GPU), so the feed's Python never takes the interpreter lock from the training
-            thread (:mod:`detaug.process_feed`). The same batches, targets, epochs, findings and
+            its batches reach this process through a ring of slots the two share (CUDA IPC on
+            the GPU, shared memory on the CPU), each copied once into memory of this process's,
+            so the feed's Python never takes the interpreter lock from the training thread
+            (:mod:`detaug.process_feed`). The same batches, targets, epochs, findings and
             warnings; a child that dies (killed, out of memory) is replaced, with a
             ``RuntimeWarning``, and the epoch goes on from the batch it had reached. On a GPU run
             it under NVIDIA's Multi-Process Service (MPS): without it the two processes' kernels
             take turns on the GPU and a GPU-bound model trains slower than with the feed in its
-            process (docs/loader.md, "Feeding a fast model").
+            process (docs/loader.md, "Feeding a fast model"). Only on the first GPU this process
+            sees for now (``NotImplementedError`` for ``cuda:1`` and after: the child crashed
+            there).
         num_classes: the model's ``num_classes`` (torchvision's, counting the background); when
             given, the loader checks when it is built that every class index fits, ``1 <=
             label < num_classes``, for every category of the source (also one without boxes),
@@ -249,6 +252,11 @@ class DetectionLoader(core.LabelledFace):
         shuffle = core.resolve_shuffle(source, shuffle)
         device, self.device_id = core.resolve_device_once(device, device_id, default_gpu=_local_gpu)
         self.device = torch.device("cpu") if self.device_id is None else torch.device("cuda", self.device_id)
+        if feed_process and self.device_id not in (None, 0):
+            raise NotImplementedError(
+                f"feed_process=True on cuda:{self.device_id}: the loader's process crashed (signal 11) on a GPU other "
+                "than the first on the GPU machine (2026-11-28), not fixed yet; use feed_process=False, or make the "
+                "GPU the first this process sees (CUDA_VISIBLE_DEVICES)")
         self.source, self.transforms, self.batch_size = source, transforms, int(batch_size)
         self.shuffle, self.drop_last, self.seed = bool(shuffle), bool(drop_last), int(seed)
         self.shard_id, self.num_shards = shard_id, num_shards

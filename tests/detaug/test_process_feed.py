@@ -168,6 +168,13 @@ def test_the_childs_errors_when_built_are_raised_here_and_the_flag_is_checked(sa
         DetectionLoader(source, RECIPES["ragged"], 4, device=DEVICE, feed_process=True, num_classes=1)
 
 
+@pytest.mark.skipif(DEVICE != "gpu" or torch.cuda.device_count() < 2, reason="needs a second GPU")
+def test_a_gpu_other_than_the_first_is_refused_with_the_way_round_it(samples):
+    """The child crashed on cuda:1 (signal 11, 2026-11-28): refused when the loader is built."""
+    with pytest.raises(NotImplementedError, match="feed_process=True on cuda:1.*CUDA_VISIBLE_DEVICES"):
+        DetectionLoader(SampleListSource(samples), RECIPES["ragged"], 4, device="gpu", device_id=1, feed_process=True)
+
+
 def test_a_killed_child_is_replaced_and_the_epoch_goes_on_with_the_same_batches(samples):
     """SIGKILL to the child before the first batch is asked for: a RuntimeWarning names its pid
     and the signal, and a new child yields the epoch as an unbroken run does."""
