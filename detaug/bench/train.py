@@ -385,6 +385,9 @@ def _run_row(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
     except VariantUnavailable as exc:
         return replace(base, status="unavailable", message=str(exc))
     except Exception as exc:  # noqa: BLE001 - one broken row must not end the run
+        if ctx.world > 1:  # but a rank that went on alone would wait forever in the others' collectives
+            raise RuntimeError(f"rank {ctx.rank}: the training row {row.name!r} at batch {settings.batch_size} failed "
+                               f"(under torchrun a row's error ends the run: the other ranks wait in its steps)") from exc
         log("".join(traceback.format_exception(exc)).rstrip())
         return replace(base, status="error", message=f"{type(exc).__name__}: {exc}".splitlines()[0])
     finally:

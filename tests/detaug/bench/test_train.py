@@ -492,6 +492,24 @@ def test_a_ceiling_timed_several_times_is_their_mean():
     assert train._all_timings(failed) is failed[0]
 
 
+def test_a_rows_error_is_recorded_alone_and_ends_the_run_under_torchrun():
+    """One process: the row's status is "error" with its message, the run goes on. Under
+    torchrun (world 2) the rank raises, naming the row, instead of going on to steps the other
+    ranks are not in (which hung a run on the GPU machine)."""
+    from detaug.bench.harness import BenchSettings
+    from detaug.bench.train_context import _Context
+    from detaug.bench.train_rows import TrainRow
+
+    row = TrainRow("no-such-row", "a row _measure does not know", "iterator", "")
+    settings = BenchSettings(device="cpu", batch_size=2)
+    alone = train._run_row(row, None, settings, _Context(torch.device("cpu"), False), 1, 1, lambda _: None)
+    assert alone.status == "error" and "unknown training row 'no-such-row'" in alone.message
+    with pytest.raises(RuntimeError, match="rank 1: the training row 'no-such-row' at batch 2 failed") as raised:
+        train._run_row(row, None, settings, _Context(torch.device("cpu"), False, rank=1, world=2), 1, 1,
+                       lambda _: None)
+    assert "unknown training row" in str(raised.value.__cause__)
+
+
 def test_a_graphed_runs_legend_says_what_its_data_wait_is():
     """With ``--train-step graph`` the host waits in ``next()`` while the GPU runs the replayed
     step, so the printed legend says its data wait is not the GPU's idle time; op by op it does
