@@ -193,8 +193,10 @@ class ProcessFeed:
             self._drop(self._jobs.popleft())
 
     def close(self) -> None:
-        """Stop the child (its loader and workers with it)."""
+        """Stop the child (its loader and workers with it) and let go of the ring's buffers and
+        events opened here (the batches handed out are this process's own)."""
         self.drop_ahead()
+        self._slots, self._ready = [None] * len(self._slots), [None] * len(self._ready)
         stop_pool(self._pool, wait=True)
 
 
