@@ -56,6 +56,27 @@ def test_a_child_process_yields_what_the_loader_in_this_process_does(samples, re
         child.close()
 
 
+def test_each_ranks_child_yields_that_ranks_shard(samples):
+    """Two ranks' loaders (``shard_id`` 0 and 1 of 2, as under torchrun): each child yields the
+    ids the loader in the rank's process does, two epochs, equal steps, the union the dataset."""
+    source = SampleListSource(samples)
+    shards = []
+    for rank in (0, 1):
+        here = _loader(source, RECIPES["crop-flip-resize"], feed_process=False, shard_id=rank, num_shards=2)
+        expected = [ids for ids, *_ in _epochs(here)]
+        here.close()
+        child = _loader(source, RECIPES["crop-flip-resize"], feed_process=True, shard_id=rank, num_shards=2)
+        try:
+            assert [ids for ids, *_ in _epochs(child)] == expected
+        finally:
+            child.close()
+        shards.append(expected)
+    assert len(shards[0]) == len(shards[1]) == 6  # 12 samples a rank: 3 batches an epoch, on each rank
+    for epoch in (slice(0, 3), slice(3, 6)):
+        seen = {i for shard in shards for ids in shard[epoch] for i in ids}
+        assert seen == {s.image_id for s in samples}
+
+
 def test_batches_kept_by_the_caller_are_not_overwritten_when_the_ring_turns(samples):
     """Three epochs' batches kept as handed out (not cloned), more than the ring has slots, with
     images of changing sizes (slots grow): each still equal to the loader in this process's."""
