@@ -288,10 +288,11 @@ def _to_slot(slot: int, known: int, images: Any, targets: dict[str, torch.Tensor
     segments, entries, size = _segments(tensors)
     loader, release, stream = _CHILD["loader"], _CHILD["release"], _CHILD["stream"]
     held = _CHILD["slots"].get(slot)
-    if held is None or held[0].numel() < size:  # a new buffer, a little larger than needed
-        if held is not None and release is not None:
+    if held is None or held[0].numel() < size:  # a new buffer: room for a batch with a few more boxes, and
+        if held is not None and release is not None:  # a quarter more where a batch outgrew its slot
             release[slot].synchronize()  # the parent has copied out of the old one
-        buffer = torch.empty(-(-size * 5 // 4 // 2**16) * 2**16 or 2**16, dtype=torch.uint8, device=loader.device)
+        room = size + size // 64 if held is None else size * 5 // 4
+        buffer = torch.empty(-(-room // 2**16) * 2**16 or 2**16, dtype=torch.uint8, device=loader.device)
         if stream is None:
             buffer.share_memory_()
         ready = torch.cuda.Event(interprocess=True) if stream is not None else None
