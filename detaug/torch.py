@@ -254,9 +254,9 @@ class DetectionLoader(core.LabelledFace):
         self.device = torch.device("cpu") if self.device_id is None else torch.device("cuda", self.device_id)
         if feed_process and self.device_id not in (None, 0):
             raise NotImplementedError(
-                f"feed_process=True on cuda:{self.device_id}: the loader's process crashed (signal 11) on a GPU other "
-                "than the first on the GPU machine (2026-11-28), not fixed yet; use feed_process=False, or make the "
-                "GPU the first this process sees (CUDA_VISIBLE_DEVICES)")
+                f"feed_process=True on cuda:{self.device_id} is not supported yet: in testing the loader's process "
+                "crashed (signal 11) on any GPU but the first; use feed_process=False, or make this GPU the first "
+                f"this process sees (CUDA_VISIBLE_DEVICES={self.device_id}, then device_id=0)")
         self.source, self.transforms, self.batch_size = source, transforms, int(batch_size)
         self.shuffle, self.drop_last, self.seed = bool(shuffle), bool(drop_last), int(seed)
         self.shard_id, self.num_shards = shard_id, num_shards
