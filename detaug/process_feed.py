@@ -37,6 +37,8 @@ parent records as its own loader would.
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import time
 import warnings
 from collections import deque
@@ -52,6 +54,9 @@ __all__ = ["ProcessFeed"]
 
 #: Batches a job of the child returns at most (one DALI run's worth is typical).
 JOB_BATCHES = 4
+
+#: The signals whose Python stacks :mod:`faulthandler` prints in the child.
+_FAULTS = {signal.SIGSEGV, signal.SIGFPE, signal.SIGABRT, signal.SIGBUS, signal.SIGILL}
 
 #: Where a segment starts in a slot (bytes): keeps every tensor's alignment in its allocation.
 _ALIGN = 256
@@ -113,7 +118,10 @@ class ProcessFeed:
             time.sleep(0.01)
         if code is None:
             return f"(pid {self.pid}) stopped answering"
-        return f"(pid {self.pid}) was killed by signal {-code}" if code < 0 else f"(pid {self.pid}) exited with status {code}"
+        if code >= 0:
+            return f"(pid {self.pid}) exited with status {code}"
+        stacks = " (its Python stacks are on standard error)" if -code in _FAULTS else ""
+        return f"(pid {self.pid}) was killed by signal {-code}{stacks}"
 
     def take(self, epoch: int, step: int, steps: int, stats: Any = None) -> list[tuple]:
         """The batches from ``(epoch, step)`` on (at least one, at most a job's), made by the
@@ -252,6 +260,7 @@ def _open(make: Callable[..., Any], loader_args: tuple, loader_kwargs: dict[str,
     error is kept for the first job to raise: an initializer's error would break the pool with
     no message), its findings kept for the parent instead of warned of."""
     warnings.simplefilter("ignore")  # the parent says what the child finds
+    faulthandler.enable()  # a crash (a signal) prints the child's Python stacks to standard error
     try:
         if loader_kwargs.get("device_id") is not None:  # the loader's GPU is current here too, as in a
             torch.cuda.set_device(loader_kwargs["device_id"])  # rank's process: code that uses it finds it

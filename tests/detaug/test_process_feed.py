@@ -5,6 +5,7 @@ loader in the caller's process; real DALI CPU pipelines in a real child process 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import warnings
@@ -230,3 +231,26 @@ def test_a_child_that_dies_while_building_its_loader_is_named(samples):
     with pytest.raises(RuntimeError, match=r"the loader's process \(pid \d+\) exited with status 3 while it built its "
                                            r"loader"):
         DetectionLoader(_ExitsInAChild(samples), RECIPES["ragged"], 4, device=DEVICE, feed_process=True)
+
+
+class _CrashesInAChild(SampleListSource):
+    """A source whose length, asked for in any process but the one that made it, crashes it
+    (a read of address 0: SIGSEGV)."""
+
+    def __init__(self, samples):
+        super().__init__(samples)
+        self._maker = os.getpid()
+
+    def __len__(self):
+        if self._maker != os.getpid():
+            ctypes.string_at(0)
+        return super().__len__()
+
+
+def test_a_child_that_crashes_says_where_on_standard_error(samples, capfd):
+    """SIGSEGV in the child while it builds its loader: the RuntimeError names the signal and
+    points at standard error, where faulthandler printed the child's Python stack."""
+    with pytest.raises(RuntimeError, match=r"killed by signal 11 \(its Python stacks are on standard error\) while"):
+        DetectionLoader(_CrashesInAChild(samples), RECIPES["ragged"], 4, device=DEVICE, feed_process=True)
+    err = capfd.readouterr().err
+    assert "Fatal Python error: Segmentation fault" in err and "__len__" in err
