@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 
+import detaug.transforms as T
 from detaug import DataWarning, ImageError
 from detaug.process_feed import _segments, _view
 from detaug.sources import Sample, SampleListSource
@@ -20,6 +21,7 @@ from detaug.torch import DetectionLoader
 from tests.detaug.consistency import scene_samples
 from tests.detaug.test_bad_images import RECIPE as BAD_RECIPE
 from tests.detaug.test_bad_images import good_jpeg, header_fine_body_broken
+from tests.detaug.test_masks import scene
 from tests.detaug.test_pipeline_runs import RECIPES, SAME_DECODER, _epochs, _equal, over_max_boxes
 
 DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")  # DETAUG_TEST_DEVICE=gpu: the same tests on a GPU
@@ -76,6 +78,27 @@ def test_each_ranks_child_yields_that_ranks_shard(samples):
     for epoch in (slice(0, 3), slice(3, 6)):
         seen = {i for shard in shards for ids in shard[epoch] for i in ids}
         assert seen == {s.image_id for s in samples}
+
+
+@pytest.mark.parametrize("targets", ["dict", "padded"])
+def test_masks_cross_with_their_boxes_and_are_cut_to_each_image(targets):
+    """Per-box masks (the largest part of a target, padded to the batch's largest image) through
+    the child: the same masks as the loader in this process gives, each image's cut to its size."""
+    source = SampleListSource([scene(0), scene(1, hw=(120, 150)), scene(2), scene(3, hw=(100, 90))])
+    recipe = T.Compose([T.RandomHorizontalFlip()])  # no output size: images of several sizes
+    made = []
+    for feed_process in (False, True):
+        loader = DetectionLoader(source, recipe, 2, device=DEVICE, shuffle=True, seed=5, fields=["masks"],
+                                 targets=targets, feed_process=feed_process)
+        try:
+            made.append(_epochs(loader))
+        finally:
+            loader.close()
+    assert len(made[1]) == 4 and [ids for ids, *_ in made[1]] == [ids for ids, *_ in made[0]]
+    for (_, images, tg), (_, images1, tg1) in zip(*made):
+        assert _equal(images, images1) and _equal(tg, tg1)
+        if targets == "dict":
+            assert all(t["masks"].shape[-2:] == image.shape[-2:] for t, image in zip(tg, images))
 
 
 def test_batches_kept_by_the_caller_are_not_overwritten_when_the_ring_turns(samples):
