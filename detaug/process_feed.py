@@ -48,6 +48,7 @@ from typing import Any, Callable
 
 import torch
 
+from detaug.streams import shared_stream
 from detaug.workers import start_pool, stop_pool
 
 __all__ = ["ProcessFeed"]
@@ -277,7 +278,7 @@ def _open(make: Callable[..., Any], loader_args: tuple, loader_kwargs: dict[str,
     _CHILD["loader"] = loader
     _CHILD["slots"] = {}
     cuda = loader.device.type == "cuda"
-    _CHILD["stream"] = torch.cuda.Stream(loader.device) if cuda else None
+    _CHILD["stream"] = shared_stream("ring", loader.device, 0) if cuda else None
 
 
 def _built(release: list[Any] | None) -> None:
