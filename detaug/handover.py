@@ -180,11 +180,12 @@ def targets_to_device(batches: Sequence[HostTargets],
     host.update((f"{k}/{name}", b.columns[name]) for k, b in enumerate(batches) for name in names if name not in joined)
     on_device = columns_to_device(host, device)
     every = join([b.counts for b in batches]).tolist()
-    split = {name: torch.split(on_device[name], every) for name in joined}
+    split = {name: on_device[name].split_with_sizes(every) for name in joined}
     out, first = [], 0
     for k, b in enumerate(batches):
         mine = {name: split[name][first : first + len(b.counts)] for name in joined}
-        mine.update((name, torch.split(on_device[f"{k}/{name}"], b.counts.tolist())) for name in names if name not in joined)
+        mine.update((name, on_device[f"{k}/{name}"].split_with_sizes(b.counts.tolist()))
+                    for name in names if name not in joined)
         out.append(image_dicts({name: mine[name] for name in names}, b.image_ids.tolist()))
         first += len(b.counts)
     return out

@@ -247,9 +247,8 @@ def _segments(tensors: list[torch.Tensor]) -> tuple[list[tuple[torch.Tensor, int
         where[key] = size - first
         segments.append((source, size))
         size += -(-(end - first) // _ALIGN) * _ALIGN
-    entries = [(t.dtype, tuple(t.shape), tuple(t.stride()),
-                None if t.numel() == 0 else where[t.untyped_storage().data_ptr()] + t.storage_offset() * t.element_size())
-               for t in tensors]
+    entries = [(t.dtype, tuple(t.shape), tuple(t.stride()), None if t.numel() == 0 else
+                where[t.untyped_storage().data_ptr()] + t.storage_offset() * t.element_size()) for t in tensors]
     return segments, entries, size
 
 

@@ -587,7 +587,7 @@ def _dicts_from_concat(images: Any, concat: dict[str, torch.Tensor], counts: lis
                        image_ids: list[int]) -> list[Target]:
     """The ``"dict"`` targets of a batch from its ``"concat"`` ones: each per-box column split
     into per-image views, masks cut to their image."""
-    targets = image_dicts({name: torch.split(column, counts) for name, column in concat.items()
+    targets = image_dicts({name: column.split_with_sizes(counts) for name, column in concat.items()
                            if name not in ("batch_index", "num_boxes", "image_id")}, image_ids)
     if MASKS in concat:
         _cut_masks(targets, images)
