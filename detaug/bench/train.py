@@ -172,6 +172,16 @@ def _time_torch(batches: Iterator, ctx: _Context, warmup: int, steps: int, seed:
             close()
 
 
+def _every_rank(ctx: _Context, value: Any) -> list[Any]:
+    """``value`` of every rank (this one's alone without torchrun): for decisions all ranks
+    must take alike."""
+    if ctx.world == 1:
+        return [value]
+    values: list[Any] = [None] * ctx.world
+    torch.distributed.all_gather_object(values, value)
+    return values
+
+
 def _cached_batches(batch: tuple) -> Iterator[tuple]:
     while True:
         yield batch
@@ -399,10 +409,7 @@ def _run_row(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
             "cpu_cores": timed.cpu_seconds / timed.seconds, "gpu_peak_mib": timed.gpu_peak_mib,
             "torch_peak_mib": timed.torch_peak_mib, "host_peak_rss_mib": timed.host_peak_rss_mib,
             "images": timed.images, "seconds": timed.seconds}
-    ranks = [mine]
-    if ctx.world > 1:
-        ranks = [None] * ctx.world
-        torch.distributed.all_gather_object(ranks, mine)
+    ranks = _every_rank(ctx, mine)
     peak = [r[k] for r in ranks for k in ("gpu_peak_mib",) if r[k] is not None]
     torch_peak = [r["torch_peak_mib"] for r in ranks if r["torch_peak_mib"] is not None]
     total = sum(r["img_per_s"] for r in ranks)
@@ -452,6 +459,9 @@ def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
         return timed, "ResNet-18 trunk in Keras layers, random weights"
     if row.name == "detaug-cuda-decoder" and not ctx.cuda:
         raise VariantUnavailable("the CPU decodes every JPEG itself: no hardware decoder share to set")
+    if row.name == "detaug-process" and ctx.cuda and max(_every_rank(ctx, ctx.device.index or 0)) > 0:
+        raise VariantUnavailable("feed_process=True runs only on the first GPU a process sees for now: "  # every rank
+                                 "a rank here trains on another")
     if row.kind == "ceiling":
         batch = _first_batch_on(ctx, detaug_variants.iter_detaug(dataset, settings, **_COCO_LOADER_ARGS[row.name]))
         return _time_torch(_cached_batches(batch), ctx, warmup, steps, settings.seed)

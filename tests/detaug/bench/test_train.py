@@ -510,6 +510,18 @@ def test_a_rows_error_is_recorded_alone_and_ends_the_run_under_torchrun():
     assert "unknown training row" in str(raised.value.__cause__)
 
 
+def test_the_process_row_is_unavailable_where_a_rank_trains_on_another_gpu_than_the_first():
+    """``feed_process=True`` refuses ``cuda:1`` and after: the row says so instead of failing (a
+    failing row ends a torchrun run), decided before any CUDA work."""
+    from detaug.bench.harness import BenchSettings
+    from detaug.bench.train_context import _Context
+
+    row = {r.name: r for r in train.TRAIN_ROWS}["detaug-process"]
+    result = train._run_row(row, None, BenchSettings(device="gpu", batch_size=2),
+                            _Context(torch.device("cuda", 1), False), 1, 1, lambda _: None)
+    assert result.status == "unavailable" and "only on the first GPU" in result.message
+
+
 def test_a_graphed_runs_legend_says_what_its_data_wait_is():
     """With ``--train-step graph`` the host waits in ``next()`` while the GPU runs the replayed
     step, so the printed legend says its data wait is not the GPU's idle time; op by op it does
