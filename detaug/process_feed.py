@@ -38,6 +38,7 @@ parent records as its own loader would.
 from __future__ import annotations
 
 import faulthandler
+import pickle
 import signal
 import time
 import warnings
@@ -94,7 +95,13 @@ class ProcessFeed:
         self._known = [0] * slots  # the generation of each buffer received (0: none)
         cuda = device.type == "cuda"
         self._release = [_interprocess_event(device) for _ in range(slots)] if cuda else None
-        self._pool = start_pool(1, _open, (make, loader_args, loader_kwargs))
+        try:
+            self._pool = start_pool(1, _open, (make, loader_args, loader_kwargs))  # pickles them first
+        except (pickle.PicklingError, TypeError, AttributeError) as err:
+            raise TypeError(
+                f"feed_process=True: the source, transforms and loader arguments go to the loader's process pickled, "
+                f"and they cannot be ({err}); make them picklable (classes and functions defined at a module's top "
+                "level, no locks or open files) or use feed_process=False") from err
         self._jobs: deque[tuple[tuple[int, int], list[int], Future]] = deque()  # (epoch, first step), slots
         self._failed: tuple[tuple[int, int], BaseException] | None = None  # where a job's error is raised
         self.pid: int = next(iter(self._pool._processes))  # start_pool started it

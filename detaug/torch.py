@@ -141,11 +141,12 @@ class DetectionLoader(core.LabelledFace):
             wait for it (``Tensor.record_stream``, ``Stream.wait_stream``), as in any
             ``torch.cuda.stream`` block.
         feed_process: make the batches in a process of its own (``False``, default: in this
-            one): the whole loader (DALI, planning workers, the feed) runs in a spawned child and
-            its batches reach this process through a ring of slots the two share (CUDA IPC on
-            the GPU, shared memory on the CPU), each copied once into memory of this process's,
-            so the feed's Python never takes the interpreter lock from the training thread
-            (:mod:`detaug.process_feed`). The same batches, targets, epochs, findings and
+            one): the whole loader (DALI, planning workers, the feed) runs in a spawned child
+            (the source, transforms and arguments go to it pickled: a ``TypeError`` names what
+            does not pickle) and its batches reach this process through a ring of slots the two
+            share (CUDA IPC on the GPU, shared memory on the CPU), each copied once into memory of
+            this process's, so the feed's Python never takes the interpreter lock from the
+            training thread (:mod:`detaug.process_feed`). The same batches, targets, epochs, findings and
             warnings; a child that dies (killed, out of memory) is replaced, with a
             ``RuntimeWarning``, and the epoch goes on from the batch it had reached. On a GPU run
             it under NVIDIA's Multi-Process Service (MPS): without it the two processes' kernels

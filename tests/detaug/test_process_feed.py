@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import threading
 import warnings
 
 import pytest
@@ -207,6 +208,10 @@ def test_an_error_in_a_batch_comes_after_the_batches_before_it():
 
 def test_the_childs_errors_when_built_are_raised_here_and_the_flag_is_checked(samples):
     source = SampleListSource(samples)
+    unpicklable = SampleListSource(samples)
+    unpicklable.lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"feed_process=True: the source, .* cannot be \(cannot pickle '_thread.lock'"):
+        DetectionLoader(unpicklable, RECIPES["ragged"], 4, device=DEVICE, feed_process=True)
     with pytest.raises(TypeError, match="feed_process must be True or False, got 1"):
         DetectionLoader(source, RECIPES["ragged"], 4, device=DEVICE, feed_process=1)
     with pytest.raises(ValueError, match="num_classes"):  # checked in this process, before any child
