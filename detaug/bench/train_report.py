@@ -207,6 +207,7 @@ class TrainReport:
     def _table(self, results: list[TrainResult]) -> list[str]:
         gpu = self.settings.device == "gpu"
         ddp = self.world_size > 1
+        common = next((r.model for r in self.results if r.model), "")  # the report's "model:" line
         header = ("row", "img/s", *(["total img/s"] if ddp else []), "vs ceiling", "data wait", "not ready", "CPU cores",
                   *(["GPU MiB"] if gpu else []), "note")
         rows = [header]
@@ -223,8 +224,9 @@ class TrainReport:
                 "-" if r.not_ready_wait is None else f"{r.not_ready_wait:.1%}",
                 "-" if r.cpu_cores is None else f"{r.cpu_cores:.1f}",
                 *(["-" if r.gpu_peak_mib is None else f"{r.gpu_peak_mib:,.0f}"] if gpu else []),
-                r.row.note + (f"; timed before and after each row against it: {', '.join(f'{v:,.0f}' for v in r.runs)} "
-                              "img/s, their mean" if len(r.runs) > 1 else ""),
+                r.row.note + _model_beyond(r.model, common)
+                + (f"; timed before and after each row against it: {', '.join(f'{v:,.0f}' for v in r.runs)} "
+                   "img/s, their mean" if len(r.runs) > 1 else ""),
             ))
         return format_table(rows)
 
@@ -256,3 +258,11 @@ def _evaluate(check: TrainCheck, results: list[TrainResult], batch_size: int, de
     if value is None:
         return TrainCheckResult(check, None, batch_size, f"no {row.row.ceiling} row", applies)
     return TrainCheckResult(check, value, batch_size, applies=applies)
+
+
+def _model_beyond(model: str, common: str) -> str:
+    """What a row's model description says beyond the report's ``model:`` line (``common``),
+    for its note: e.g. whether an MPS daemon was found, batches stepped eagerly."""
+    if not model or model == common:
+        return ""
+    return model[len(common):] if common and model.startswith(common) else f"; {model}"

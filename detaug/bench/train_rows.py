@@ -58,7 +58,7 @@ TRAIN_ROWS: tuple[TrainRow, ...] = (
              "a GPU-bound step (docs/loader.md); an option, not checked; a GPU run only"),
     TrainRow("detaug-process", "detaug iterator, loader in its own process", "iterator",
              "DetectionLoader(CocoSource, feed_process=True): the loader in a child process; on a GPU it "
-             "needs NVIDIA MPS (the row's model column says whether an MPS daemon answered); an option, not checked"),
+             "needs NVIDIA MPS (the note says whether an MPS daemon was found); an option, not checked"),
     TrainRow("ceiling-padded", "ceiling, padded targets (one cached batch)", "ceiling",
              "the same steps on one batch of padded targets kept on the device", ceiling="ceiling-padded"),
     TrainRow("detaug-padded", "detaug iterator, padded targets", "iterator",

@@ -522,6 +522,29 @@ def test_the_process_row_is_unavailable_where_a_rank_trains_on_another_gpu_than_
     assert result.status == "unavailable" and "only on the first GPU" in result.message
 
 
+def test_a_rows_own_model_words_show_in_its_printed_note():
+    """What a row's model description adds to the report's "model:" line (the process row's MPS
+    daemon, found or not) is printed in that row's note; a row that adds nothing prints the note."""
+    from detaug.bench.dataset import BenchDataset
+    from detaug.bench.harness import BenchSettings
+    from detaug.bench.train_report import TrainReport
+
+    rows = {row.name: row for row in train.TRAIN_ROWS}
+    trunk = "ResNet-18 trunk, random weights"
+    results = [train.TrainResult(rows[name], "ok", batch_size=2, img_per_s=10.0, total_img_per_s=10.0, vs_ceiling=1.0,
+                                 data_wait=0.0, model=model)
+               for name, model in (("ceiling", trunk), ("detaug", trunk),
+                                   ("detaug-process", trunk + "; no NVIDIA MPS daemon found: kernels take turns"))]
+    data = BenchDataset(Path("d"), Path("d/i"), Path("d/a.json"), 2, 3, 2, (8, 8), (8, 8), 100, True)
+    env = {"gpu": "a GPU", "cpus": 16, "versions": {}}
+    text = TrainReport(BenchSettings(device="gpu", workers=1, threads=1), data, env, results, [], 1, 1, (2,)).format()
+    lines = {label: next(line for line in text.splitlines() if line.startswith(label))
+             for label in (rows["detaug-process"].label, rows["detaug"].label)}
+    assert f"model: {trunk}" in text
+    assert lines[rows["detaug-process"].label].endswith("not checked; no NVIDIA MPS daemon found: kernels take turns")
+    assert lines[rows["detaug"].label].endswith(rows["detaug"].note)
+
+
 def test_a_graphed_runs_legend_says_what_its_data_wait_is():
     """With ``--train-step graph`` the host waits in ``next()`` while the GPU runs the replayed
     step, so the printed legend says its data wait is not the GPU's idle time; op by op it does
