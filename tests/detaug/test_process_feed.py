@@ -24,6 +24,7 @@ from tests.detaug.test_bad_images import RECIPE as BAD_RECIPE
 from tests.detaug.test_bad_images import good_jpeg, header_fine_body_broken
 from tests.detaug.test_masks import scene
 from tests.detaug.test_pipeline_runs import RECIPES, SAME_DECODER, _epochs, _equal, over_max_boxes
+from tests.detaug.test_tv_tensors import _torchvision_works
 
 DEVICE = os.environ.get("DETAUG_TEST_DEVICE", "cpu")  # DETAUG_TEST_DEVICE=gpu: the same tests on a GPU
 
@@ -100,6 +101,30 @@ def test_masks_cross_with_their_boxes_and_are_cut_to_each_image(targets):
         assert _equal(images, images1) and _equal(tg, tg1)
         if targets == "dict":
             assert all(t["masks"].shape[-2:] == image.shape[-2:] for t, image in zip(tg, images))
+
+
+def test_tv_tensors_through_the_child_are_the_loaders(samples):
+    """``targets="tv_tensors"``: the parent wraps what the child made as the loader in this
+    process does (images, boxes with their canvas size); torchvision imports on the GPU machine."""
+    reason = _torchvision_works()
+    if reason is not None:
+        pytest.skip(reason)
+    from torchvision import tv_tensors
+
+    source = SampleListSource(samples)
+    made = []
+    for feed_process in (False, True):
+        loader = _loader(source, RECIPES["crop-flip-resize"], feed_process=feed_process, targets="tv_tensors")
+        try:
+            made.append([batch for _ in range(2) for batch in loader])
+        finally:
+            loader.close()
+    assert len(made[1]) == len(made[0]) == 12
+    for (images, targets), (images1, targets1) in zip(*made):
+        assert type(images) is type(images1) and _equal(images, images1)
+        for t, t1 in zip(targets, targets1):
+            assert isinstance(t["boxes"], tv_tensors.BoundingBoxes) and t["boxes"].canvas_size == t1["boxes"].canvas_size
+            assert t.keys() == t1.keys() and all(_equal(t[k], t1[k]) for k in t if isinstance(t[k], torch.Tensor))
 
 
 def test_batches_kept_by_the_caller_are_not_overwritten_when_the_ring_turns(samples):
