@@ -123,7 +123,8 @@ def test_tv_tensors_through_the_child_are_the_loaders(samples):
     for (images, targets), (images1, targets1) in zip(*made):
         assert type(images) is type(images1) and _equal(images, images1)
         for t, t1 in zip(targets, targets1):
-            assert isinstance(t["boxes"], tv_tensors.BoundingBoxes) and t["boxes"].canvas_size == t1["boxes"].canvas_size
+            assert isinstance(t["boxes"], tv_tensors.BoundingBoxes)
+            assert t["boxes"].canvas_size == t1["boxes"].canvas_size
             assert t.keys() == t1.keys() and all(_equal(t[k], t1[k]) for k in t if isinstance(t[k], torch.Tensor))
 
 
