@@ -45,9 +45,9 @@ def shared_stream(role: str, device: torch.device, priority: int) -> torch.cuda.
     """The process's one CUDA stream for ``role`` (``"training"``, ``"feed"``, ``"ring"``: the
     copies into :mod:`detaug.process_feed`'s slots; work that must not wait for each other gets
     streams of different roles) of ``priority`` on ``device`` (a CUDA device), made at the first
-    call and the same object after. (``torch.cuda.Stream()`` takes the
-    next of PyTorch's 32 pooled streams at each call, and memory freed on one stream is reused only
-    on that stream: a new one for each use would leave the memory of the old ones cached, unused.)"""
+    call and the same object after. (``torch.cuda.Stream()`` takes the next of PyTorch's 32
+    pooled streams at each call, and memory freed on one stream is reused only on that stream: a
+    new one for each use would leave the memory of the old ones cached, unused.)"""
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (role, int(index), int(priority))
     with _SHARED_LOCK:

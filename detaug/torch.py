@@ -146,8 +146,8 @@ class DetectionLoader(core.LabelledFace):
             does not pickle) and its batches reach this process through a ring of slots the two
             share (CUDA IPC on the GPU, shared memory on the CPU), each copied once into memory of
             this process's, so the feed's Python never takes the interpreter lock from the
-            training thread (:mod:`detaug.process_feed`). The same batches, targets, epochs, findings and
-            warnings; a child that dies (killed, out of memory) is replaced, with a
+            training thread (:mod:`detaug.process_feed`). The same batches, targets, epochs,
+            findings and warnings; a child that dies (killed, out of memory) is replaced, with a
             ``RuntimeWarning``, and the epoch goes on from the batch it had reached. On a GPU run
             it under NVIDIA's Multi-Process Service (MPS): without it the two processes' kernels
             take turns on the GPU and a GPU-bound model trains slower than with the feed in its

@@ -159,6 +159,12 @@ class TrainReport:
     step: str = "eager"  # --train-step (detaug.bench.train_context.TRAIN_STEPS)
 
     @property
+    def model(self) -> str:
+        """The report's ``model:`` line: the first row's model description (a row that adds to
+        it shows the rest in its note)."""
+        return next((r.model for r in self.results if r.model), "")
+
+    @property
     def runs(self) -> list[TrainReport]:
         return [self]
 
@@ -180,9 +186,8 @@ class TrainReport:
             + (f" | loaders' hw_decoder_load {share:g}" if gpu and share is not None else ""),
             f"dataset: {self.dataset.describe()}",
         ]
-        model = next((r.model for r in self.results if r.model), "")
-        if model:
-            lines.append(f"model: {model}")
+        if self.model:
+            lines.append(f"model: {self.model}")
         for b in self.batch_sizes:
             per = " per GPU" if gpu else " per rank"
             lines += ["", f"batch {b}" + (per if self.world_size > 1 else "") + ":"]
@@ -207,7 +212,6 @@ class TrainReport:
     def _table(self, results: list[TrainResult]) -> list[str]:
         gpu = self.settings.device == "gpu"
         ddp = self.world_size > 1
-        common = next((r.model for r in self.results if r.model), "")  # the report's "model:" line
         header = ("row", "img/s", *(["total img/s"] if ddp else []), "vs ceiling", "data wait", "not ready", "CPU cores",
                   *(["GPU MiB"] if gpu else []), "note")
         rows = [header]
@@ -224,7 +228,7 @@ class TrainReport:
                 "-" if r.not_ready_wait is None else f"{r.not_ready_wait:.1%}",
                 "-" if r.cpu_cores is None else f"{r.cpu_cores:.1f}",
                 *(["-" if r.gpu_peak_mib is None else f"{r.gpu_peak_mib:,.0f}"] if gpu else []),
-                r.row.note + _model_beyond(r.model, common)
+                r.row.note + _model_beyond(r.model, self.model)
                 + (f"; timed before and after each row against it: {', '.join(f'{v:,.0f}' for v in r.runs)} "
                    "img/s, their mean" if len(r.runs) > 1 else ""),
             ))

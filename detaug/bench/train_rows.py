@@ -74,8 +74,7 @@ TRAIN_ROWS: tuple[TrainRow, ...] = (
 TRAIN_ROW_NAMES = tuple(row.name for row in TRAIN_ROWS)
 #: Run order: the DataLoader peer first (its workers fork before DALI starts threads here).
 TRAIN_RUN_ORDER = ("torchvision", "ceiling", "detaug", "detaug-list", "detaug-cuda-decoder", "detaug-process",
-                   "ceiling-padded",
-                   "detaug-padded", "keras-ceiling", "sequence")
+                   "ceiling-padded", "detaug-padded", "keras-ceiling", "sequence")
 
 
 def selected_rows(only: Sequence[str] | None) -> set[str]:
