@@ -151,9 +151,7 @@ class DetectionLoader(core.LabelledFace):
             ``RuntimeWarning``, and the epoch goes on from the batch it had reached. On a GPU run
             it under NVIDIA's Multi-Process Service (MPS): without it the two processes' kernels
             take turns on the GPU and a GPU-bound model trains slower than with the feed in its
-            process (docs/loader.md, "Feeding a fast model"). Only on the first GPU this process
-            sees for now (``NotImplementedError`` for ``cuda:1`` and after: the child crashed
-            there).
+            process (docs/loader.md, "Feeding a fast model").
         num_classes: the model's ``num_classes`` (torchvision's, counting the background); when
             given, the loader checks when it is built that every class index fits, ``1 <=
             label < num_classes``, for every category of the source (also one without boxes),
@@ -253,11 +251,6 @@ class DetectionLoader(core.LabelledFace):
         shuffle = core.resolve_shuffle(source, shuffle)
         device, self.device_id = core.resolve_device_once(device, device_id, default_gpu=_local_gpu)
         self.device = torch.device("cpu") if self.device_id is None else torch.device("cuda", self.device_id)
-        if feed_process and self.device_id not in (None, 0):
-            raise NotImplementedError(
-                f"feed_process=True on cuda:{self.device_id} is not supported yet: in testing the loader's process "
-                "crashed (signal 11) on any GPU but the first; use feed_process=False, or make this GPU the first "
-                f"this process sees (CUDA_VISIBLE_DEVICES={self.device_id}, then device_id=0)")
         self.source, self.transforms, self.batch_size = source, transforms, int(batch_size)
         self.shuffle, self.drop_last, self.seed = bool(shuffle), bool(drop_last), int(seed)
         self.shard_id, self.num_shards = shard_id, num_shards

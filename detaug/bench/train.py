@@ -459,9 +459,6 @@ def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
         return timed, "ResNet-18 trunk in Keras layers, random weights"
     if row.name == "detaug-cuda-decoder" and not ctx.cuda:
         raise VariantUnavailable("the CPU decodes every JPEG itself: no hardware decoder share to set")
-    if row.name == "detaug-process" and ctx.cuda and max(_every_rank(ctx, ctx.device.index or 0)) > 0:
-        raise VariantUnavailable("feed_process=True runs only on the first GPU a process sees for now: "  # every rank
-                                 "a rank here trains on another")
     if row.kind == "ceiling":
         batch = _first_batch_on(ctx, detaug_variants.iter_detaug(dataset, settings, **_COCO_LOADER_ARGS[row.name]))
         return _time_torch(_cached_batches(batch), ctx, warmup, steps, settings.seed)

@@ -245,10 +245,24 @@ def test_the_childs_errors_when_built_are_raised_here_and_the_flag_is_checked(sa
 
 
 @pytest.mark.skipif(DEVICE != "gpu" or torch.cuda.device_count() < 2, reason="needs a second GPU")
-def test_a_gpu_other_than_the_first_is_refused_with_the_way_round_it(samples):
-    """The child crashed on cuda:1 (signal 11, 2026-11-28): refused when the loader is built."""
-    with pytest.raises(NotImplementedError, match="feed_process=True on cuda:1.*CUDA_VISIBLE_DEVICES"):
-        DetectionLoader(SampleListSource(samples), RECIPES["ragged"], 4, device="gpu", device_id=1, feed_process=True)
+def test_on_the_second_gpu_the_child_yields_what_the_loader_in_this_process_does(samples):
+    """``device_id=1`` (a rank's GPU under torchrun): the ring's buffers and events live on
+    ``cuda:1`` in both processes; the batches there equal the in-process loader's."""
+    source = SampleListSource(samples)
+    here = DetectionLoader(source, RECIPES["crop-flip-resize"], 4, device="gpu", device_id=1, shuffle=True, seed=3,
+                           hw_decoder_load=SAME_DECODER)
+    expected = _epochs(here)
+    here.close()
+    child = DetectionLoader(source, RECIPES["crop-flip-resize"], 4, device="gpu", device_id=1, shuffle=True, seed=3,
+                            hw_decoder_load=SAME_DECODER, feed_process=True)
+    try:
+        made = _epochs(child)
+        assert [ids for ids, *_ in made] == [ids for ids, *_ in expected] and len(made) == 12
+        for (_, images, tg), (_, images1, tg1) in zip(made, expected):
+            assert images.device == torch.device("cuda", 1) and all(t["boxes"].device == images.device for t in tg)
+            assert _equal(images, images1) and _equal(tg, tg1)
+    finally:
+        child.close()
 
 
 def test_a_killed_child_is_replaced_and_the_epoch_goes_on_with_the_same_batches(samples):

@@ -510,18 +510,6 @@ def test_a_rows_error_is_recorded_alone_and_ends_the_run_under_torchrun():
     assert "unknown training row" in str(raised.value.__cause__)
 
 
-def test_the_process_row_is_unavailable_where_a_rank_trains_on_another_gpu_than_the_first():
-    """``feed_process=True`` refuses ``cuda:1`` and after: the row says so instead of failing (a
-    failing row ends a torchrun run), decided before any CUDA work."""
-    from detaug.bench.harness import BenchSettings
-    from detaug.bench.train_context import _Context
-
-    row = {r.name: r for r in train.TRAIN_ROWS}["detaug-process"]
-    result = train._run_row(row, None, BenchSettings(device="gpu", batch_size=2),
-                            _Context(torch.device("cuda", 1), False), 1, 1, lambda _: None)
-    assert result.status == "unavailable" and "only on the first GPU" in result.message
-
-
 def test_a_rows_own_model_words_show_in_its_printed_note():
     """What a row's model description adds to the report's "model:" line (the process row's MPS
     daemon, found or not) is printed in that row's note; a row that adds nothing prints the note."""
