@@ -17,6 +17,7 @@ from detaug.errors import DataWarning
 from detaug.feeder import BackgroundFeed, FeedStats
 from detaug.handover import TARGET_FORMS, dali_images_to_torch, host_targets, image_dicts, targets_to_device
 from detaug.masks import MASKS
+from detaug.mps import mps_control_pipe
 from detaug.plan_ahead import PlanPool
 from detaug.pipeline import outputs_outlive_runs
 from detaug.pipeline_runs import default_batches_per_run
@@ -140,18 +141,21 @@ class DetectionLoader(core.LabelledFace):
             Work the loop body hands to another thread's default stream needs that thread to
             wait for it (``Tensor.record_stream``, ``Stream.wait_stream``), as in any
             ``torch.cuda.stream`` block.
-        feed_process: make the batches in a process of its own (``False``, default: in this
-            one): the whole loader (DALI, planning workers, the feed) runs in a spawned child
-            (the source, transforms and arguments go to it pickled: a ``TypeError`` names what
-            does not pickle) and its batches reach this process through a ring of slots the two
+        feed_process: make the batches in a process of its own (``True``) or in this one
+            (``False``); ``None`` (default): its own on a GPU where an NVIDIA Multi-Process Service
+            (MPS) daemon runs, else this one (:func:`process_by_default`; the choice is
+            ``loader.feed_process``). In its own process the whole loader (DALI, planning
+            workers, the feed) runs in a spawned child (the source, transforms and arguments go
+            to it pickled: a ``TypeError`` names what does not pickle; where the default chose
+            the child and it cannot start, a ``RuntimeWarning`` says why and the loader runs in
+            this process) and its batches reach this process through a ring of slots the two
             share (CUDA IPC on the GPU, shared memory on the CPU), each copied once into memory of
             this process's, so the feed's Python never takes the interpreter lock from the
             training thread (:mod:`detaug.process_feed`). The same batches, targets, epochs,
             findings and warnings; a child that dies (killed, out of memory) is replaced, with a
-            ``RuntimeWarning``, and the epoch goes on from the batch it had reached. On a GPU run
-            it under NVIDIA's Multi-Process Service (MPS): without it the two processes' kernels
-            take turns on the GPU and a GPU-bound model trains slower than with the feed in its
-            process (docs/loader.md, "Feeding a fast model").
+            ``RuntimeWarning``, and the epoch goes on from the batch it had reached. On a GPU
+            without MPS the two processes' kernels take turns: in the recorded runs that gained
+            at batch 64 and cost a GPU-bound step at 256 (docs/loader.md, "Feeding a fast model").
         num_classes: the model's ``num_classes`` (torchvision's, counting the background); when
             given, the loader checks when it is built that every class index fits, ``1 <=
             label < num_classes``, for every category of the source (also one without boxes),
@@ -228,7 +232,7 @@ class DetectionLoader(core.LabelledFace):
         ready_batches: int = 2,
         batches_per_run: int | None = None,
         training_stream: bool = True,
-        feed_process: bool = False,
+        feed_process: bool | None = None,
     ) -> None:
         core.check_count("batch_size", batch_size, 1)
         if not isinstance(transforms, Compose):
@@ -241,8 +245,8 @@ class DetectionLoader(core.LabelledFace):
         core.check_count("ready_batches", ready_batches, 0)
         if not isinstance(training_stream, bool):
             raise TypeError(f"training_stream must be True or False, got {training_stream!r}")
-        if not isinstance(feed_process, bool):
-            raise TypeError(f"feed_process must be True or False, got {feed_process!r}")
+        if feed_process is not None and not isinstance(feed_process, bool):
+            raise TypeError(f"feed_process must be True, False or None, got {feed_process!r}")
         batches_per_run = core.check_count("batches_per_run", batches_per_run, 1, none_ok=True)
         self.targets, self.max_boxes, self.ready_batches = targets, max_boxes, int(ready_batches)
         self.training_stream = training_stream
@@ -251,6 +255,10 @@ class DetectionLoader(core.LabelledFace):
         shuffle = core.resolve_shuffle(source, shuffle)
         device, self.device_id = core.resolve_device_once(device, device_id, default_gpu=_local_gpu)
         self.device = torch.device("cpu") if self.device_id is None else torch.device("cuda", self.device_id)
+        chosen = feed_process is None  # the default: decided here, and undone if the child cannot start
+        #: Whether the batches are made in a process of the loader's own (``feed_process``, resolved).
+        self.feed_process = process_by_default(self.device) if chosen else feed_process
+        feed_process = self.feed_process
         self.source, self.transforms, self.batch_size = source, transforms, int(batch_size)
         self.shuffle, self.drop_last, self.seed = bool(shuffle), bool(drop_last), int(seed)
         self.shard_id, self.num_shards = shard_id, num_shards
@@ -290,10 +298,20 @@ class DetectionLoader(core.LabelledFace):
                      label_map=label_map, num_classes=num_classes,
                      targets="concat" if targets in ("dict", "tv_tensors") else targets, fields=fields,
                      max_boxes=max_boxes, ready_batches=self.ready_batches, batches_per_run=self.batches_per_run,
-                     training_stream=False),
+                     training_stream=False, feed_process=False),
                 -(-max(1, self.ready_batches) // JOB_BATCHES), self.device)
-            self._process = ProcessFeed(*self._process_spec)  # now: the child's errors are raised here
-        else:
+            try:
+                self._process = ProcessFeed(*self._process_spec)  # now: the child's errors are raised here
+            except Exception as err:  # noqa: BLE001 - the default's choice: the loader runs here instead
+                if not chosen:
+                    raise
+                warnings.warn(f"the loader runs in this process: its own process, the default under NVIDIA MPS, "
+                              f"did not start ({err})", RuntimeWarning, stacklevel=2)
+                self.feed_process, self._process_spec = False, None
+                if self.num_workers:
+                    self._pool = PlanPool(self.planner, self.num_workers)
+                    self._pool.deferred = []
+        if self._process is None:
             self.pipeline = core.build(self)
         self._broken = False  # the pipeline failed while batches nobody wanted were dropped
         if len(self) == 0:
@@ -616,3 +634,12 @@ def _as_tv_tensors(batch: Any, targets: list[Target]) -> tuple[Any, list[Target]
     if isinstance(batch, torch.Tensor):
         return tv.Image(batch), targets
     return [tv.Image(image) for image in batch], targets
+
+
+def process_by_default(device: torch.device) -> bool:
+    """``feed_process=None``'s choice: the loader in a process of its own on a GPU where an
+    NVIDIA MPS daemon runs (:func:`detaug.mps.mps_control_pipe`): there the two processes'
+    kernels run side by side, and the training thread keeps the interpreter lock to itself; on
+    the CPU, and on a GPU without MPS (where the child's kernels would take turns with the
+    step's), in the caller's process."""
+    return device.type == "cuda" and mps_control_pipe() is not None

@@ -1,13 +1,12 @@
 """The machine ``detaug bench`` runs on: the device it picks (:func:`pick_bench_device`), what it
 runs there when not told otherwise (:data:`DEFAULTS`), the environment its report records, a
-warning about a small ``/dev/shm`` and whether an NVIDIA MPS daemon runs (:func:`mps_control_pipe`)."""
+warning about a small ``/dev/shm``."""
 
 from __future__ import annotations
 
 import os
 import platform
 import shutil
-import stat
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -120,16 +119,3 @@ def _module_version(name: str) -> str | None:
     distribution metadata)."""
     module = {"DALI": "nvidia.dali", "opencv": "cv2"}.get(name, name)
     return getattr(sys.modules.get(module), "__version__", None)
-
-
-def mps_control_pipe() -> str | None:
-    """The control pipe of a running NVIDIA Multi-Process Service daemon (``nvidia-cuda-mps-control
-    -d``) that this process's CUDA clients join, or ``None``: ``control`` in
-    ``$CUDA_MPS_PIPE_DIRECTORY`` (default ``/tmp/nvidia-mps``), where the CUDA driver looks for it,
-    a named pipe or a socket (not a plain file a daemon left behind)."""
-    path = os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps", "control")
-    try:
-        mode = os.stat(path).st_mode
-        return path if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) else None
-    except OSError:
-        return None

@@ -13,7 +13,7 @@ channels last, SGD. Rows (:data:`TRAIN_ROWS`, ``--only`` names):
   :mod:`detaug.bench.detaug_variants`) with their defaults; ``detaug-cuda-decoder``: ``detaug``
   with ``hw_decoder_load=0.0`` (a GPU run only; an option, not checked); ``detaug-process``:
   ``detaug`` with ``feed_process=True`` (the loader in a child process; on a GPU under NVIDIA MPS,
-  which the row looks for and names, :func:`~detaug.bench.machine.mps_control_pipe`; an option,
+  which the row looks for and names, :func:`~detaug.mps.mps_control_pipe`; an option,
   not checked); ``detaug-padded``:
   ``detaug`` with ``targets="padded"``;
 * ``keras-ceiling``, ``sequence``: the same network in Keras (torch backend,
@@ -69,7 +69,6 @@ import torch
 
 from detaug.bench.dataset import BenchDataset
 from detaug.bench.harness import BenchSettings, VariantUnavailable, count_images
-from detaug.bench.machine import mps_control_pipe
 from detaug.bench.train_context import (
     _Context, _Probe, _Timed, distributed_context, process_tree_cpu_seconds, rank_zero_first,
 )
@@ -82,6 +81,7 @@ from detaug.bench.train_rows import (
     PEER_STEPS, RowKind, TRAIN_DEFAULTS, TRAIN_ROWS, TRAIN_ROW_NAMES, TRAIN_RUN_ORDER, TRAIN_SIZE, TrainDefaults,
     TrainRow, selected_rows,
 )
+from detaug.mps import mps_control_pipe
 
 __all__ = [
     "TRAIN_CHECKS",
@@ -436,6 +436,19 @@ _COCO_LOADER_ARGS: dict[str, dict[str, Any]] = {
 }
 
 
+def _feed_words(row: TrainRow, ctx: _Context) -> str:
+    """What a detaug row's model description adds about where its loader ran: the process row
+    names the MPS daemon (or its absence); a row with the default feed, under MPS, says that the
+    default chose the loader's own process there (:func:`detaug.torch.process_by_default`)."""
+    if not ctx.cuda:
+        return ""
+    pipe = mps_control_pipe()
+    if row.name == "detaug-process":
+        return (f"; the loader's process under NVIDIA MPS (control pipe {pipe})" if pipe else
+                "; no NVIDIA MPS daemon found: the two processes' kernels take turns on the GPU")
+    return f"; the loader in its own process, the default under NVIDIA MPS (control pipe {pipe})" if pipe else ""
+
+
 def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx: _Context, warmup: int,
              steps: int) -> tuple[_Timed, str]:
     from detaug.bench import detaug_variants, torchvision_peers
@@ -459,21 +472,19 @@ def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
         return timed, "ResNet-18 trunk in Keras layers, random weights"
     if row.name == "detaug-cuda-decoder" and not ctx.cuda:
         raise VariantUnavailable("the CPU decodes every JPEG itself: no hardware decoder share to set")
-    if row.kind == "ceiling":
-        batch = _first_batch_on(ctx, detaug_variants.iter_detaug(dataset, settings, **_COCO_LOADER_ARGS[row.name]))
+    if row.kind == "ceiling":  # one batch: made in this process under MPS too
+        batch = _first_batch_on(ctx, detaug_variants.iter_detaug(dataset, settings, feed_process=False,
+                                                                 **_COCO_LOADER_ARGS[row.name]))
         return _time_torch(_cached_batches(batch), ctx, warmup, steps, settings.seed)
     stats = FeedStats()
     if row.name in _COCO_LOADER_ARGS:
         batches = detaug_variants.iter_detaug(dataset, settings, **_COCO_LOADER_ARGS[row.name], feed_stats=stats)
         timed, described = _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
-        if row.name == "detaug-process" and ctx.cuda:
-            pipe = mps_control_pipe()
-            described += (f"; the loader's process under NVIDIA MPS (control pipe {pipe})" if pipe else
-                          "; no NVIDIA MPS daemon found: the two processes' kernels take turns on the GPU")
-        return timed, described
+        return timed, described + _feed_words(row, ctx)
     if row.name == "detaug-list":
         batches = detaug_variants.iter_detaug_list(dataset, settings, feed_stats=stats)
-        return _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
+        timed, described = _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
+        return timed, described + _feed_words(row, ctx)
     if row.name == "torchvision":
         workers = max(1, settings.workers // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         batches = torchvision_peers.iter_torchvision(dataset, replace(settings, workers=workers, seed=settings.seed + ctx.rank))

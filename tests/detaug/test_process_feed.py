@@ -238,7 +238,7 @@ def test_the_childs_errors_when_built_are_raised_here_and_the_flag_is_checked(sa
     unpicklable.lock = threading.Lock()
     with pytest.raises(TypeError, match=r"feed_process=True: the source, .* cannot be \(cannot pickle '_thread.lock'"):
         DetectionLoader(unpicklable, RECIPES["ragged"], 4, device=DEVICE, feed_process=True)
-    with pytest.raises(TypeError, match="feed_process must be True or False, got 1"):
+    with pytest.raises(TypeError, match="feed_process must be True, False or None, got 1"):
         DetectionLoader(source, RECIPES["ragged"], 4, device=DEVICE, feed_process=1)
     with pytest.raises(ValueError, match="num_classes"):  # checked in this process, before any child
         DetectionLoader(source, RECIPES["ragged"], 4, device=DEVICE, feed_process=True, num_classes=1)
@@ -261,6 +261,53 @@ def test_on_the_second_gpu_the_child_yields_what_the_loader_in_this_process_does
         for (_, images, tg), (_, images1, tg1) in zip(made, expected):
             assert images.device == torch.device("cuda", 1) and all(t["boxes"].device == images.device for t in tg)
             assert _equal(images, images1) and _equal(tg, tg1)
+    finally:
+        child.close()
+
+
+def test_the_default_is_the_loaders_own_process_on_a_gpu_under_mps_only(tmp_path, monkeypatch):
+    """``feed_process=None`` decides by the device and by an MPS daemon's control pipe (found as
+    the CUDA driver finds it); a CPU loader stays in the caller's process under MPS too."""
+    from detaug.torch import process_by_default
+
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert not process_by_default(torch.device("cuda", 1))  # no daemon
+    os.mkfifo(tmp_path / "control")
+    assert process_by_default(torch.device("cuda", 1)) and not process_by_default(torch.device("cpu"))
+    loader = DetectionLoader(SampleListSource(scene_samples(4, size=(32, 32))[0]), RECIPES["ragged"], 2,
+                             device="cpu")
+    try:
+        assert loader.feed_process is False and loader._process is None and loader.pipeline is not None
+    finally:
+        loader.close()
+
+
+def test_where_the_default_chooses_the_child_and_it_cannot_start_the_loader_runs_here(samples, monkeypatch):
+    """The default's child (forced here: no GPU under MPS in CI) for a source that does not
+    pickle: a RuntimeWarning says why and the loader yields, in this process, what a loader
+    with ``feed_process=False`` does; a picklable source gets its child."""
+    import detaug.torch as loader_module
+
+    monkeypatch.setattr(loader_module, "process_by_default", lambda device: True)
+    source = SampleListSource(samples)
+    expected = _epochs(_loader(source, RECIPES["ragged"], feed_process=False), epochs=1)
+    unpicklable = SampleListSource(samples)
+    unpicklable.lock = threading.Lock()
+    with pytest.warns(RuntimeWarning, match=r"the loader runs in this process: its own process, the default under "
+                                            r"NVIDIA MPS, did not start \(feed_process=True: .*'_thread.lock'"):
+        here = _loader(unpicklable, RECIPES["ragged"], feed_process=None)
+    try:
+        assert here.feed_process is False and here._process is None
+        made = _epochs(here, epochs=1)
+        assert [ids for ids, *_ in made] == [ids for ids, *_ in expected]
+        for (_, images, tg), (_, images1, tg1) in zip(made, expected):
+            assert _equal(images, images1) and _equal(tg, tg1)
+    finally:
+        here.close()
+    child = _loader(source, RECIPES["ragged"], feed_process=None)
+    try:
+        assert child.feed_process is True and child._process is not None and child.pipeline is None
+        assert [ids for ids, *_ in _epochs(child, epochs=1)] == [ids for ids, *_ in expected]
     finally:
         child.close()
 

@@ -1,10 +1,10 @@
-"""detaug.bench.machine: finding a running NVIDIA MPS daemon by its control pipe."""
+"""detaug.mps: finding a running NVIDIA MPS daemon by its control pipe."""
 
 from __future__ import annotations
 
 import os
 
-from detaug.bench.machine import mps_control_pipe
+from detaug.mps import mps_control_pipe
 
 
 def test_an_mps_daemon_is_found_by_its_control_pipe_only(tmp_path, monkeypatch):
