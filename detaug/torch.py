@@ -270,9 +270,7 @@ class DetectionLoader(core.LabelledFace):
         self.fields = self.planner.fields  # the names each target carries, in order
         self.on_error = on_error
         self.num_workers = core.planning_workers("num_workers", num_workers, self.device_id)
-        self._pool = PlanPool(self.planner, self.num_workers) if self.num_workers and not feed_process else None
-        if self._pool is not None:
-            self._pool.deferred = []  # said by _record, in the caller's thread
+        self._pool = self._plan_pool() if not feed_process else None
         num_threads = core.pipeline_threads(num_threads, self.num_workers)  # None: the CPUs the workers leave
         self.hw_decoder_load = core.hardware_decoder_share(hw_decoder_load, self.device_id)
         size = transforms.output_size()  # (h, w) of every image, else None; float32 after an output stage
@@ -307,10 +305,7 @@ class DetectionLoader(core.LabelledFace):
                     raise
                 warnings.warn(f"the loader runs in this process: its own process, the default under NVIDIA MPS, "
                               f"did not start ({err})", RuntimeWarning, stacklevel=2)
-                self.feed_process, self._process_spec = False, None
-                if self.num_workers:
-                    self._pool = PlanPool(self.planner, self.num_workers)
-                    self._pool.deferred = []
+                self.feed_process, self._process_spec, self._pool = False, None, self._plan_pool()
         if self._process is None:
             self.pipeline = core.build(self)
         self._broken = False  # the pipeline failed while batches nobody wanted were dropped
@@ -509,6 +504,15 @@ class DetectionLoader(core.LabelledFace):
             loop_stream.exit()
             if not completed:
                 feed.drop_ahead()
+
+    def _plan_pool(self) -> PlanPool | None:
+        """The planning workers of a loader in this process (``None`` without workers); their
+        messages are kept in ``deferred``, said by :meth:`_record` in the caller's thread."""
+        if not self.num_workers:
+            return None
+        pool = PlanPool(self.planner, self.num_workers)
+        pool.deferred = []
+        return pool
 
     def _close_current(self) -> None:
         if self._current is not None:
