@@ -510,6 +510,24 @@ def test_a_rows_error_is_recorded_alone_and_ends_the_run_under_torchrun():
     assert "unknown training row" in str(raised.value.__cause__)
 
 
+def test_a_detaug_rows_description_says_where_its_loader_ran(tmp_path, monkeypatch):
+    """On a GPU under MPS the default rows say that the default chose the loader's own process;
+    the process row names the daemon or its absence; without MPS, or on the CPU, the default
+    rows add nothing."""
+    from detaug.bench.train_context import _Context
+
+    rows = {r.name: r for r in train.TRAIN_ROWS}
+    gpu, cpu = _Context(torch.device("cuda", 0), False), _Context(torch.device("cpu"), False)
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert train._feed_words(rows["detaug"], gpu) == "" and train._feed_words(rows["detaug-process"], cpu) == ""
+    assert "no NVIDIA MPS daemon found" in train._feed_words(rows["detaug-process"], gpu)
+    os.mkfifo(tmp_path / "control")
+    assert train._feed_words(rows["detaug-list"], gpu) == (
+        f"; the loader in its own process, the default under NVIDIA MPS (control pipe {tmp_path / 'control'})")
+    assert "the loader's process under NVIDIA MPS" in train._feed_words(rows["detaug-process"], gpu)
+    assert train._feed_words(rows["detaug"], cpu) == ""
+
+
 def test_a_rows_own_model_words_show_in_its_printed_note():
     """What a row's model description adds to the report's "model:" line (the process row's MPS
     daemon, found or not) is printed in that row's note; a row that adds nothing prints the note."""
