@@ -41,12 +41,12 @@ class Layer:
 #: The layers, bottom first.
 LAYERS: tuple[Layer, ...] = (
     Layer("foundations", "errors, random keys, box kernels, worker processes, the DALI-to-framework hand-over, "
-          "the training loop's CUDA stream, a loader's process, "
+          "the training loop's CUDA stream, a loader's process, finding an MPS daemon, "
           "generated data, the shared command-line helpers",
           ("detaug", "detaug.arrays", "detaug.errors", "detaug.seeds", "detaug.boxes", "detaug.keypoints", "detaug.rotated", "detaug.masks",
            "detaug.plan", "detaug.plan_layout", "detaug.decode_regions", "detaug.labels", "detaug.epochs",
            "detaug.decoding", "detaug.main_pickles", "detaug.spawning", "detaug.worker_payload",
-           "detaug.pool_stop", "detaug.sigterm", "detaug.workers", "detaug.shared_arrays", "detaug.handover", "detaug.feeder", "detaug.process_feed", "detaug.streams",
+           "detaug.pool_stop", "detaug.sigterm", "detaug.workers", "detaug.shared_arrays", "detaug.handover", "detaug.feeder", "detaug.process_feed", "detaug.streams", "detaug.mps",
            "detaug.synthetic", "detaug.synthetic_scenes", "detaug.synthetic_voc",
            "detaug.synthetic_coco", "detaug.preview", "detaug.cli_support")),
     Layer("formats", "reading and checking files: images, COCO, box formats, columnar caches",
