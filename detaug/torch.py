@@ -257,8 +257,7 @@ class DetectionLoader(core.LabelledFace):
         self.device = torch.device("cpu") if self.device_id is None else torch.device("cuda", self.device_id)
         chosen = feed_process is None  # the default: decided here, and undone if the child cannot start
         #: Whether the batches are made in a process of the loader's own (``feed_process``, resolved).
-        self.feed_process = process_by_default(self.device) if chosen else feed_process
-        feed_process = self.feed_process
+        feed_process = self.feed_process = process_by_default(self.device) if chosen else feed_process
         self.source, self.transforms, self.batch_size = source, transforms, int(batch_size)
         self.shuffle, self.drop_last, self.seed = bool(shuffle), bool(drop_last), int(seed)
         self.shard_id, self.num_shards = shard_id, num_shards

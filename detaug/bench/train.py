@@ -438,15 +438,19 @@ _COCO_LOADER_ARGS: dict[str, dict[str, Any]] = {
 
 def _feed_words(row: TrainRow, ctx: _Context) -> str:
     """What a detaug row's model description adds about where its loader ran: the process row
-    names the MPS daemon (or its absence); a row with the default feed, under MPS, says that the
-    default chose the loader's own process there (:func:`detaug.torch.process_by_default`)."""
+    names the MPS daemon (or its absence); a row with the default feed says so where the default
+    chose the loader's own process (:func:`detaug.torch.process_by_default`)."""
+    from detaug.torch import process_by_default
+
     if not ctx.cuda:
         return ""
     pipe = mps_control_pipe()
     if row.name == "detaug-process":
         return (f"; the loader's process under NVIDIA MPS (control pipe {pipe})" if pipe else
                 "; no NVIDIA MPS daemon found: the two processes' kernels take turns on the GPU")
-    return f"; the loader in its own process, the default under NVIDIA MPS (control pipe {pipe})" if pipe else ""
+    if process_by_default(ctx.device):
+        return f"; the loader in its own process, the default under NVIDIA MPS (control pipe {pipe})"
+    return ""
 
 
 def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx: _Context, warmup: int,
@@ -477,12 +481,9 @@ def _measure(row: TrainRow, dataset: BenchDataset, settings: BenchSettings, ctx:
                                                                  **_COCO_LOADER_ARGS[row.name]))
         return _time_torch(_cached_batches(batch), ctx, warmup, steps, settings.seed)
     stats = FeedStats()
-    if row.name in _COCO_LOADER_ARGS:
-        batches = detaug_variants.iter_detaug(dataset, settings, **_COCO_LOADER_ARGS[row.name], feed_stats=stats)
-        timed, described = _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
-        return timed, described + _feed_words(row, ctx)
-    if row.name == "detaug-list":
-        batches = detaug_variants.iter_detaug_list(dataset, settings, feed_stats=stats)
+    if row.name in _COCO_LOADER_ARGS or row.name == "detaug-list":
+        batches = (detaug_variants.iter_detaug_list(dataset, settings, feed_stats=stats) if row.name == "detaug-list"
+                   else detaug_variants.iter_detaug(dataset, settings, **_COCO_LOADER_ARGS[row.name], feed_stats=stats))
         timed, described = _time_torch(batches, ctx, warmup, steps, settings.seed, stats)
         return timed, described + _feed_words(row, ctx)
     if row.name == "torchvision":
