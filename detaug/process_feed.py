@@ -14,12 +14,15 @@ is first used or has to grow. The child copies a batch's images and the one allo
 targets view into a slot the parent gave its job, and records the slot's "ready" event (an
 inter-process CUDA event, sent once); a batch then crosses as its slot number, where each
 tensor lies in the slot, and its findings - no tensor is unpickled or IPC handle opened per
-batch. The parent waits for "ready" on the caller's stream, copies the slot's bytes into one new
+batch. The parent waits for "ready" on its current stream, copies the slot's bytes into one new
 allocation there (the caller owns what it is handed, as from the loader in its own process: a
 batch may be kept for as long as the caller likes), records the slot's "release" event (made by
 the parent, sent once) and gives the slot to a later job; the child's copy stream waits for
-"release" before it writes into the slot again. Neither side waits on the host for the other's
-GPU work.
+"release" before it writes into the slot again. The loader takes its batches here in a
+background thread of the parent's, on the feed stream (:mod:`detaug.feeder`), and hands each
+over to the training stream as the loader in the caller's process does; with
+``ready_batches=0``, inside ``next()`` on the caller's stream. Neither process waits on the host
+for the other's GPU work.
 
 On a GPU the two processes' kernels share the GPU the way two processes do: without NVIDIA's
 Multi-Process Service (MPS) they take turns in time slices, which can cost a GPU-bound model
@@ -133,8 +136,9 @@ class ProcessFeed:
 
     def take(self, epoch: int, step: int, steps: int, stats: Any = None) -> list[tuple]:
         """The batches from ``(epoch, step)`` on (at least one, at most a job's), made by the
-        child: ``(step, findings, deferred, images, targets, counts, image_ids)`` each, in
-        memory of this process's (copied on the caller's current stream); jobs for the batches
+        child: ``(step, findings, deferred, images, targets, counts, image_ids, base)`` each, in
+        memory of this process's (copied on the caller's current stream; ``base``: the one
+        allocation the batch's images and targets view); jobs for the batches
         after them are submitted up to ``depth`` ahead (none past ``steps``, the epoch's
         batches). Jobs in flight for other positions are dropped. ``stats`` (a
         :class:`~detaug.feeder.FeedStats`) counts the take and any wait for the child."""
@@ -155,8 +159,10 @@ class ProcessFeed:
         _, slots, _ = self._jobs.popleft()
         try:
             batches, failed = future.result()
-            made = [(step_, findings, deferred, *self._receive(slot, sent, layout), counts, ids)
-                    for step_, findings, deferred, slot, sent, layout, counts, ids in batches]
+            made = []
+            for step_, findings, deferred, slot, sent, layout, counts, ids in batches:
+                images, targets, base = self._receive(slot, sent, layout)
+                made.append((step_, findings, deferred, images, targets, counts, ids, base))
         finally:
             self._free.extend(slots)
         if failed is not None:  # raised when the batch it failed on is asked for, after those before it
@@ -185,9 +191,11 @@ class ProcessFeed:
         job[2].cancel()
         self._free.extend(job[1])
 
-    def _receive(self, slot: int, sent: tuple | None, layout: tuple) -> tuple[Any, dict[str, torch.Tensor]]:
-        """A batch's images and targets copied out of ``slot`` into one new allocation, on the
-        caller's stream after the child's copies into it; the slot released after the copy."""
+    def _receive(self, slot: int, sent: tuple | None,
+                 layout: tuple) -> tuple[Any, dict[str, torch.Tensor], torch.Tensor]:
+        """A batch's images and targets copied out of ``slot`` into one new allocation (returned
+        third: what they view), on the caller's stream after the child's copies into it; the
+        slot released after the copy."""
         if sent is not None:  # a new or grown buffer, with its ready event
             self._slots[slot], self._ready[slot], self._known[slot] = sent
         image_entries, stacked, target_entries, size = layout
@@ -200,7 +208,7 @@ class ProcessFeed:
         if stream is not None:
             self._release[slot].record(stream)
         images = [_view(out, entry) for entry in image_entries]
-        return (images[0] if stacked else images), {name: _view(out, entry) for name, entry in target_entries}
+        return (images[0] if stacked else images), {name: _view(out, entry) for name, entry in target_entries}, out
 
     def drop_ahead(self) -> None:
         """Forget the jobs in flight and an error not raised yet (an iteration ended early)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import warnings
@@ -116,7 +117,9 @@ class DetectionLoader(core.LabelledFace):
             collecting the loader, stops it). :attr:`feed_stats` (a
             :class:`~detaug.feeder.FeedStats`) counts the batches taken, those not made yet when
             ``next()`` asked for them and the seconds it waited for those: a training loop whose
-            ``not_ready`` stays near 0 never waits for data.
+            ``not_ready`` stays near 0 never waits for data. With ``feed_process`` the thread
+            takes the child's batches (a job of up to 4 at a time), copies them out of the
+            ring and gives them their per-image targets; ``0``: all that inside ``next()``.
         batches_per_run: consecutive batches DALI makes in one pipeline run, its outputs then
             handed out batch by batch (:mod:`detaug.pipeline_runs`): a run's own costs (feeding,
             the executor's events and copies, the collection and hand-over of its outputs) are
@@ -463,46 +466,63 @@ class DetectionLoader(core.LabelledFace):
             made.close()
 
     def _consume_process(self, epoch: int, start: int) -> Iterator[tuple[Any, Any]]:
-        """:meth:`_consume` with the batches made in the child process (``feed_process``)."""
+        """:meth:`_consume` with the batches made in the child process (``feed_process``): taken
+        from the child, copied out of its slots and given their targets (:func:`_child_runs`)
+        in a background thread, ``ready_batches`` ahead on the feed stream, as the loader in
+        this process makes its own; with ``ready_batches=0`` inside ``next()``."""
         if self._process is None:  # closed before
             self._process = ProcessFeed(*self._process_spec)
-        feed, steps, form = self._process, len(self), "dict" if self.targets == "tv_tensors" else self.targets
+        steps = len(self)
+        feed = core.take_feed(self, (epoch, start)) if self.ready_batches else None
+        if feed is None and self.ready_batches and start < steps:
+            proxy = weakref.proxy(self)
+            # One item a take of the child's (up to JOB_BATCHES batches); the thread runs on into
+            # the next epoch, so that epoch's first take is under way when this one ends
+            feed = BackgroundFeed(lambda: _child_runs(proxy, epoch, start, None, forever=True),
+                                  -(-self.ready_batches // JOB_BATCHES), self.device, stats=self.feed_stats)
+            self._live_feeds.append(feed)
+        runs = None if feed is not None else _child_runs(self, epoch, start, self.feed_stats, forever=False)
         loop_stream = LoopStream(self.device, self.training_stream)
+        taken: deque[tuple] = deque()  # the take taken last, batches not yet yielded
+        handed: deque[Any] = deque()  # the targets of the last two batches yielded (see _consume)
         completed = False
         try:
-            loop_stream.enter()  # before the first take: the child's copies are waited for on the loop's stream
-            step = start
-            while step < steps:
-                try:
-                    made = feed.take(epoch, step, steps, self.feed_stats)
-                except BrokenProcessPool:  # the child died (killed, out of memory): a new one goes on from here
-                    why = feed.ended()
-                    feed.close()
-                    self._process = feed = ProcessFeed(*self._process_spec)
-                    warnings.warn(f"the loader's process {why}; a new one (pid {feed.pid}) goes on from batch {step} "
-                                  f"of epoch {epoch}", RuntimeWarning, stacklevel=3)
-                    try:
-                        made = feed.take(epoch, step, steps, self.feed_stats)
-                    except BrokenProcessPool as err:  # again at once: not a passing accident
-                        raise RuntimeError(f"the loader's process {why}; its replacement {feed.ended()} too, at "
-                                           f"batch {step} of epoch {epoch}") from err
-                for made_step, findings, deferred, images, targets, counts, image_ids in made:
-                    assert made_step == step, (made_step, step)
-                    if form == "dict":
-                        targets = _dicts_from_concat(images, targets, counts, image_ids)
-                        if self.targets == "tv_tensors":
-                            images, targets = _as_tv_tensors(images, targets)
-                    for message in deferred:
-                        warnings.warn(message, RuntimeWarning, stacklevel=3)
-                    self._record(findings)
-                    self._step = step = made_step + 1
-                    yield images, targets
+            loop_stream.enter()  # before the first take: the batches are handed over to the loop's stream
+            for _ in range(start, steps):
+                if not taken:
+                    if feed is None:
+                        taken.extend(next(runs))
+                    else:
+                        try:
+                            taken.extend(feed.take())
+                        except StopIteration:  # the thread runs on forever; only a bug ends it
+                            raise RuntimeError("the loader's background feed ended before the epoch did") from None
+                        self.feed_stats.taken -= 1  # the feed counts takes; counted below batch by batch
+                item_epoch, step, findings, messages, images, targets, base = taken.popleft()
+                assert item_epoch == epoch, (item_epoch, epoch)
+                if feed is not None:
+                    self.feed_stats.taken += 1
+                    feed.hand_over([base])  # the one allocation the batch views
+                for message in messages:
+                    warnings.warn(message, RuntimeWarning, stacklevel=3)
+                self._record(findings)
+                self._step = step + 1
+                if feed is not None:
+                    handed.append(targets)
+                    if len(handed) > 2:
+                        feed.retire(handed.popleft())
+                yield images, targets
             self._epoch, self._step, self._abandoned = epoch + 1, 0, False
             completed = True
         finally:
             loop_stream.exit()
-            if not completed:
-                feed.drop_ahead()
+            if feed is not None:
+                if completed:
+                    self._kept_feed, self._feed_at = feed, (epoch + 1, 0)  # already taking the next epoch
+                else:
+                    core.stop_feed(feed, self._live_feeds)  # its thread forgets the child's jobs in flight
+            elif runs is not None:
+                runs.close()
 
     def _plan_pool(self) -> PlanPool | None:
         """The planning workers of a loader in this process (``None`` without workers); their
@@ -586,6 +606,56 @@ class DetectionLoader(core.LabelledFace):
 
 #: ``targets=`` of :class:`DetectionLoader`.
 TARGET_KINDS = (TARGET_FORMS[0], "tv_tensors", *TARGET_FORMS[1:])
+
+
+def _child_runs(loader: DetectionLoader, epoch: int, start: int, stats: FeedStats | None, *,
+                forever: bool) -> Iterator[list[tuple]]:
+    """The batches of ``loader``'s child process from ``(epoch, start)`` on, one list a take
+    (:meth:`detaug.process_feed.ProcessFeed.take`): ``(epoch, step, findings, messages,
+    images, targets, base)`` each, the targets in the loader's form (the per-image forms split
+    here from the child's ``"concat"``), ``messages`` the warnings to say with the batch (the
+    worker pool's, a child replaced), ``base`` the one allocation the batch views. Made in the
+    thread that iterates it, on its current stream; until the epoch ends, or on through the
+    next epochs (``forever``). A child that dies is replaced once, and the epoch goes on from
+    the batch it had reached; the jobs in flight are forgotten when this is closed early."""
+    steps, completed = len(loader), False
+    form = "dict" if loader.targets == "tv_tensors" else loader.targets
+    try:
+        while True:
+            step = start
+            while step < steps:
+                feed, replaced = loader._process, []
+                try:
+                    made = feed.take(epoch, step, steps, stats)
+                except BrokenProcessPool:  # the child died (killed, out of memory): a new one goes on from here
+                    why = feed.ended()
+                    feed.close()
+                    loader._process = feed = ProcessFeed(*loader._process_spec)
+                    replaced.append(f"the loader's process {why}; a new one (pid {feed.pid}) goes on from batch "
+                                    f"{step} of epoch {epoch}")
+                    try:
+                        made = feed.take(epoch, step, steps, stats)
+                    except BrokenProcessPool as err:  # again at once: not a passing accident
+                        raise RuntimeError(f"the loader's process {why}; its replacement {feed.ended()} too, at "
+                                           f"batch {step} of epoch {epoch}") from err
+                run = []
+                for made_step, findings, deferred, images, targets, counts, image_ids, base in made:
+                    assert made_step == step, (made_step, step)
+                    if form == "dict":
+                        targets = _dicts_from_concat(images, targets, counts, image_ids)
+                        if loader.targets == "tv_tensors":
+                            images, targets = _as_tv_tensors(images, targets)
+                    run.append((epoch, step, findings, replaced + list(deferred), images, targets, base))
+                    replaced, step = [], step + 1
+                yield run
+            if not forever:
+                completed = True
+                return
+            epoch, start = epoch + 1, 0
+    finally:
+        with contextlib.suppress(ReferenceError):  # a loader collected: its process is stopped by its own finalizer
+            if not completed and loader._process is not None:
+                loader._process.drop_ahead()
 
 
 def _tensors_of(images: Any, targets: Any) -> list[torch.Tensor]:

@@ -9,6 +9,7 @@ import ctypes
 import os
 import signal
 import threading
+import time
 import warnings
 
 import pytest
@@ -59,6 +60,46 @@ def test_a_child_process_yields_what_the_loader_in_this_process_does(samples, re
         assert child.feed_stats.taken >= 1
     finally:
         child.close()
+
+
+def test_without_a_thread_the_childs_batches_are_taken_inside_next(samples):
+    """``ready_batches=0``: no background thread takes the child's batches (each is taken and
+    given its targets inside ``next()``), and they are the loader in this process's."""
+    source = SampleListSource(samples)
+    here = _loader(source, RECIPES["crop-flip-resize"], feed_process=False)
+    expected = _epochs(here)
+    here.close()
+    child = _loader(source, RECIPES["crop-flip-resize"], feed_process=True, ready_batches=0)
+    try:
+        made = _epochs(child)
+        assert not child._live_feeds and child._kept_feed is None
+        assert [ids for ids, *_ in made] == [ids for ids, *_ in expected]
+        for (_, images, tg), (_, images1, tg1) in zip(made, expected):
+            assert _equal(images, images1) and _equal(tg, tg1)
+    finally:
+        child.close()
+
+
+def test_the_next_epochs_first_batches_are_made_while_an_epoch_ends(samples):
+    """The thread that takes the child's batches runs on into the next epoch: once an epoch
+    is done, the next one's first batch is ready before it is asked for (the take is not
+    counted as waited for), and it is the next epoch's."""
+    source = SampleListSource(samples)
+    whole = _epochs(_loader(source, RECIPES["ragged"], feed_process=False), epochs=2)
+    loader = _loader(source, RECIPES["ragged"], feed_process=True)
+    try:
+        first = [[t["image_id"] for t in targets] for _, targets in loader]
+        kept = loader._kept_feed
+        deadline = time.monotonic() + 30
+        while kept._queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        waited = loader.feed_stats.not_ready
+        images, targets = next(iter(loader))
+        assert loader.feed_stats.not_ready == waited
+        assert first == [ids for ids, *_ in whole[:6]] and [t["image_id"] for t in targets] == whole[6][0]
+    finally:
+        loader.close()
+    assert loader._kept_feed is None and not loader._live_feeds
 
 
 def test_each_ranks_child_yields_that_ranks_shard(samples):
