@@ -500,14 +500,13 @@ class DetectionLoader(core.LabelledFace):
                         self.feed_stats.taken -= 1  # the feed counts takes; counted below batch by batch
                 item_epoch, step, findings, messages, images, targets, base = taken.popleft()
                 assert item_epoch == epoch, (item_epoch, epoch)
-                if feed is not None:
-                    self.feed_stats.taken += 1
-                    feed.hand_over([base])  # the one allocation the batch views
                 for message in messages:
                     warnings.warn(message, RuntimeWarning, stacklevel=3)
                 self._record(findings)
                 self._step = step + 1
                 if feed is not None:
+                    self.feed_stats.taken += 1
+                    feed.hand_over([base])  # the one allocation the batch views, to the loop's stream
                     handed.append(targets)
                     if len(handed) > 2:
                         feed.retire(handed.popleft())
