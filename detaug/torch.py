@@ -153,8 +153,9 @@ class DetectionLoader(core.LabelledFace):
             the child and it cannot start, a ``RuntimeWarning`` says why and the loader runs in
             this process) and its batches reach this process through a ring of slots the two
             share (CUDA IPC on the GPU, shared memory on the CPU), each copied once into memory of
-            this process's, so the feed's Python never takes the interpreter lock from the
-            training thread (:mod:`detaug.process_feed`). The same batches, targets, epochs,
+            this process's by the background thread (``ready_batches``), so that of the feed's
+            Python only that copy and the split of per-image targets share the interpreter lock
+            with the training thread (:mod:`detaug.process_feed`). The same batches, targets, epochs,
             findings and warnings; a child that dies (killed, out of memory) is replaced, with a
             ``RuntimeWarning``, and the epoch goes on from the batch it had reached. On a GPU
             without MPS the two processes' kernels take turns: in the recorded runs that gained
