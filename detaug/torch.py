@@ -9,7 +9,7 @@ import warnings
 import weakref
 from collections import deque
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -406,46 +406,23 @@ class DetectionLoader(core.LabelledFace):
             feed = BackgroundFeed(lambda: core.produce_on(proxy, epoch, start), runs_ready, self.device,
                                   stats=self.feed_stats)
             self._live_feeds.append(feed)
-        completed = False
+        batches = self._from_feed(feed, epoch, start, lambda batch: _tensors_of(*batch[3:5]))
         loop_stream = LoopStream(self.device, self.training_stream)
-        taken: deque[tuple[int, int, BatchFindings, Any, Any]] = deque()  # the run taken last, batches not yet yielded
-        # The targets of the last two batches yielded. The caller lets go of a batch when it takes
-        # the one after it, so at each yield the batch before the last is ours alone: the feed's
-        # thread drops it (BackgroundFeed.retire) and frees it there, not in the training thread.
-        handed: deque[Any] = deque()
         try:
             loop_stream.enter()  # at the first next(), in the caller's thread, before any hand-over
-            for _ in range(start, steps):
-                if not taken:
-                    try:
-                        taken.extend(feed.take())
-                    except StopIteration:  # the producer runs on forever; only a bug ends it
-                        raise RuntimeError("the loader's background feed ended before the epoch did") from None
-                    self.feed_stats.taken -= 1  # the feed counts runs; counted below batch by batch
-                item_epoch, step, findings, images, targets = taken.popleft()
-                self.feed_stats.taken += 1
+            for item_epoch, step, findings, images, targets in batches:
                 assert item_epoch == epoch, (item_epoch, epoch)
-                feed.hand_over(_tensors_of(images, targets))
                 self._record(findings)
                 self._step = step + 1
-                handed.append(targets)
-                if len(handed) > 2:
-                    feed.retire(handed.popleft())
                 yield images, targets
             self._epoch, self._step, self._abandoned = epoch + 1, 0, False
-            completed = True
         except KeyboardInterrupt:  # a Ctrl-C inside a future's wait can leave the pool unusable
             if self._pool is not None:
                 self._pool.close(wait=False)  # the next iteration starts new workers
             raise
         finally:
             loop_stream.exit()
-            if feed is not None:
-                if completed:
-                    self._kept_feed, self._feed_at = feed, (epoch + 1, 0)  # already making the next epoch
-                else:
-                    # closes core.produce in its thread, which drops the batches in flight
-                    core.stop_feed(feed, self._live_feeds)
+            batches.close()  # stops the feed unless the epoch completed
 
     def _consume_inline(self, epoch: int, start: int) -> Iterator[tuple[Any, Any]]:
         """:meth:`_consume` without a thread: each run of batches made inside ``next()``."""
@@ -482,47 +459,68 @@ class DetectionLoader(core.LabelledFace):
             feed = BackgroundFeed(lambda: _child_runs(proxy, epoch, start, None, forever=True),
                                   -(-self.ready_batches // JOB_BATCHES), self.device, stats=self.feed_stats)
             self._live_feeds.append(feed)
-        runs = None if feed is not None else _child_runs(self, epoch, start, self.feed_stats, forever=False)
+        if feed is not None:
+            runs, batches = None, self._from_feed(feed, epoch, start, lambda batch: [batch[6]])
+        else:
+            runs = _child_runs(self, epoch, start, self.feed_stats, forever=False)
+            batches = itertools.chain.from_iterable(runs)
         loop_stream = LoopStream(self.device, self.training_stream)
-        taken: deque[tuple] = deque()  # the take taken last, batches not yet yielded
-        handed: deque[Any] = deque()  # the targets of the last two batches yielded (see _consume)
-        completed = False
         try:
             loop_stream.enter()  # before the first take: the batches are handed over to the loop's stream
-            for _ in range(start, steps):
-                if not taken:
-                    if feed is None:
-                        taken.extend(next(runs))
-                    else:
-                        try:
-                            taken.extend(feed.take())
-                        except StopIteration:  # the thread runs on forever; only a bug ends it
-                            raise RuntimeError("the loader's background feed ended before the epoch did") from None
-                        self.feed_stats.taken -= 1  # the feed counts takes; counted below batch by batch
-                item_epoch, step, findings, messages, images, targets, base = taken.popleft()
+            for item_epoch, step, findings, images, targets, messages, _ in batches:
                 assert item_epoch == epoch, (item_epoch, epoch)
                 for message in messages:
                     warnings.warn(message, RuntimeWarning, stacklevel=3)
                 self._record(findings)
                 self._step = step + 1
-                if feed is not None:
-                    self.feed_stats.taken += 1
-                    feed.hand_over([base])  # the one allocation the batch views, to the loop's stream
-                    handed.append(targets)
-                    if len(handed) > 2:
-                        feed.retire(handed.popleft())
                 yield images, targets
             self._epoch, self._step, self._abandoned = epoch + 1, 0, False
-            completed = True
         finally:
             loop_stream.exit()
-            if feed is not None:
-                if completed:
-                    self._kept_feed, self._feed_at = feed, (epoch + 1, 0)  # already taking the next epoch
-                else:
-                    core.stop_feed(feed, self._live_feeds)  # its thread forgets the child's jobs in flight
-            elif runs is not None:
-                runs.close()
+            if runs is not None:
+                runs.close()  # forgets the child's jobs in flight unless the epoch completed
+            else:
+                batches.close()  # stops the feed unless the epoch completed
+
+    def _from_feed(self, feed: BackgroundFeed | None, epoch: int, start: int,
+                   allocations: Callable[[tuple], list[torch.Tensor]]) -> Iterator[tuple]:
+        """Batches ``start`` on of ``epoch`` from ``feed``'s items (each a run or take: a list of
+        batches, ``(epoch, step, findings, images, targets, ...)``), one at a time in the
+        caller's thread: each counted in :attr:`feed_stats`, its allocations
+        (``allocations(batch)``) handed over to the caller's current stream,
+        the targets of the batch before the last yielded retired to the feed's thread (the
+        caller lets go of a batch when it takes the one after it, so that one is ours alone: it
+        is freed there, not in the training thread). When the epoch completes the feed is kept
+        for the next iteration (:func:`detaug.loader_core.take_feed`: its thread runs on into the
+        next epoch, so no epoch starts with an empty queue); closed before, it is stopped (its
+        generator closed in its thread, which drops what it had in flight). ``feed`` ``None``:
+        no batch is left of the epoch."""
+        if feed is None:
+            return
+        taken: deque[tuple] = deque()  # the item taken last, batches not yet yielded
+        handed: deque[Any] = deque()  # the targets of the last two batches yielded
+        completed = False
+        try:
+            for _ in range(start, len(self)):
+                if not taken:
+                    try:
+                        taken.extend(feed.take())
+                    except StopIteration:  # the producer runs on forever; only a bug ends it
+                        raise RuntimeError("the loader's background feed ended before the epoch did") from None
+                    self.feed_stats.taken -= 1  # the feed counts its items; counted below batch by batch
+                batch = taken.popleft()
+                self.feed_stats.taken += 1
+                feed.hand_over(allocations(batch))
+                handed.append(batch[4])  # its targets
+                if len(handed) > 2:
+                    feed.retire(handed.popleft())
+                yield batch
+            completed = True
+        finally:
+            if completed:
+                self._kept_feed, self._feed_at = feed, (epoch + 1, 0)  # already making the next epoch
+            else:
+                core.stop_feed(feed, self._live_feeds)
 
     def _plan_pool(self) -> PlanPool | None:
         """The planning workers of a loader in this process (``None`` without workers); their
@@ -611,8 +609,8 @@ TARGET_KINDS = (TARGET_FORMS[0], "tv_tensors", *TARGET_FORMS[1:])
 def _child_runs(loader: DetectionLoader, epoch: int, start: int, stats: FeedStats | None, *,
                 forever: bool) -> Iterator[list[tuple]]:
     """The batches of ``loader``'s child process from ``(epoch, start)`` on, one list a take
-    (:meth:`detaug.process_feed.ProcessFeed.take`): ``(epoch, step, findings, messages,
-    images, targets, base)`` each, the targets in the loader's form (the per-image forms split
+    (:meth:`detaug.process_feed.ProcessFeed.take`): ``(epoch, step, findings, images,
+    targets, messages, base)`` each, the targets in the loader's form (the per-image forms split
     here from the child's ``"concat"``), ``messages`` the warnings to say with the batch (the
     worker pool's, a child replaced), ``base`` the one allocation the batch views. Made in the
     thread that iterates it, on its current stream; until the epoch ends, or on through the
@@ -645,7 +643,7 @@ def _child_runs(loader: DetectionLoader, epoch: int, start: int, stats: FeedStat
                         targets = _dicts_from_concat(images, targets, counts, image_ids)
                         if loader.targets == "tv_tensors":
                             images, targets = _as_tv_tensors(images, targets)
-                    run.append((epoch, step, findings, replaced + list(deferred), images, targets, base))
+                    run.append((epoch, step, findings, images, targets, replaced + list(deferred), base))
                     replaced, step = [], step + 1
                 yield run
             if not forever:
