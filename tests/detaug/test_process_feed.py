@@ -314,13 +314,18 @@ def test_the_default_is_the_loaders_own_process_on_a_gpu_under_mps_only(tmp_path
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
     assert not process_by_default(torch.device("cuda", 1))  # no daemon
     os.mkfifo(tmp_path / "control")
-    assert process_by_default(torch.device("cuda", 1)) and not process_by_default(torch.device("cpu"))
-    loader = DetectionLoader(SampleListSource(scene_samples(4, size=(32, 32))[0]), RECIPES["ragged"], 2,
-                             device="cpu")
+    assert not process_by_default(torch.device("cuda", 1))  # a pipe left behind: nobody reads it
+    daemon = os.open(tmp_path / "control", os.O_RDONLY | os.O_NONBLOCK)  # a daemon reading its pipe
     try:
-        assert loader.feed_process is False and loader._process is None and loader.pipeline is not None
+        assert process_by_default(torch.device("cuda", 1)) and not process_by_default(torch.device("cpu"))
+        loader = DetectionLoader(SampleListSource(scene_samples(4, size=(32, 32))[0]), RECIPES["ragged"], 2,
+                                 device="cpu")
+        try:
+            assert loader.feed_process is False and loader._process is None and loader.pipeline is not None
+        finally:
+            loader.close()
     finally:
-        loader.close()
+        os.close(daemon)
 
 
 def test_where_the_default_chooses_the_child_and_it_cannot_start_the_loader_runs_here(samples, monkeypatch):

@@ -522,10 +522,15 @@ def test_a_detaug_rows_description_says_where_its_loader_ran(tmp_path, monkeypat
     assert train._feed_words(rows["detaug"], gpu) == "" and train._feed_words(rows["detaug-process"], cpu) == ""
     assert "no NVIDIA MPS daemon found" in train._feed_words(rows["detaug-process"], gpu)
     os.mkfifo(tmp_path / "control")
-    assert train._feed_words(rows["detaug-list"], gpu) == (
-        f"; the loader in its own process, the default under NVIDIA MPS (control pipe {tmp_path / 'control'})")
-    assert "the loader's process under NVIDIA MPS" in train._feed_words(rows["detaug-process"], gpu)
-    assert train._feed_words(rows["detaug"], cpu) == ""
+    assert "no NVIDIA MPS daemon found" in train._feed_words(rows["detaug-process"], gpu)  # nobody reads it
+    daemon = os.open(tmp_path / "control", os.O_RDONLY | os.O_NONBLOCK)  # a daemon reading its pipe
+    try:
+        assert train._feed_words(rows["detaug-list"], gpu) == (
+            f"; the loader in its own process, the default under NVIDIA MPS (control pipe {tmp_path / 'control'})")
+        assert "the loader's process under NVIDIA MPS" in train._feed_words(rows["detaug-process"], gpu)
+        assert train._feed_words(rows["detaug"], cpu) == ""
+    finally:
+        os.close(daemon)
 
 
 def test_a_rows_own_model_words_show_in_its_printed_note():
