@@ -27,7 +27,7 @@ def mps_control_pipe() -> str | None:
     a named pipe or a socket that a daemon listens on - not a plain file, nor the pipe of a
     daemon that died without removing it (opened without blocking, and closed at once, nothing
     written). Where the pipe cannot be opened for another reason (say, a daemon of another
-    user's), it counts as a daemon's."""
+    user's, or one that does not accept within a second), it counts as a daemon's."""
     path = os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps", "control")
     try:
         mode = os.stat(path).st_mode
@@ -38,6 +38,7 @@ def mps_control_pipe() -> str | None:
             os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
         elif stat.S_ISSOCK(mode):
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(1.0)  # a daemon that does not accept (its backlog full) still counts
                 s.connect(path)
         else:
             return None
