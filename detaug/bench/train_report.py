@@ -183,7 +183,8 @@ class TrainReport:
             f"{self.steps} timed | seed {s.seed}"
             + (f" | PyTorch steps on a {self.stream}-priority CUDA stream" if gpu and self.stream != "default" else "")
             + (" | PyTorch steps replayed from a CUDA graph" if self.step == "graph" else "")
-            + (f" | loaders' hw_decoder_load {share:g}" if gpu and share is not None else ""),
+            + (f" | loaders' hw_decoder_load {share:g}" if gpu and share is not None else "")
+            + ((" | under NVIDIA MPS" if env.get("mps_control_pipe") else " | no NVIDIA MPS daemon") if gpu else ""),
             f"dataset: {self.dataset.describe()}",
         ]
         if self.model:

@@ -32,6 +32,7 @@ from detaug.bench.session import _planned
 from detaug.bench.variant_runs import _cores, _describe, _fill_ratios, _run_variant
 from detaug.bench.variants import _variant as bench_variant
 from detaug.synthetic import write_coco_dataset
+from tests.detaug.bench.json_doc import check_documented
 
 SIZE = 512
 BATCH = 4
@@ -441,6 +442,7 @@ def test_bench_on_a_voc_folder(voc_folder, tmp_path):
                           "--only", "decode,detaug,detaug-list,detaug-cpu,raw-dali,torchvision,albumentations,"
                           "torchvision-gpu")
     _check_figures(results, [4, 8])
+    check_documented(results, "alone")  # every field named in docs/bench-json.md
     dataset = results["dataset"]
     assert dataset["num_images"] == 12 and dataset["source"] == str(voc_folder)
     assert not Path(dataset["root"]).exists()  # the links folder is gone with the run

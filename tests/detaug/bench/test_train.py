@@ -14,6 +14,7 @@ import torch
 
 from detaug.bench import train
 from detaug.bench.train_context import TRAIN_STREAMS, distributed_context
+from tests.detaug.bench.json_doc import check_documented
 from detaug.bench.train_model import (
     MAX_BOXES,
     RESNET18_TRUNK_PARAMS,
@@ -197,6 +198,7 @@ def test_train_rows_on_the_cpu(coco_folder, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert status == 0
     results = json.loads(out.read_text(encoding="utf-8"))
+    check_documented(results, "train")  # every field named in docs/bench-json.md
     assert results["mode"] == "train" and results["settings"]["steps"] == 2 and results["settings"]["size"] == 64
     assert results["settings"]["train_stream"] == "default"
     assert results["settings"]["decoder_defaults"]["decoder_options"] == {}  # the CPU decoder: no hardware share
@@ -348,6 +350,35 @@ def test_the_loaders_decoder_share_is_recorded(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the hardware decoder's share is a GPU setting")
+def test_the_report_says_whether_an_mps_daemon_ran(coco_folder, tmp_path, monkeypatch):
+    """A GPU report's settings line says whether the loaders ran under NVIDIA MPS (their default
+    feed depends on it); the JSON's environment names the daemon's pipe, null on the CPU."""
+    from detaug import cli
+    from detaug.bench.dataset import BenchDataset
+    from detaug.bench.harness import BenchSettings
+    from detaug.bench.train_report import TrainReport
+
+    data = BenchDataset(Path("d"), Path("d/i"), Path("d/a.json"), 2, 3, 2, (8, 8), (8, 8), 100, True)
+    for pipe, said in (("/tmp/mps/control", "under NVIDIA MPS"), (None, "no NVIDIA MPS daemon")):
+        env = {"gpu": "a GPU", "cpus": 16, "versions": {}, "mps_control_pipe": pipe}
+        line = TrainReport(BenchSettings(device="gpu", workers=1, threads=1), data, env, [], [], 1, 1,
+                           (2,)).format().splitlines()[2]
+        assert line.endswith(said), line
+        cpu = TrainReport(BenchSettings(device="cpu", workers=1, threads=1), data, env, [], [], 1, 1, (2,))
+        assert "MPS" not in cpu.format().splitlines()[2]
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    os.mkfifo(tmp_path / "control")
+    daemon = os.open(tmp_path / "control", os.O_RDONLY | os.O_NONBLOCK)  # a daemon reading its pipe
+    try:
+        out = tmp_path / "train.json"
+        assert cli.main(["bench", "--train", "--device", "cpu", "--quiet", "--json", str(out), "--only", "ceiling",
+                         "--data", str(coco_folder), "--batch-sizes", "2", "--warmup", "0", "--steps", "1",
+                         "--size", "64", "--threads", "1", "--workers", "0"]) == 0
+    finally:
+        os.close(daemon)
+    assert json.loads(out.read_text(encoding="utf-8"))["environment"]["mps_control_pipe"] is None  # the CPU
+
+
 def test_the_cuda_decoder_row_trains_on_loaders_without_the_hardware_decoder(coco_folder, tmp_path, monkeypatch):
     """``detaug-cuda-decoder`` on a GPU: the COCO reader's loader with ``hw_decoder_load=0.0``
     (every other row: the loaders' default share), timed against the ceilings around it."""
