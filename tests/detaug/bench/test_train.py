@@ -349,7 +349,6 @@ def test_the_loaders_decoder_share_is_recorded(monkeypatch):
     assert "should be a number in [0, 1]" in decoder_defaults("gpu")["decoder_options"]["error"]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the hardware decoder's share is a GPU setting")
 def test_the_report_says_whether_an_mps_daemon_ran(coco_folder, tmp_path, monkeypatch):
     """A GPU report's settings line says whether the loaders ran under NVIDIA MPS (their default
     feed depends on it); the JSON's environment names the daemon's pipe, null on the CPU."""
@@ -372,13 +371,14 @@ def test_the_report_says_whether_an_mps_daemon_ran(coco_folder, tmp_path, monkey
     try:
         out = tmp_path / "train.json"
         assert cli.main(["bench", "--train", "--device", "cpu", "--quiet", "--json", str(out), "--only", "ceiling",
-                         "--data", str(coco_folder), "--batch-sizes", "2", "--warmup", "0", "--steps", "1",
+                         "--data", str(coco_folder), "--batch-sizes", "2", "--warmup", "1", "--steps", "1",
                          "--size", "64", "--threads", "1", "--workers", "0"]) == 0
     finally:
         os.close(daemon)
     assert json.loads(out.read_text(encoding="utf-8"))["environment"]["mps_control_pipe"] is None  # the CPU
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the hardware decoder's share is a GPU setting")
 def test_the_cuda_decoder_row_trains_on_loaders_without_the_hardware_decoder(coco_folder, tmp_path, monkeypatch):
     """``detaug-cuda-decoder`` on a GPU: the COCO reader's loader with ``hw_decoder_load=0.0``
     (every other row: the loaders' default share), timed against the ceilings around it."""
