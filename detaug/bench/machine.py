@@ -14,6 +14,7 @@ from importlib import metadata
 from typing import Literal
 
 from detaug.bench.harness import BenchSettings, available_cpus, cuda_available
+from detaug.mps import mps_control_pipe
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,9 @@ def _environment(device: str) -> dict:
         ("keras", ("keras",)),
     ):
         versions[name] = _version(dists) or _module_version(name)
-    return {"gpu": gpu, "cpus": cpus, "platform": platform.platform(), "versions": versions}
+    return {"gpu": gpu, "cpus": cpus, "platform": platform.platform(), "versions": versions,
+            # where the loaders' default feed ran: a process of their own under NVIDIA MPS
+            "mps_control_pipe": mps_control_pipe() if device == "gpu" else None}
 
 
 def _version(dists: Sequence[str]) -> str | None:

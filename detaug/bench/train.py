@@ -266,8 +266,7 @@ def run_train_bench(
                 cache_dir=cache_dir, seed=seed, progress=progress,
             )
         log(f"dataset: {dataset.describe()}")
-        environment = {**_environment(device), "mps_control_pipe": mps_control_pipe() if device == "gpu" else None}
-        return run_train(dataset, base, ctx, environment, batch_sizes=batch_sizes, warmup=warmup,
+        return run_train(dataset, base, ctx, _environment(device), batch_sizes=batch_sizes, warmup=warmup,
                          steps=steps, only=only, log=log)
     finally:
         shutil.rmtree(work, ignore_errors=True)

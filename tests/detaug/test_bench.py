@@ -623,6 +623,19 @@ def test_the_sequence_memory_check_passes_at_4_gib_and_needs_a_gpu_figure():
     assert results[0].to_dict()["memory_mib"] is True
 
 
+def test_a_gpu_report_says_when_the_loaders_ran_under_mps():
+    """Under NVIDIA MPS the detaug loaders' default is a process of their own: a GPU report's
+    settings line says so where the environment names a daemon; otherwise it says nothing."""
+    data = BenchDataset(Path("d"), Path("d/i"), Path("d/a.json"), 2, 3, 2, (8, 8), (8, 8), 100, True)
+    env = {"gpu": "a GPU", "cpus": 16, "versions": {}}
+    said = {}
+    for device, pipe in (("gpu", "/tmp/mps/control"), ("gpu", None), ("cpu", "/tmp/mps/control")):
+        report = runner.BenchReport(BenchSettings(device=device, batch_size=8, workers=2, threads=2), data,
+                                    {**env, "mps_control_pipe": pipe}, [])
+        said[device, pipe] = "under NVIDIA MPS" in report.format().splitlines()[2]
+    assert said == {("gpu", "/tmp/mps/control"): True, ("gpu", None): False, ("cpu", "/tmp/mps/control"): False}
+
+
 def test_startup_is_routed(capsys):
     """``detaug bench --startup ...`` is the start-up benchmark's command line (its own options)."""
     with pytest.raises(SystemExit) as stop:
