@@ -93,7 +93,7 @@ class BenchReport:
             (
                 f"device {s.device} | batch {sizes} | DALI threads {s.threads}{adapters} | "
                 f"DataLoader workers {s.workers} | {size_text} | seed {s.seed}"
-                + (" | under NVIDIA MPS (the detaug loaders in a process of their own)"
+                + (" | under NVIDIA MPS (DetectionLoader rows: the loader in a process of its own)"
                    if s.device == "gpu" and env.get("mps_control_pipe") else "")
             ),
             f"dataset: {self.dataset.describe()}",
