@@ -60,6 +60,8 @@ class DetectionLoader(core.LabelledFace):
         device: ``"auto"`` (default: the GPU where DALI can use one, else the CPU, said once in
             the ``detaug`` log), ``"gpu"`` (decode with nvJPEG, augment on the GPU; a
             :class:`~detaug.DeviceError` where there is none) or ``"cpu"``.
+        device_id: the GPU the loader runs on (its batches' device); ``None``: torchrun's
+            ``LOCAL_RANK``, else torch's current GPU. Unused on the CPU.
         shuffle: a new order every epoch, drawn from ``(seed, epoch)``; ``None``: the source's
             ``shuffle`` flag (a ``CocoSource`` has one), else ``False``.
         drop_last: every rank drops evenly: ``floor(n / W)`` samples per rank and epoch, and the
@@ -80,6 +82,8 @@ class DetectionLoader(core.LabelledFace):
             boxes on both devices.
         shard_id, num_shards: this rank and the number of ranks; default to the source's, then
             to ``torch.distributed`` / torchrun's ``RANK``, ``WORLD_SIZE``.
+        prefetch_queue_depth: DALI runs fed and scheduled before their outputs are taken
+            (default 2; at least 1): the pipeline's queue, and the runs the loader keeps in flight.
         num_workers: processes that read and plan batches ahead of DALI (``None``: 0 on the CPU,
             where DALI needs the cores, else half the CPUs of this rank: the CPUs this process
             may use divided by the ranks on the host, halved, 1 to 16,

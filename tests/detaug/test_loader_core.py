@@ -47,3 +47,16 @@ def test_both_faces_take_the_hardware_decoder_share(face):
     images = next(iter(made))[0] if face == "loader" else made[0][0]
     assert tuple(images.shape)[:1] == (2,)  # the CPU pipeline runs with it
     made.close()
+
+
+@pytest.mark.parametrize("face", [DetectionLoader, DetectionSequence])
+def test_every_argument_of_both_faces_is_documented(face):
+    """Each constructor argument has its entry in the class docstring's ``Args:`` (alone or in a
+    shared ``a, b:`` entry), so that ``help()`` and the reference say what every one means."""
+    import inspect
+    import re
+
+    args = face.__doc__.split("Args:", 1)[1]
+    entries = {name for line in re.findall(r"^ {8}(\w+(?:, \w+)*):", args, re.M) for name in line.split(", ")}
+    params = [p for p in inspect.signature(face.__init__).parameters if p not in ("self", "kwargs")]
+    assert [p for p in params if p not in entries] == []
